@@ -1,0 +1,131 @@
+"""``Env``: everything a node may ask of the outside world, behind one seam.
+
+Theory of operation
+-------------------
+A broker never reads the clock, draws a random number, opens a socket or touches a file by
+itself. It asks its ``Env``:
+
+- ``clock``: ``monotonic_ms()`` for timeouts and ages, ``wall_ms()`` for timestamps written
+  into logs, ``sleep_until(deadline)`` / ``sleep_ms(ms)`` to wait.
+- ``rng(name)``: a named ``random.Random`` stream. In production it is seeded from the OS;
+  in the simulator it is ``random.Random(f"{seed}/{node}/{name}")``, so adding a new stream
+  never shifts the numbers another stream draws.
+- ``net``: byte streams. ``serve_tcp`` listens and calls a handler per connection;
+  ``open_tcp_stream`` dials. Streams are trio ``Stream`` objects (``send_all``,
+  ``receive_some``, ``aclose``), real sockets here and in-memory streams in the simulator.
+- ``disk``: the storage ``FileStore``.
+- ``run_sync``: runs a blocking function (an fsync) off the event loop; the simulator runs it
+  inline after a checkpoint.
+
+``RealEnv`` is what ``rivven-broker`` and the trio client use. The simulator's ``SimEnv``
+implements the same protocol over a virtual clock, network and disk. A tidy test forbids
+direct use of ``time``, ``random`` functions, ``os.urandom``, threads and sockets anywhere
+else in node code.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
+
+import trio
+
+from rivven_broker.storage.file_store import FileStore, OsFileStore
+
+__all__ = ["Clock", "Net", "Env", "RealClock", "RealNet", "RealEnv"]
+
+T = TypeVar("T")
+StreamHandler = Callable[[trio.abc.Stream], Awaitable[None]]
+
+
+class Clock(Protocol):
+    def monotonic_ms(self) -> int: ...
+    def wall_ms(self) -> int: ...
+    async def sleep_until_ms(self, deadline_ms: int) -> None: ...
+    async def sleep_ms(self, duration_ms: int) -> None: ...
+
+
+class Net(Protocol):
+    async def serve_tcp(
+        self,
+        handler: StreamHandler,
+        host: str,
+        port: int,
+        *,
+        task_status: Any = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Listen and run ``handler(stream)`` per connection until cancelled.
+
+        ``task_status.started(port)`` reports the bound port (useful with port 0).
+        """
+        ...
+
+    async def open_tcp_stream(self, host: str, port: int) -> trio.abc.Stream: ...
+
+
+class Env(Protocol):
+    clock: Clock
+    net: Net
+    disk: FileStore
+
+    def rng(self, name: str) -> random.Random: ...
+    async def run_sync(self, fn: Callable[..., T], *args: Any) -> T: ...
+
+
+class RealClock:
+    """Trio's clock for monotonic time (virtual under a MockClock), the OS for wall time."""
+
+    def monotonic_ms(self) -> int:
+        return int(trio.current_time() * 1000)
+
+    def wall_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    async def sleep_until_ms(self, deadline_ms: int) -> None:
+        await trio.sleep_until(deadline_ms / 1000)
+
+    async def sleep_ms(self, duration_ms: int) -> None:
+        await trio.sleep(max(duration_ms, 0) / 1000)
+
+
+class RealNet:
+    """Real TCP sockets through trio."""
+
+    async def serve_tcp(
+        self,
+        handler: StreamHandler,
+        host: str,
+        port: int,
+        *,
+        task_status: Any = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        listeners = await trio.open_tcp_listeners(port, host=host, backlog=1024)
+        bound_port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            task_status.started(bound_port)
+            await trio.serve_listeners(handler, listeners, handler_nursery=nursery)
+
+    async def open_tcp_stream(self, host: str, port: int) -> trio.abc.Stream:
+        stream = await trio.open_tcp_stream(host, port)
+        stream.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
+        return stream
+
+
+class RealEnv:
+    """Production: trio time, OS entropy for seeds, real sockets, real files."""
+
+    def __init__(self, data_dir: str) -> None:
+        self.clock = RealClock()
+        self.net = RealNet()
+        self.disk: FileStore = OsFileStore(data_dir)
+        self._seed = int.from_bytes(os.urandom(16), "big")
+        self._sync_limiter = trio.CapacityLimiter(1)
+
+    def rng(self, name: str) -> random.Random:
+        return random.Random(f"{self._seed}/{name}")
+
+    async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
+        # One worker thread at a time: group commit wants fsyncs back to back, not in parallel.
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._sync_limiter)

@@ -1,0 +1,204 @@
+"""Tidy: the dependency direction of STYLE.md and the bans that keep cores simulatable.
+
+Method: parse every module of the project with ``ast`` (nothing is imported) and check
+1. imports point one way: each package may import only the packages listed for it below;
+2. pure cores import no I/O or concurrency module at all (no trio, socket, threading, time);
+3. nowhere outside the Env implementations and the commented exemptions does code read the
+   wall clock, the module-level ``random`` functions, ``os.urandom`` or ``uuid.uuid4``, or use
+   ``threading``/``socket`` directly — so the simulator can own time, randomness and I/O.
+``random.Random`` (a seeded instance handed in) is always allowed.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGES = ("rivven_broker", "rivven_cluster", "rivven_spark", "sim")
+
+# Which of our packages each package may import (besides itself). Most specific prefix wins.
+ALLOWED_IMPORTS: dict[str, set[str]] = {
+    "rivven_broker.protocol": set(),
+    "rivven_broker.records": {"rivven_broker.protocol"},
+    "rivven_broker.storage": {"rivven_broker.protocol", "rivven_broker.records"},
+    "rivven_broker.coordinator": {
+        "rivven_broker.protocol",
+        "rivven_broker.records",
+        "rivven_broker.storage",
+    },
+    "rivven_broker.client": {"rivven_broker.protocol", "rivven_broker.records"},
+    "rivven_broker.server": {
+        "rivven_broker.protocol",
+        "rivven_broker.records",
+        "rivven_broker.storage",
+        "rivven_broker.coordinator",
+        "rivven_cluster",
+    },
+    "rivven_broker.cli": {"rivven_broker"},
+    "rivven_broker.bench": {"rivven_broker"},
+    "rivven_broker": {"rivven_broker"},  # the package root (__init__) only
+    "rivven_cluster": set(),
+    "rivven_spark": {
+        "rivven_broker.client",
+        "rivven_broker.protocol",
+        "rivven_broker.records",
+    },
+    "sim": {"rivven_broker", "rivven_cluster", "sim"},
+}
+
+# Pure cores: no I/O or concurrency imports at all. (Drivers inside these packages are listed
+# in PURE_EXEMPT with the reason.)
+PURE_PACKAGES = (
+    "rivven_broker.protocol",
+    "rivven_broker.records",
+    "rivven_broker.storage",
+    "rivven_broker.coordinator",
+    "rivven_cluster",
+)
+PURE_EXEMPT = {
+    "rivven_broker.storage.file_store": "the real FileStore: the one storage module doing os I/O",
+    "rivven_broker.storage.sync_worker": "the trio driver of group commit (fsync off-thread)",
+}
+IO_MODULES = {"trio", "socket", "threading", "time", "asyncio", "selectors", "select"}
+
+# Modules allowed to touch real time, real randomness, threads and sockets: the Env
+# implementations and the drivers that by nature live outside the simulator.
+NONDETERMINISM_EXEMPT = {
+    "rivven_broker.server.env": "RealEnv: the production clock, rng seeds, sockets and files",
+    "rivven_broker.client": "the blocking client driver runs a sender thread over real sockets",
+    "rivven_broker.cli": "command-line entry points print wall-clock times and use sockets",
+    "rivven_broker.bench": "the benchmark measures real time on real processes",
+    "rivven_broker.storage.sync_worker": "hands fsync to a worker thread via trio.to_thread",
+    "rivven_spark": "runs inside Spark executors with the blocking client",
+}
+BANNED_MODULES = {"time", "threading", "socket", "uuid", "secrets"}
+BANNED_ATTRIBUTES = {("os", "urandom"), ("uuid", "uuid4"), ("uuid", "uuid1")}
+RANDOM_ALLOWED = {"Random"}
+
+
+def _modules() -> list[tuple[str, pathlib.Path]]:
+    found = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            relative = path.relative_to(ROOT).with_suffix("")
+            parts = list(relative.parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found.append((".".join(parts), path))
+    return found
+
+
+def _imports(module: str, path: pathlib.Path, tree: ast.AST) -> list[str]:
+    is_package = path.name == "__init__.py"
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                drop = node.level - 1 if is_package else node.level
+                base = base[: len(base) - drop] if drop else base
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names.append(target)
+            names.extend(f"{target}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _match(module: str, table: dict[str, object]) -> str | None:
+    best = None
+    for prefix in table:
+        if module == prefix or module.startswith(prefix + "."):
+            if best is None or len(prefix) > len(best):
+                best = prefix
+    return best
+
+
+def _ours(name: str) -> bool:
+    return name.split(".")[0] in PACKAGES
+
+
+def _is_type_checking_import(tree: ast.AST) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in ast.walk(node):
+                if hasattr(child, "lineno"):
+                    lines.add(child.lineno)
+    return lines
+
+
+MODULES = _modules()
+
+
+def test_the_project_has_modules():
+    assert len(MODULES) > 5
+
+
+@pytest.mark.parametrize("module,path", MODULES, ids=[m for m, _ in MODULES])
+def test_dependency_direction(module: str, path: pathlib.Path):
+    tree = ast.parse(path.read_text(), str(path))
+    owner = _match(module, ALLOWED_IMPORTS)
+    assert owner is not None, f"{module} is in no layer of ALLOWED_IMPORTS"
+    allowed = ALLOWED_IMPORTS[owner] | {owner}
+    for name in _imports(module, path, tree):
+        if not _ours(name):
+            continue
+        ok = any(name == a or name.startswith(a + ".") for a in allowed)
+        # Importing a sibling package name (e.g. "rivven_broker" for "from rivven_broker
+        # import protocol") is resolved by the more specific dotted name also listed.
+        ok = ok or any(a.startswith(name + ".") or a == name for a in allowed)
+        assert ok, f"{module} imports {name}; {owner} may import only {sorted(allowed)}"
+
+
+@pytest.mark.parametrize("module,path", MODULES, ids=[m for m, _ in MODULES])
+def test_pure_cores_do_no_io(module: str, path: pathlib.Path):
+    if _match(module, {p: None for p in PURE_PACKAGES}) is None or module in PURE_EXEMPT:
+        return
+    tree = ast.parse(path.read_text(), str(path))
+    type_only = _is_type_checking_import(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and node.lineno not in type_only:
+            names = (
+                [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            )
+            for name in names:
+                root = (name or "").split(".")[0]
+                assert root not in IO_MODULES, f"pure core {module} imports {name}"
+
+
+@pytest.mark.parametrize("module,path", MODULES, ids=[m for m, _ in MODULES])
+def test_no_hidden_nondeterminism(module: str, path: pathlib.Path):
+    if _match(module, NONDETERMINISM_EXEMPT) is not None:
+        return
+    tree = ast.parse(path.read_text(), str(path))
+    type_only = _is_type_checking_import(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and node.lineno not in type_only:
+            for alias in node.names:
+                assert alias.name.split(".")[0] not in BANNED_MODULES, (
+                    f"{module}:{node.lineno} imports {alias.name}"
+                )
+        elif isinstance(node, ast.ImportFrom) and node.lineno not in type_only:
+            root = (node.module or "").split(".")[0]
+            assert root not in BANNED_MODULES, f"{module}:{node.lineno} imports {node.module}"
+            if root == "random":
+                for alias in node.names:
+                    assert alias.name in RANDOM_ALLOWED, (
+                        f"{module}:{node.lineno} imports random.{alias.name}"
+                    )
+            if root == "os":
+                for alias in node.names:
+                    assert alias.name != "urandom", f"{module}:{node.lineno} imports os.urandom"
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            pair = (node.value.id, node.attr)
+            assert pair not in BANNED_ATTRIBUTES, f"{module}:{node.lineno} uses {pair[0]}.{pair[1]}"
+            if node.value.id == "random":
+                assert node.attr in RANDOM_ALLOWED, (
+                    f"{module}:{node.lineno} uses random.{node.attr}; inject a random.Random"
+                )
