@@ -29,6 +29,14 @@ list_length_max = 10_000  # topics, partitions, configs ... in one request or re
 partitions_per_topic_max = 1000
 replication_factor_max = 16
 headers_per_record_max = 1024
+#: Structural bound on a topic name, group id, transactional id, rack or cluster id inside a
+#: message. The semantic rules (249 bytes, legal characters: ``protocol/names.py``) are the
+#: broker's to apply, per topic, with INVALID_TOPIC_NAME; the codec only refuses absurd sizes.
+wire_name_bytes_max = 1024
+#: Longest human-readable error message carried in a response.
+error_message_bytes_max = 4096
+#: Longest host name in broker metadata (DNS: 253, plus room for an IPv6 literal).
+host_bytes_max = 255
 
 # --- record batches ------------------------------------------------------------------------
 batch_bytes_max = 16 * 1024 * 1024  # one record batch, compressed
@@ -61,5 +69,8 @@ assert fetch_partition_bytes_max <= fetch_bytes_max
 assert fetch_bytes_max < response_bytes_max
 assert max_message_bytes_default <= batch_bytes_max
 assert in_flight_requests_per_connection_max > 0
+assert topic_name_bytes_max <= wire_name_bytes_max
+assert group_id_bytes_max <= wire_name_bytes_max
+assert config_value_bytes_max <= frame_bytes_max
 assert index_interval_bytes > 0
 assert segment_bytes_min <= segment_bytes_default
