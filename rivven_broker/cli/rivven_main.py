@@ -1,0 +1,404 @@
+"""``rivven``: the command line for topics, producing, consuming and cluster status.
+
+Theory of operation
+-------------------
+``main(argv)`` parses the command line (argparse; usage errors exit 1, not argparse's 2, so the
+exit codes stay CONTRACT's: 0 success, 1 an error the broker reported or bad usage, 2 cannot
+connect), runs one command with the blocking client and prints either human-readable tables or,
+with ``--json``, one JSON document (``consume``: one JSON object per record per line).
+
+Bytes in JSON: a key, value or header value that is valid UTF-8 is printed as a string; any
+other bytes as ``{"base64": "..."}``; null as ``null`` (docs/client.md).
+
+``consume`` without ``--follow`` reads the end offsets of its partitions when it starts and
+stops once it has reached them (or after ``--max`` records); with ``--follow`` it runs until
+interrupted. ``bench`` hands its arguments to ``rivven_broker.bench.main``, imported only then.
+Consumer-group commands answer with a clear error (exit 1) until groups exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import importlib
+import json
+import os
+import sys
+import time
+from typing import Any, Callable, NoReturn, Sequence, TextIO
+
+from rivven_broker.client import (
+    Admin,
+    ConnectionFailedError,
+    Consumer,
+    Producer,
+    RivvenError,
+    TopicPartition,
+)
+from rivven_broker.client.errors import FeatureNotAvailableError
+
+__all__ = ["main", "build_parser", "encode_bytes"]
+
+EXIT_OK, EXIT_ERROR, EXIT_UNREACHABLE = 0, 1, 2
+GROUPS_PENDING = "consumer groups arrive with the consumer-groups milestone"
+
+
+class UsageError(Exception):
+    """Bad usage found after parsing (exit 1)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="rivven", description="Rivven command line (see docs/client.md).")
+    parser.add_argument(
+        "--bootstrap",
+        default=os.environ.get("RIVVEN_BOOTSTRAP", "127.0.0.1:9092"),
+        help="HOST:PORT[,HOST:PORT...] (default $RIVVEN_BOOTSTRAP or 127.0.0.1:9092)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument("--timeout-ms", type=int, default=30_000, help="request timeout")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    topic = commands.add_parser("topic", help="create, list, describe, alter, delete topics")
+    topics = topic.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = topics.add_parser("create", help="create a topic")
+    create.add_argument("name")
+    create.add_argument("--partitions", type=int, default=3)
+    create.add_argument("--replication-factor", type=int, default=1)
+    create.add_argument("--config", type=_key_value, action="append", default=[],
+                        metavar="KEY=VALUE")
+    topics.add_parser("list", help="list topics")
+    topics.add_parser("describe", help="partitions, leaders and configs").add_argument("name")
+    topics.add_parser("delete", help="delete a topic and its data").add_argument("name")
+    alter = topics.add_parser("alter", help="change topic configs (KEY= resets to default)")
+    alter.add_argument("name")
+    alter.add_argument("--config", type=_key_value, action="append", required=True,
+                       metavar="KEY=VALUE")
+
+    produce = commands.add_parser("produce", help="produce --value, or one record per stdin line")
+    produce.add_argument("topic")
+    produce.add_argument("--key", help="the key of every record (UTF-8)")
+    produce.add_argument("--value", help="one record with this value (UTF-8); else stdin")
+    produce.add_argument("--partition", type=int)
+    produce.add_argument("--header", type=_key_value, action="append", default=[],
+                         metavar="KEY=VALUE")
+    produce.add_argument("--acks", default="all", choices=["all", "1", "0"])
+    produce.add_argument("--compression", default="none", choices=["none", "zstd"])
+
+    consume = commands.add_parser("consume", help="print records of a topic")
+    consume.add_argument("topic")
+    consume.add_argument("--group", help="consume as a member of group G (not yet available)")
+    consume.add_argument("--from-beginning", action="store_true")
+    consume.add_argument("--follow", action="store_true", help="keep waiting for new records")
+    consume.add_argument("--max", type=int, help="stop after N records")
+    consume.add_argument("--partition", type=int)
+    consume.add_argument("--offset", type=int, help="start offset (needs --partition)")
+    consume.add_argument("--isolation", default="read_uncommitted",
+                         choices=["read_uncommitted", "read_committed"])
+
+    group = commands.add_parser("group", help="consumer groups (not yet available)")
+    group.add_argument("action", choices=["list", "describe", "delete", "reset-offsets"])
+    group.add_argument("rest", nargs=argparse.REMAINDER)
+
+    cluster = commands.add_parser("cluster", help="cluster status")
+    cluster.add_argument("action", choices=["status"])
+    commands.add_parser("ping", help="round trip to a broker")
+    bench = commands.add_parser("bench", help="benchmarks (docs/performance.md)", add_help=False)
+    bench.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+# --- output --------------------------------------------------------------------------------------
+def encode_bytes(data: bytes | None) -> Any:
+    """JSON form of bytes: the UTF-8 text when decodable, else ``{"base64": ...}``."""
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode("ascii")}
+
+
+def _text(data: bytes | None) -> str:
+    if data is None:
+        return "-"
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "base64:" + base64.b64encode(data).decode("ascii")
+
+
+def _table(out: TextIO, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    cells = [[str(c) for c in header]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    for row in cells:
+        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n")
+
+
+class Output:
+    def __init__(self, json_mode: bool, out: TextIO) -> None:
+        self.json = json_mode
+        self.out = out
+
+    def document(self, doc: Any, human: Callable[[TextIO], None]) -> None:
+        if self.json:
+            json.dump(doc, self.out, sort_keys=True)
+            self.out.write("\n")
+        else:
+            human(self.out)
+
+
+# --- commands ------------------------------------------------------------------------------------
+def _admin(args: argparse.Namespace) -> Admin:
+    return Admin(args.bootstrap, request_timeout_ms=args.timeout_ms)
+
+
+def cmd_topic(args: argparse.Namespace, out: Output) -> int:
+    with _admin(args) as admin:
+        if args.action == "create":
+            admin.create_topic(args.name, args.partitions, args.replication_factor,
+                               dict(args.config))
+            doc = {"topic": args.name, "partitions": args.partitions,
+                   "replication_factor": args.replication_factor, "created": True}
+            out.document(doc, lambda o: o.write(
+                f"created topic {args.name} ({args.partitions} partitions, "
+                f"replication factor {args.replication_factor})\n"))
+        elif args.action == "list":
+            listing = admin.list_topics()
+            doc = {"topics": [t._asdict() for t in listing]}
+            rows = [(t.name, t.partitions, t.is_internal) for t in listing]
+            out.document(doc, lambda o: _table(o, ["TOPIC", "PARTITIONS", "INTERNAL"], rows))
+        elif args.action == "describe":
+            _describe(admin.describe_topic(args.name), out)
+        elif args.action == "delete":
+            admin.delete_topic(args.name)
+            out.document({"topic": args.name, "deleted": True},
+                         lambda o: o.write(f"deleted topic {args.name}\n"))
+        else:  # alter
+            changes = {key: (value if value != "" else None) for key, value in args.config}
+            admin.alter_topic_config(args.name, changes)
+            out.document({"topic": args.name, "configs": changes},
+                         lambda o: o.write(f"updated {len(changes)} config(s) of {args.name}\n"))
+    return EXIT_OK
+
+
+def _describe(description: Any, out: Output) -> None:
+    doc = {
+        "topic": description.name,
+        "partitions": description.partitions,
+        "replication_factor": description.replication_factor,
+        "configs": {k: v._asdict() for k, v in sorted(description.configs.items())},
+        "partition_info": [p._asdict() for p in description.partition_info],
+    }
+
+    def human(o: TextIO) -> None:
+        o.write(f"topic {description.name}: {description.partitions} partitions, "
+                f"replication factor {description.replication_factor}\n\n")
+        _table(o, ["PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR", "ERROR"],
+               [(p.partition, p.leader, p.leader_epoch, ",".join(map(str, p.replicas)),
+                 ",".join(map(str, p.isr)), p.error) for p in description.partition_info])
+        o.write("\n")
+        _table(o, ["CONFIG", "VALUE", "DEFAULT"],
+               [(k, "<sensitive>" if v.is_sensitive else v.value, v.is_default)
+                for k, v in sorted(description.configs.items())])
+
+    out.document(doc, human)
+
+
+def _read_values(args: argparse.Namespace) -> Any:
+    if args.value is not None:
+        yield args.value.encode("utf-8")
+        return
+    for line in sys.stdin.buffer:
+        if line.endswith(b"\n"):
+            line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
+        yield line
+
+
+def cmd_produce(args: argparse.Namespace, out: Output) -> int:
+    with _admin(args) as admin:
+        admin.ping()  # fail fast (exit 2) when nothing listens
+    key = None if args.key is None else args.key.encode("utf-8")
+    headers = [(k, v.encode("utf-8")) for k, v in args.header]
+    futures = []
+    with Producer(args.bootstrap, acks=args.acks, compression=args.compression,
+                  request_timeout_ms=args.timeout_ms, max_block_ms=args.timeout_ms,
+                  client_id="rivven-cli") as producer:
+        for value in _read_values(args):
+            futures.append(producer.send(args.topic, value=value, key=key,
+                                         headers=headers or None, partition=args.partition))
+        producer.flush()
+    partitions: dict[int, dict[str, int]] = {}
+    for future in futures:
+        meta = future.result()  # raises the first delivery error (exit 1 or 2)
+        entry = partitions.setdefault(meta.partition, {"count": 0, "first_offset": meta.offset})
+        entry["count"] += 1
+        entry["last_offset"] = meta.offset
+    doc = {"topic": args.topic, "count": len(futures),
+           "partitions": {str(p): v for p, v in sorted(partitions.items())}}
+    out.document(doc, lambda o: o.write(
+        f"produced {len(futures)} record(s) to {args.topic}"
+        + "".join(f"\n  partition {p}: offsets {v['first_offset']}..{v['last_offset']}"
+                  for p, v in sorted(partitions.items())) + "\n"))
+    return EXIT_OK
+
+
+def cmd_consume(args: argparse.Namespace, out: Output) -> int:
+    if args.group is not None:
+        raise FeatureNotAvailableError(
+            f"consume --group: {GROUPS_PENDING}; consume without --group"
+        )
+    if args.offset is not None and args.partition is None:
+        raise UsageError("--offset needs --partition")
+    reset = "earliest" if args.from_beginning else "latest"
+    with Consumer(args.bootstrap, auto_offset_reset=reset, isolation_level=args.isolation,
+                  request_timeout_ms=args.timeout_ms, client_id="rivven-cli") as consumer:
+        with _admin(args) as admin:
+            admin.ping()  # fail fast (exit 2) when nothing listens
+        partitions = consumer.partitions_for_topic(args.topic)
+        if args.partition is not None:
+            if args.partition not in partitions:
+                raise UsageError(f"{args.topic} has no partition {args.partition}")
+            partitions = [args.partition]
+        tps = [TopicPartition(args.topic, p) for p in partitions]
+        consumer.assign(tps)
+        if args.offset is not None:
+            consumer.seek(tps[0], args.offset)
+        ends = None if args.follow else consumer.end_offsets(tps)
+        _consume_loop(consumer, tps, ends, args.max, out)
+    return EXIT_OK
+
+
+def _consume_loop(consumer: Consumer, tps: list[TopicPartition], ends: dict | None,
+                  limit: int | None, out: Output) -> None:
+    seen = 0
+    pending = set()
+    if ends is not None:
+        pending = {tp for tp in tps if consumer.position(tp) < ends[tp]}
+    while (ends is None or pending) and (limit is None or seen < limit):
+        for record in consumer.poll(timeout_ms=500):
+            tp = TopicPartition(record.topic, record.partition)
+            if ends is not None and record.offset >= ends[tp]:
+                continue
+            _print_record(record, out)
+            seen += 1
+            if limit is not None and seen >= limit:
+                break
+        if ends is not None:
+            done = {tp for tp in pending if consumer.position(tp) >= ends[tp]}
+            consumer.pause(done)  # nothing more to read there
+            pending -= done
+        out.out.flush()
+
+
+def _print_record(record: Any, out: Output) -> None:
+    if out.json:
+        doc = {
+            "topic": record.topic, "partition": record.partition, "offset": record.offset,
+            "timestamp_ms": record.timestamp_ms, "key": encode_bytes(record.key),
+            "value": encode_bytes(record.value),
+            "headers": [[k, encode_bytes(v)] for k, v in record.headers],
+        }
+        out.out.write(json.dumps(doc, sort_keys=True) + "\n")
+    else:
+        out.out.write(f"{record.partition}\t{record.offset}\t{_text(record.key)}\t"
+                      f"{_text(record.value)}\n")
+
+
+def cmd_cluster(args: argparse.Namespace, out: Output) -> int:
+    with _admin(args) as admin:
+        status = admin.cluster_status()
+    doc = status._asdict()
+    doc["brokers"] = [b._asdict() for b in status.brokers]
+
+    def human(o: TextIO) -> None:
+        o.write(f"cluster {status.cluster_id or '-'}: controller {status.controller_id}, "
+                f"{status.topics} topics, {status.partitions} partitions "
+                f"({status.partitions_without_leader} without leader)\n\n")
+        _table(o, ["NODE", "HOST", "PORT", "RACK"],
+               [(b.node_id, b.host, b.port, b.rack) for b in status.brokers])
+
+    out.document(doc, human)
+    return EXIT_OK
+
+
+def cmd_ping(args: argparse.Namespace, out: Output) -> int:
+    with _admin(args) as admin:
+        admin.ping()  # connects and handshakes
+        start = time.perf_counter()
+        admin.ping()
+        rtt_ms = (time.perf_counter() - start) * 1000
+    out.document({"bootstrap": args.bootstrap, "rtt_ms": round(rtt_ms, 3)},
+                 lambda o: o.write(f"pong from {args.bootstrap} in {rtt_ms:.2f} ms\n"))
+    return EXIT_OK
+
+
+def cmd_group(args: argparse.Namespace, out: Output) -> int:
+    raise FeatureNotAvailableError(f"group {args.action}: {GROUPS_PENDING}")
+
+
+def cmd_bench(args: argparse.Namespace, out: Output) -> int:
+    try:
+        bench = importlib.import_module("rivven_broker.bench")
+        entry = getattr(bench, "main", None)
+        if entry is None:
+            entry = importlib.import_module("rivven_broker.bench.__main__").main
+    except (ModuleNotFoundError, AttributeError) as error:
+        raise UsageError(f"the benchmark tool is not available: {error}") from error
+    os.environ.setdefault("RIVVEN_BOOTSTRAP", args.bootstrap)
+    return int(entry(list(args.args)) or 0)
+
+
+COMMANDS = {"topic": cmd_topic, "produce": cmd_produce, "consume": cmd_consume,
+            "group": cmd_group, "cluster": cmd_cluster, "ping": cmd_ping, "bench": cmd_bench}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``rivven``; returns the exit code (0 ok, 1 broker error or bad usage, 2 unreachable)."""
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "bench":  # everything after "bench" is the tool's, verbatim
+        args.args = argv[argv.index("bench") + 1:]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    out = Output(args.json, sys.stdout)
+    try:
+        return COMMANDS[args.command](args, out)
+    except ConnectionFailedError as error:
+        _report(error.message, args.json)
+        return EXIT_UNREACHABLE
+    except (RivvenError, UsageError) as error:
+        _report(str(error), args.json)
+        return EXIT_ERROR
+    except ValueError as error:  # a bad option value (client configuration)
+        _report(str(error), args.json)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # e.g. `rivven consume ... | head`
+        sys.stderr.close()
+        return EXIT_OK
+
+
+def _report(message: str, json_mode: bool) -> None:
+    if json_mode:
+        sys.stderr.write(json.dumps({"error": message}) + "\n")
+    else:
+        sys.stderr.write(f"rivven: error: {message}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

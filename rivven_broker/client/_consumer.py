@@ -1,0 +1,467 @@
+"""The blocking ``Consumer``: ``poll`` on the user's thread, prefetching on a fetch thread.
+
+Theory of operation
+-------------------
+A background *fetch thread* owns the network. Each loop it resolves position resets
+(ListOffsets to the partition leader), then sends one Fetch per leader that has none in flight,
+for every partition the ``FetchState`` calls fetchable, and waits in ``NetworkClient.poll``.
+Fetch answers are stored, undecoded, as completed fetches; the thread then notifies ``poll``.
+
+``poll`` takes a completed fetch under the lock (which makes its partition fetchable again and
+wakes the fetch thread, so the next Fetch is in flight while the user works), decodes it
+*outside* the lock into ``Record`` tuples and hands them out, up to ``max_poll_records`` per
+call, advancing positions. The consumer is therefore never stop-and-wait, and the buffer is
+bounded: per partition one completed fetch waiting, one being consumed, one in flight.
+
+The consumer is not thread-safe (like Kafka's): one thread calls its methods; only the fetch
+thread runs beside it. ``seek``/``assign``/``pause`` drop what was prefetched for the partitions
+they touch (stale answers are recognised by epoch and dropped).
+
+Consumer groups (``subscribe``, ``commit``, ``committed``) arrive with the consumer-groups
+milestone; until then they raise ``FeatureNotAvailableError``. ``group_id`` and
+``enable_auto_commit`` are accepted and kept so code written for groups constructs today.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any, Iterable, Iterator
+
+from rivven_broker.client._cluster import ClusterIO
+from rivven_broker.client._network import NetworkClient, monotonic_ms
+from rivven_broker.client._sync import SyncClient
+from rivven_broker.client.config import ConnectionConfig, ConsumerConfig, build_configs
+from rivven_broker.client.errors import (
+    ClientTimeoutError,
+    ClosedError,
+    FeatureNotAvailableError,
+    RivvenError,
+    error_for,
+)
+from rivven_broker.client.fetch_state import (
+    EARLIEST,
+    LATEST,
+    CompletedFetch,
+    FetchPlan,
+    FetchState,
+    decode_completed,
+)
+from rivven_broker.client.metadata import MetadataCache, parse_bootstrap
+from rivven_broker.client.consumer_core import apply_fetch_answer, apply_reset_answer
+from rivven_broker.client.requests import (
+    ISOLATION_LEVELS,
+    fetch_request,
+    list_offsets_request,
+    list_offsets_results,
+)
+from rivven_broker.client.types import Record, TopicPartition
+from rivven_broker.protocol.errors import ErrorCode
+
+__all__ = ["Consumer", "GROUPS_PENDING"]
+
+GROUPS_PENDING = "consumer groups (subscribe/commit) arrive with the consumer-groups milestone"
+_IDLE_WAIT_MS = 1000
+
+
+class Consumer:
+    """Reads records from assigned partitions. See docs/client.md for every option.
+
+    ``Consumer(bootstrap, group_id=None, auto_offset_reset="latest", enable_auto_commit=True,
+    isolation_level="read_uncommitted", fetch_max_wait_ms=500, fetch_min_bytes=1,
+    fetch_max_bytes=50 MiB, max_partition_fetch_bytes=1 MiB, max_poll_records=500,
+    consumer_timeout_ms=None, ...)``. Construction starts the fetch thread; no network I/O
+    happens until partitions are assigned.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str = "127.0.0.1:9092",
+        *,
+        consumer_timeout_ms: int | None = None,
+        **options: Any,
+    ) -> None:
+        self._config, self._conn_config = build_configs(options, ConsumerConfig, ConnectionConfig)
+        self._bootstrap = bootstrap
+        self.consumer_timeout_ms = consumer_timeout_ms
+        self._cond = threading.Condition(threading.Lock())
+        self._metadata = MetadataCache(
+            parse_bootstrap(bootstrap),
+            metadata_max_age_ms=self._conn_config.metadata_max_age_ms,
+            refresh_backoff_ms=self._conn_config.retry_backoff_ms,
+        )
+        self._state = FetchState(
+            auto_offset_reset=self._config.auto_offset_reset,
+            retry_backoff_ms=self._conn_config.retry_backoff_ms,
+        )
+        self._isolation = ISOLATION_LEVELS[self._config.isolation_level]
+        self._net = NetworkClient(self._conn_config, in_flight_max=8, rng=random.Random())
+        self._cluster = ClusterIO(
+            self._net, self._metadata, self._cond, allow_auto_topic_creation=False
+        )
+        self._fetching: set[int] = set()  # nodes with a Fetch in flight
+        self._resetting: set[tuple[TopicPartition, int]] = set()
+        self._inline: list | None = None  # [completed, records, index] being handed out
+        self._sync: SyncClient | None = None
+        self._closed = False
+        self._fatal: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="rivven-consumer", daemon=True)
+        self._thread.start()
+
+    # --- assignment and positions --------------------------------------------------------------
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """Consume exactly these partitions (replacing the previous assignment)."""
+        tps = [TopicPartition(tp[0], tp[1]) for tp in partitions]
+        with self._cond:
+            self._check_open()
+            self._state.assign(tps)
+            self._metadata.add_topics(tp.topic for tp in tps)
+            if self._inline is not None and self._inline[0].tp not in self._state.assignment():
+                self._inline = None
+        self._net.wakeup()
+
+    def assignment(self) -> set[TopicPartition]:
+        with self._cond:
+            return self._state.assignment()
+
+    def subscribe(self, topics: Iterable[str], **_: Any) -> None:
+        """Raises ``FeatureNotAvailableError`` until consumer groups exist; use ``assign``."""
+        raise FeatureNotAvailableError(GROUPS_PENDING)
+
+    def unsubscribe(self) -> None:
+        self.assign([])
+
+    def commit(self, offsets: Any = None) -> None:
+        """Raises ``FeatureNotAvailableError`` until consumer groups exist."""
+        raise FeatureNotAvailableError(GROUPS_PENDING)
+
+    def committed(self, partitions: Any) -> Any:
+        """Raises ``FeatureNotAvailableError`` until consumer groups exist."""
+        raise FeatureNotAvailableError(GROUPS_PENDING)
+
+    def seek(self, partition: TopicPartition, offset: int) -> None:
+        """The next ``poll`` returns ``partition`` from ``offset``.
+
+        Raises:
+            KeyError: the partition is not assigned. ValueError: a negative offset.
+        """
+        tp = TopicPartition(partition[0], partition[1])
+        with self._cond:
+            self._state.seek(tp, offset)
+            self._drop_inline(tp)
+        self._net.wakeup()
+
+    def seek_to_beginning(self, partitions: Iterable[TopicPartition] | None = None) -> None:
+        """Move to the earliest retained offset (resolved lazily by the fetch thread)."""
+        self._reset(partitions, EARLIEST)
+
+    def seek_to_end(self, partitions: Iterable[TopicPartition] | None = None) -> None:
+        """Move to the high watermark (resolved lazily by the fetch thread)."""
+        self._reset(partitions, LATEST)
+
+    def _reset(self, partitions: Iterable[TopicPartition] | None, timestamp: int) -> None:
+        with self._cond:
+            tps = self._state.assignment() if partitions is None else partitions
+            for tp in tps:
+                tp = TopicPartition(tp[0], tp[1])
+                self._state.request_reset(tp, timestamp)
+                self._drop_inline(tp)
+        self._net.wakeup()
+
+    def _drop_inline(self, tp: TopicPartition) -> None:
+        if self._inline is not None and self._inline[0].tp == tp:
+            self._inline = None
+
+    def position(self, partition: TopicPartition, timeout_ms: int | None = None) -> int:
+        """The offset of the next record ``poll`` returns; waits for a pending reset.
+
+        Raises:
+            KeyError: not assigned. ClientTimeoutError: the reset did not resolve in time
+            (default request_timeout_ms). The partition's error, if its reset failed.
+        """
+        tp = TopicPartition(partition[0], partition[1])
+        timeout_ms = self._conn_config.request_timeout_ms if timeout_ms is None else timeout_ms
+        deadline = monotonic_ms() + timeout_ms
+        with self._cond:
+            while True:
+                self._check_open()
+                position = self._state.position(tp)
+                if position is not None:
+                    return position
+                error = self._state.take_error()
+                if error is not None:
+                    raise error
+                remaining = deadline - monotonic_ms()
+                if remaining <= 0:
+                    raise ClientTimeoutError(f"the position of {tp} did not resolve in time")
+                self._cond.wait(remaining / 1000)
+
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
+        """Stop fetching and returning these partitions until ``resume``."""
+        with self._cond:
+            for tp in partitions:
+                tp = TopicPartition(tp[0], tp[1])
+                if self._inline is not None and self._inline[0].tp == tp:
+                    position = self._state.position(tp)
+                    self._inline = None
+                    if position is not None:
+                        self._state.seek(tp, position)  # refetch from here on resume
+                self._state.pause([tp])
+
+    def resume(self, partitions: Iterable[TopicPartition]) -> None:
+        with self._cond:
+            self._state.resume(TopicPartition(tp[0], tp[1]) for tp in partitions)
+        self._net.wakeup()
+
+    def paused(self) -> set[TopicPartition]:
+        with self._cond:
+            return self._state.paused()
+
+    def highwater(self, partition: TopicPartition) -> int:
+        """The high watermark seen in the last fetch of ``partition`` (-1 before any)."""
+        with self._cond:
+            return self._state.high_watermark(TopicPartition(partition[0], partition[1]))
+
+    # --- offset look-ups (the user's thread, a private connection) -----------------------------
+    def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The earliest retained offset per partition (blocks on the network)."""
+        return self._list_offsets(partitions, EARLIEST)
+
+    def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The high watermark per partition (blocks on the network)."""
+        return self._list_offsets(partitions, LATEST)
+
+    def partitions_for_topic(self, topic: str) -> list[int]:
+        """The topic's partition numbers (blocks on the network).
+
+        Raises:
+            UnknownTopicOrPartitionError: no such topic.
+        """
+        client = self._sync_client()
+        response = client.fetch_metadata([topic])
+        for entry in response.topics:
+            if entry.name == topic:
+                if entry.error_code != ErrorCode.NONE:
+                    raise error_for(entry.error_code, f"topic {topic!r}")
+                return sorted(p.partition for p in entry.partitions)
+        raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic!r}")
+
+    def _list_offsets(
+        self, partitions: Iterable[TopicPartition], timestamp: int
+    ) -> dict[TopicPartition, int]:
+        client = self._sync_client()
+        by_node: dict[int, list[tuple[TopicPartition, int]]] = {}
+        for tp in partitions:
+            tp = TopicPartition(tp[0], tp[1])
+            node = client.leader_for(tp.topic, tp.partition)
+            by_node.setdefault(node, []).append((tp, timestamp))
+        out = {}
+        for node, entries in by_node.items():
+            request = list_offsets_request(entries, self._isolation)
+            answer = client.call(request, node_id=node)
+            for tp, (code, offset) in list_offsets_results(answer).items():
+                if code != ErrorCode.NONE:
+                    raise error_for(code, f"list offsets of {tp}")
+                out[tp] = offset.offset
+        return out
+
+    def _sync_client(self) -> SyncClient:
+        self._check_open()
+        if self._sync is None:
+            self._sync = SyncClient(self._bootstrap, self._conn_config)
+        return self._sync
+
+    # --- consuming -----------------------------------------------------------------------------
+    def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> list[Record]:
+        """Up to ``max_records`` (default ``max_poll_records``) records; waits up to
+        ``timeout_ms`` for the first one. Returns [] on timeout.
+
+        Raises:
+            OffsetOutOfRangeError: a position is out of range and auto_offset_reset is "none".
+            CorruptMessageError: a fetched batch failed its CRC or framing check.
+            BrokerError: another non-retriable partition error. ClosedError: closed.
+        """
+        limit = self._config.max_poll_records if max_records is None else max_records
+        assert limit > 0
+        out: list[Record] = []
+        deadline = monotonic_ms() + timeout_ms
+        while len(out) < limit:
+            if self._inline is not None:
+                self._take_inline(out, limit)
+                continue
+            completed = self._next_completed(deadline if not out else 0)
+            if completed is None:
+                break
+            records = decode_completed(completed, check_crc=self._config.check_crcs)
+            if records:
+                self._inline = [completed, records, 0]
+            else:
+                with self._cond:
+                    self._state.advance(completed.tp, completed.epoch, completed.next_offset)
+        return out
+
+    def _next_completed(self, deadline: int) -> CompletedFetch | None:
+        with self._cond:
+            while True:
+                self._check_open()
+                error = self._state.take_error()
+                if error is not None:
+                    raise error
+                completed = self._state.take_completed()
+                if completed is not None:
+                    break
+                remaining = deadline - monotonic_ms()
+                if remaining <= 0:
+                    return None
+                self._cond.wait(remaining / 1000)
+        self._net.wakeup()  # its partition is fetchable again: prefetch the next chunk
+        return completed
+
+    def _take_inline(self, out: list[Record], limit: int) -> None:
+        completed, records, index = self._inline
+        end = min(len(records), index + limit - len(out))
+        out.extend(records[index:end] if index or end < len(records) else records)
+        if end == len(records):
+            self._inline = None
+            position = completed.next_offset
+        else:
+            self._inline[2] = end
+            position = records[end - 1].offset + 1
+        with self._cond:
+            self._state.advance(completed.tp, completed.epoch, position)
+
+    def __iter__(self) -> Iterator[Record]:
+        """Records forever (or until ``consumer_timeout_ms`` passes without one, or close)."""
+        idle_ms = self.consumer_timeout_ms
+        while not self._closed:
+            records = self.poll(timeout_ms=_IDLE_WAIT_MS if idle_ms is None else idle_ms)
+            if not records and idle_ms is not None:
+                return
+            yield from records
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._fatal is not None:
+            raise ClosedError(f"the fetch thread failed: {self._fatal!r}") from self._fatal
+        if self._closed:
+            raise ClosedError("the consumer is closed")
+
+    def close(self) -> None:
+        """Stop fetching and close connections. Idempotent; blocks until the thread exits."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        self._net.wakeup()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        if self._sync is not None:
+            self._sync.close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- the fetch thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while self._loop_once():
+                pass
+        except BaseException as exc:  # a bug: make poll fail instead of waiting forever
+            self._fatal = exc
+            raise
+        finally:
+            self._net.close(ClosedError("the consumer is closed"))
+            with self._cond:
+                self._cond.notify_all()
+
+    def _loop_once(self) -> bool:
+        want: list[int] = []
+
+        def node_ready(node_id: int) -> bool:
+            address = self._metadata.address_of(node_id)
+            if node_id in self._fetching or address is None:
+                return False
+            if self._net.is_ready(address):
+                return True
+            want.append(node_id)
+            return False
+
+        with self._cond:
+            if self._closed:
+                return False
+            now = monotonic_ms()
+            resets = [r for r in self._state.resets_needed(now) if r[:2] not in self._resetting]
+            plans, unknown = self._state.plan_fetches(now, self._metadata.leader_for, node_ready)
+            if unknown or any(self._metadata.leader_for(tp.topic, tp.partition) is None
+                              for tp, _, _ in resets):
+                self._metadata.request_update()
+            wait_ms = _IDLE_WAIT_MS
+            retry = self._state.next_retry_ms(now)
+            if retry is not None:
+                wait_ms = min(wait_ms, retry - now)
+            if self._metadata.wanted:
+                wait_ms = min(wait_ms, self._metadata.update_due_ms(now) - now)
+        self._cluster.refresh_if_due(now)
+        dialled = any([self._cluster.ensure_node(node, now) for node in dict.fromkeys(want)])
+        self._send_resets(resets, now)
+        for plan in plans:
+            self._send_fetch(plan)
+        self._net.poll(0 if dialled else max(0, wait_ms))
+        return True
+
+    def _send_resets(self, resets: list[tuple[TopicPartition, int, int]], now: int) -> None:
+        by_node: dict[int, list[tuple[TopicPartition, int, int]]] = {}
+        with self._cond:
+            for entry in resets:
+                node = self._metadata.leader_for(entry[0].topic, entry[0].partition)
+                if node is not None:
+                    by_node.setdefault(node, []).append(entry)
+        for node, entries in by_node.items():
+            if not self._cluster.ensure_node(node, now):
+                continue
+            address = self._metadata.address_of(node)
+            for tp, epoch, _ in entries:
+                self._resetting.add((tp, epoch))
+            request = list_offsets_request([(tp, ts) for tp, _, ts in entries], self._isolation)
+            self._net.send(address, request, self._reset_handler(entries))
+
+    def _reset_handler(self, entries: list[tuple[TopicPartition, int, int]]):
+        def on_answer(response: Any, error: RivvenError | None) -> None:
+            with self._cond:
+                for tp, epoch, _ in entries:
+                    self._resetting.discard((tp, epoch))
+                if apply_reset_answer(self._state, entries, response, error, monotonic_ms()):
+                    self._metadata.request_update()
+                self._cond.notify_all()
+
+        return on_answer
+
+    def _send_fetch(self, plan: FetchPlan) -> None:
+        with self._cond:
+            address = self._metadata.address_of(plan.node_id)
+        config = self._config
+        request = fetch_request(
+            plan,
+            max_wait_ms=config.fetch_max_wait_ms,
+            min_bytes=config.fetch_min_bytes,
+            max_bytes=config.fetch_max_bytes,
+            partition_max_bytes=config.max_partition_fetch_bytes,
+            isolation_level=self._isolation,
+        )
+        self._fetching.add(plan.node_id)
+        timeout_ms = self._conn_config.request_timeout_ms + config.fetch_max_wait_ms
+        self._net.send(address, request, self._fetch_handler(plan), timeout_ms=timeout_ms)
+
+    def _fetch_handler(self, plan: FetchPlan):
+        def on_answer(response: Any, error: RivvenError | None) -> None:
+            self._fetching.discard(plan.node_id)
+            with self._cond:
+                if apply_fetch_answer(self._state, plan, response, error, monotonic_ms()):
+                    self._metadata.request_update()
+                self._cond.notify_all()
+
+        return on_answer

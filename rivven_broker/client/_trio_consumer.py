@@ -1,0 +1,468 @@
+"""The trio ``Consumer`` and ``Admin``: the blocking ones' cores, driven by tasks.
+
+Theory of operation
+-------------------
+``TrioConsumer`` keeps a ``FetchState``; a fetch task resolves position resets and keeps one
+Fetch in flight per leader (one task per request), exactly as the blocking fetch thread does,
+and fires a signal when data lands. ``poll`` takes a completed fetch (making its partition
+fetchable again, so the next Fetch overlaps the caller's work), decodes it and hands out up to
+``max_poll_records`` records. No locks: state changes happen between awaits.
+
+``TrioAdmin`` is the blocking ``Admin`` with ``await``: each method is one or two
+``TrioCluster.call``s and the shared answer readers of ``requests.py``.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Iterable, Mapping
+
+import trio
+
+from rivven_broker.client._trio_net import ClientEnv, Signal, TrioCluster
+from rivven_broker.client.config import ConnectionConfig, ConsumerConfig, build_configs
+from rivven_broker.client.consumer_core import apply_fetch_answer, apply_reset_answer
+from rivven_broker.client.errors import (
+    ClientTimeoutError,
+    ClosedError,
+    ConnectionFailedError,
+    FeatureNotAvailableError,
+    RivvenError,
+)
+from rivven_broker.client.fetch_state import (
+    EARLIEST,
+    LATEST,
+    FetchPlan,
+    FetchState,
+    decode_completed,
+)
+from rivven_broker.client.metadata import Address
+from rivven_broker.client.requests import (
+    ISOLATION_LEVELS,
+    check_response,
+    cluster_status,
+    delete_records_request,
+    delete_records_results,
+    fetch_request,
+    list_offsets_request,
+    list_offsets_results,
+    metadata_request,
+    raise_for,
+    topic_description,
+    topic_listings,
+)
+from rivven_broker.client.types import (
+    ClusterStatus,
+    PartitionOffset,
+    Record,
+    TopicDescription,
+    TopicListing,
+    TopicPartition,
+)
+from rivven_broker.protocol import messages as m
+
+__all__ = ["TrioConsumer", "TrioAdmin", "open_consumer", "open_admin"]
+
+GROUPS_PENDING = "consumer groups arrive with the consumer-groups milestone"
+_IDLE_WAIT_MS = 1000
+
+
+def _tp(item: Any) -> TopicPartition:
+    return TopicPartition(item[0], item[1])
+
+
+class TrioConsumer:
+    """Use through ``open_consumer``; options as the blocking ``Consumer``."""
+
+    def __init__(self, bootstrap: str, env: Any, nursery: trio.Nursery, **options: Any) -> None:
+        self.consumer_timeout_ms = options.pop("consumer_timeout_ms", None)
+        self._config, conn_config = build_configs(options, ConsumerConfig, ConnectionConfig)
+        self._conn_config = conn_config
+        self._clock = env.clock
+        self._nursery = nursery
+        self._cluster = TrioCluster(bootstrap, conn_config, env, nursery, in_flight_max=4)
+        self._metadata = self._cluster.metadata
+        self._state = FetchState(
+            auto_offset_reset=self._config.auto_offset_reset,
+            retry_backoff_ms=conn_config.retry_backoff_ms,
+        )
+        self._isolation = ISOLATION_LEVELS[self._config.isolation_level]
+        self._wake = Signal()  # the fetch task has something to do
+        self._arrived = Signal()  # data, a reset or an error landed
+        self._fetching: set[int] = set()
+        self._resetting: set[tuple[TopicPartition, int]] = set()
+        self._inline: list | None = None
+        self._closed = False
+
+    # --- assignment (same meaning as the blocking Consumer) -------------------------------------
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        tps = [_tp(p) for p in partitions]
+        self._state.assign(tps)
+        self._metadata.add_topics(tp.topic for tp in tps)
+        if self._inline is not None and self._inline[0].tp not in self._state.assignment():
+            self._inline = None
+        self._wake.fire()
+
+    def assignment(self) -> set[TopicPartition]:
+        return self._state.assignment()
+
+    def subscribe(self, topics: Iterable[str], **_: Any) -> None:
+        raise FeatureNotAvailableError(GROUPS_PENDING)
+
+    async def commit(self, offsets: Any = None) -> None:
+        raise FeatureNotAvailableError(GROUPS_PENDING)
+
+    def seek(self, partition: TopicPartition, offset: int) -> None:
+        tp = _tp(partition)
+        self._state.seek(tp, offset)
+        self._drop_inline(tp)
+        self._wake.fire()
+
+    def seek_to_beginning(self, partitions: Iterable[TopicPartition] | None = None) -> None:
+        self._reset(partitions, EARLIEST)
+
+    def seek_to_end(self, partitions: Iterable[TopicPartition] | None = None) -> None:
+        self._reset(partitions, LATEST)
+
+    def _reset(self, partitions: Iterable[TopicPartition] | None, timestamp: int) -> None:
+        for item in self._state.assignment() if partitions is None else partitions:
+            tp = _tp(item)
+            self._state.request_reset(tp, timestamp)
+            self._drop_inline(tp)
+        self._wake.fire()
+
+    def _drop_inline(self, tp: TopicPartition) -> None:
+        if self._inline is not None and self._inline[0].tp == tp:
+            self._inline = None
+
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
+        for item in partitions:
+            tp = _tp(item)
+            if self._inline is not None and self._inline[0].tp == tp:
+                self._inline = None
+                position = self._state.position(tp)
+                if position is not None:
+                    self._state.seek(tp, position)
+            self._state.pause([tp])
+
+    def resume(self, partitions: Iterable[TopicPartition]) -> None:
+        self._state.resume(_tp(p) for p in partitions)
+        self._wake.fire()
+
+    async def position(self, partition: TopicPartition, timeout_ms: int | None = None) -> int:
+        """The next offset ``poll`` returns; waits for a pending reset (ClientTimeoutError)."""
+        tp = _tp(partition)
+        timeout_ms = self._conn_config.request_timeout_ms if timeout_ms is None else timeout_ms
+        with trio.move_on_after(timeout_ms / 1000):
+            while True:
+                self._check_open()
+                position = self._state.position(tp)
+                if position is not None:
+                    return position
+                error = self._state.take_error()
+                if error is not None:
+                    raise error
+                await self._arrived.wait()
+        raise ClientTimeoutError(f"the position of {tp} did not resolve in time")
+
+    async def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return await self._list_offsets(partitions, LATEST)
+
+    async def beginning_offsets(
+        self, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, int]:
+        return await self._list_offsets(partitions, EARLIEST)
+
+    async def _list_offsets(self, partitions, timestamp: int) -> dict[TopicPartition, int]:
+        by_node: dict[int, list[tuple[TopicPartition, int]]] = {}
+        for item in partitions:
+            tp = _tp(item)
+            node = await self._cluster.leader_for(tp.topic, tp.partition)
+            by_node.setdefault(node, []).append((tp, timestamp))
+        out = {}
+        for node, entries in by_node.items():
+            request = list_offsets_request(entries, self._isolation)
+            answer = await self._cluster.call(request, node_id=node)
+            for tp, (code, offset) in list_offsets_results(answer).items():
+                raise_for(code, None, f"list offsets of {tp}")
+                out[tp] = offset.offset
+        return out
+
+    # --- consuming -------------------------------------------------------------------------------
+    async def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> list[Record]:
+        """Up to ``max_records`` records, waiting up to ``timeout_ms`` for the first.
+        Always a checkpoint. Raises as the blocking ``Consumer.poll``."""
+        limit = self._config.max_poll_records if max_records is None else max_records
+        out: list[Record] = []
+        await trio.lowlevel.checkpoint()
+        with trio.move_on_after(max(timeout_ms, 0) / 1000):
+            while not out:
+                self._fill(out, limit)
+                if not out:
+                    await self._arrived.wait()
+        if not out:
+            self._fill(out, limit)
+        return out
+
+    def _fill(self, out: list[Record], limit: int) -> None:
+        while len(out) < limit:
+            if self._inline is None:
+                self._check_open()
+                error = self._state.take_error()
+                if error is not None:
+                    raise error
+                completed = self._state.take_completed()
+                if completed is None:
+                    return
+                self._wake.fire()  # prefetch the partition's next chunk meanwhile
+                records = decode_completed(completed, check_crc=self._config.check_crcs)
+                if not records:
+                    self._state.advance(completed.tp, completed.epoch, completed.next_offset)
+                    continue
+                self._inline = [completed, records, 0]
+            completed, records, index = self._inline
+            end = min(len(records), index + limit - len(out))
+            out.extend(records[index:end])
+            if end == len(records):
+                self._inline = None
+                position = completed.next_offset
+            else:
+                self._inline[2] = end
+                position = records[end - 1].offset + 1
+            self._state.advance(completed.tp, completed.epoch, position)
+
+    def __aiter__(self) -> AsyncIterator[Record]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Record]:
+        idle = self.consumer_timeout_ms
+        while not self._closed:
+            records = await self.poll(_IDLE_WAIT_MS if idle is None else idle)
+            if not records and idle is not None:
+                return
+            for record in records:
+                yield record
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("the consumer is closed")
+
+    # --- the fetch task --------------------------------------------------------------------------
+    async def _run_fetcher(self) -> None:
+        while not self._closed:
+            now = self._clock.monotonic_ms()
+            want: list[int] = []
+
+            def node_ready(node_id: int) -> bool:
+                address = self._metadata.address_of(node_id)
+                if address is None or node_id in self._fetching:
+                    return False
+                if self._cluster.connection(address) is None:
+                    want.append(node_id)
+                    return False
+                return True
+
+            resets = [r for r in self._state.resets_needed(now) if r[:2] not in self._resetting]
+            plans, unknown = self._state.plan_fetches(now, self._metadata.leader_for, node_ready)
+            if unknown:
+                self._metadata.request_update()
+            if self._metadata.wanted and self._metadata.needs_update(now):
+                self._cluster.refresh_soon()
+            self._start_resets(resets, want)
+            for plan in plans:
+                self._fetching.add(plan.node_id)
+                self._nursery.start_soon(self._fetch, plan)
+            wait_ms = _IDLE_WAIT_MS
+            for node_id in dict.fromkeys(want):
+                address = self._metadata.address_of(node_id)
+                if self._cluster.can_dial(address, now):
+                    self._nursery.start_soon(self._dial, address)
+                else:
+                    wait_ms = min(wait_ms, max(self._cluster.retry_at_ms(address) - now, 1))
+            retry = self._state.next_retry_ms(now)
+            if retry is not None:
+                wait_ms = min(wait_ms, retry - now)
+            if self._metadata.wanted:
+                wait_ms = min(wait_ms, max(self._metadata.update_due_ms(now) - now, 1))
+            await self._wake.wait(max(0, wait_ms))
+
+    async def _dial(self, address: Address) -> None:
+        try:
+            await self._cluster.connect(address)
+        except RivvenError:
+            self._metadata.request_update()
+        self._wake.fire()
+
+    def _start_resets(self, resets: list, want: list[int]) -> None:
+        by_node: dict[int, list] = {}
+        for entry in resets:
+            node = self._metadata.leader_for(entry[0].topic, entry[0].partition)
+            if node is None:
+                self._metadata.request_update()
+                continue
+            address = self._metadata.address_of(node)
+            if self._cluster.connection(address) is None:
+                want.append(node)
+                continue
+            by_node.setdefault(node, []).append(entry)
+        for node, entries in by_node.items():
+            for tp, epoch, _ in entries:
+                self._resetting.add((tp, epoch))
+            self._nursery.start_soon(self._reset_offsets, node, entries)
+
+    async def _reset_offsets(self, node: int, entries: list) -> None:
+        response, error = None, None
+        try:
+            conn = self._cluster.connection(self._metadata.address_of(node))
+            if conn is None:
+                raise ConnectionFailedError(f"no connection to broker {node}")
+            request = list_offsets_request([(tp, ts) for tp, _, ts in entries], self._isolation)
+            response = await conn.request(request, self._conn_config.request_timeout_ms)
+        except RivvenError as exc:
+            error = exc
+        for tp, epoch, _ in entries:
+            self._resetting.discard((tp, epoch))
+        now = self._clock.monotonic_ms()
+        if apply_reset_answer(self._state, entries, response, error, now):
+            self._metadata.request_update()
+        self._arrived.fire()
+        self._wake.fire()
+
+    async def _fetch(self, plan: FetchPlan) -> None:
+        config = self._config
+        response, error = None, None
+        try:
+            conn = self._cluster.connection(self._metadata.address_of(plan.node_id))
+            if conn is None:
+                raise ConnectionFailedError(f"no connection to broker {plan.node_id}")
+            request = fetch_request(
+                plan,
+                max_wait_ms=config.fetch_max_wait_ms,
+                min_bytes=config.fetch_min_bytes,
+                max_bytes=config.fetch_max_bytes,
+                partition_max_bytes=config.max_partition_fetch_bytes,
+                isolation_level=self._isolation,
+            )
+            timeout_ms = self._conn_config.request_timeout_ms + config.fetch_max_wait_ms
+            response = await conn.request(request, timeout_ms)
+        except RivvenError as exc:
+            error = exc
+        finally:
+            self._fetching.discard(plan.node_id)
+        if apply_fetch_answer(self._state, plan, response, error, self._clock.monotonic_ms()):
+            self._metadata.request_update()
+        self._arrived.fire()
+        self._wake.fire()
+
+    def _shutdown(self) -> None:
+        self._closed = True
+        self._cluster.close()
+        self._arrived.fire()
+        self._wake.fire()
+
+
+class TrioAdmin:
+    """Use through ``open_admin``; methods as the blocking ``Admin``, awaited."""
+
+    def __init__(self, bootstrap: str, env: Any, nursery: trio.Nursery,
+                 *, connect_attempts_max: int = 3, **options: Any) -> None:
+        (config,) = build_configs(options, ConnectionConfig)
+        self._cluster = TrioCluster(bootstrap, config, env, nursery, in_flight_max=8,
+                                    connect_attempts_max=connect_attempts_max)
+
+    async def create_topic(self, name: str, partitions: int = 3, replication_factor: int = 1,
+                           config: Mapping[str, str] | None = None, *,
+                           validate_only: bool = False) -> None:
+        request = m.CreateTopic(name=name, partitions=partitions,
+                                replication_factor=replication_factor,
+                                configs=dict(config or {}), validate_only=validate_only)
+        response = check_response(await self._cluster.call(request), m.CreateTopicResponse)
+        raise_for(response.error_code, response.error_message, f"create topic {name!r}")
+
+    async def list_topics(self, *, include_internal: bool = False) -> list[TopicListing]:
+        request = m.ListTopics(include_internal=include_internal)
+        return topic_listings(await self._cluster.call(request))
+
+    async def describe_topic(self, name: str) -> TopicDescription:
+        describe = await self._cluster.call(m.DescribeTopic(name=name))
+        metadata = await self._cluster.call(metadata_request([name], False))
+        return topic_description(describe, metadata)
+
+    async def alter_topic_config(self, name: str, config: Mapping[str, str | None]) -> None:
+        request = m.AlterTopicConfig(name=name, configs=dict(config))
+        response = check_response(await self._cluster.call(request), m.AlterTopicConfigResponse)
+        raise_for(response.error_code, response.error_message, f"alter topic {name!r}")
+
+    async def delete_topic(self, name: str) -> None:
+        response = check_response(
+            await self._cluster.call(m.DeleteTopic(name=name)), m.DeleteTopicResponse
+        )
+        raise_for(response.error_code, response.error_message, f"delete topic {name!r}")
+
+    async def list_offsets(
+        self, specs: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, PartitionOffset]:
+        out = {}
+        for node, entries in (await self._by_leader(specs)).items():
+            answer = await self._cluster.call(list_offsets_request(entries), node_id=node)
+            for tp, (code, offset) in list_offsets_results(answer).items():
+                raise_for(code, None, f"list offsets of {tp}")
+                out[tp] = offset
+        return out
+
+    async def delete_records(self, offsets: Mapping[TopicPartition, int], *,
+                             timeout_ms: int = 30_000) -> dict[TopicPartition, int]:
+        out: dict[TopicPartition, int] = {}
+        for node, entries in (await self._by_leader(offsets)).items():
+            request = delete_records_request(dict(entries), timeout_ms)
+            out.update(delete_records_results(await self._cluster.call(request, node_id=node)))
+        return out
+
+    async def _by_leader(self, items: Mapping[TopicPartition, int]) -> dict[int, list]:
+        by_node: dict[int, list] = {}
+        for item, value in items.items():
+            tp = _tp(item)
+            node = await self._cluster.leader_for(tp.topic, tp.partition)
+            by_node.setdefault(node, []).append((tp, value))
+        return by_node
+
+    async def cluster_status(self) -> ClusterStatus:
+        return cluster_status(await self._cluster.call(metadata_request(None, False)))
+
+    async def ping(self) -> None:
+        check_response(await self._cluster.call(m.Ping()), m.Pong)
+
+    async def list_groups(self) -> list[Any]:
+        raise FeatureNotAvailableError(GROUPS_PENDING)
+
+    async def describe_group(self, group_id: str) -> Any:
+        raise FeatureNotAvailableError(GROUPS_PENDING)
+
+
+@asynccontextmanager
+async def open_consumer(
+    bootstrap: str = "127.0.0.1:9092", *, env: Any = None, **options: Any
+) -> AsyncIterator[TrioConsumer]:
+    """A trio ``Consumer`` for the body of an ``async with``; options as the blocking one."""
+    async with trio.open_nursery() as nursery:
+        consumer = TrioConsumer(bootstrap, env or ClientEnv(), nursery, **options)
+        nursery.start_soon(consumer._run_fetcher)
+        try:
+            yield consumer
+        finally:
+            consumer._shutdown()
+            nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def open_admin(
+    bootstrap: str = "127.0.0.1:9092", *, env: Any = None, **options: Any
+) -> AsyncIterator[TrioAdmin]:
+    """A trio ``Admin`` for the body of an ``async with``."""
+    async with trio.open_nursery() as nursery:
+        admin = TrioAdmin(bootstrap, env or ClientEnv(), nursery, **options)
+        try:
+            yield admin
+        finally:
+            admin._cluster.close()
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,462 @@
+"""The trio driver's network layer: pipelined connections, a pool, metadata, calls with retry.
+
+Theory of operation
+-------------------
+Everything goes through an ``env`` with ``clock`` (``monotonic_ms``, ``wall_ms``), ``net``
+(``open_tcp_stream(host, port)``) and optionally ``rng(name)``: the broker's ``RealEnv`` and the
+simulator's ``SimEnv`` both fit, and ``ClientEnv`` (trio sockets and trio's clock) is the
+default, so the simulator can run real clients on its virtual network and clock.
+
+``TrioConnection`` wraps one stream and a ``ClientConnection``. ``request`` takes the send lock
+*before* numbering the request, so bytes leave in correlation-id order; a reader task (in the
+client's nursery) pairs responses with waiters in order. A request that times out, a protocol
+violation or a lost stream breaks the connection: every waiter gets the error (responses
+cannot be skipped on a pipelined stream), and the pool dials again on next use after a
+backoff. New connections send a ``Handshake`` first.
+
+``TrioCluster`` is the pool plus the ``MetadataCache``: ``any_address`` (known brokers, then
+the bootstrap list round robin), ``refresh`` (one Metadata request at a time), and ``call``:
+send one request with retries of retriable failures, with backoff and jitter, until a
+deadline; ``connect_attempts_max`` failed dials in a row end it early with
+``ConnectionFailedError``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from typing import Any
+
+import trio
+
+from rivven_broker.client.config import ConnectionConfig
+from rivven_broker.client.errors import (
+    ClientTimeoutError,
+    ClosedError,
+    ConnectionFailedError,
+    RequestTimedOutError,
+    RivvenError,
+    UnsupportedVersionError,
+    error_for,
+)
+from rivven_broker.client.metadata import Address, MetadataCache, parse_bootstrap
+from rivven_broker.client.requests import check_response, metadata_request, version_for
+from rivven_broker.client.retry import RetryPolicy
+from rivven_broker.protocol import messages as m
+from rivven_broker.protocol.connection import ClientConnection
+from rivven_broker.protocol.errors import ErrorCode, ProtocolError
+
+__all__ = ["ClientEnv", "Signal", "TrioConnection", "TrioCluster", "env_rng"]
+
+_RECEIVE_BYTES = 1 << 20
+
+
+class _ClientClock:
+    def monotonic_ms(self) -> int:
+        return int(trio.current_time() * 1000)
+
+    def wall_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+
+class _ClientNet:
+    async def open_tcp_stream(self, host: str, port: int) -> trio.abc.Stream:
+        stream = await trio.open_tcp_stream(host, port)
+        stream.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
+        return stream
+
+
+class ClientEnv:
+    """The default env of the trio client: trio's clock and sockets, OS-seeded randomness."""
+
+    def __init__(self) -> None:
+        self.clock = _ClientClock()
+        self.net = _ClientNet()
+
+    def rng(self, name: str) -> random.Random:
+        return random.Random()
+
+
+def env_rng(env: Any, name: str) -> random.Random:
+    maker = getattr(env, "rng", None)
+    return maker(name) if maker is not None else random.Random()
+
+
+class Signal:
+    """A level-free broadcast: ``fire()`` wakes every current ``wait()``er."""
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+
+    def fire(self) -> None:
+        self._event.set()
+        self._event = trio.Event()
+
+    async def wait(self, timeout_ms: int | None = None) -> None:
+        event = self._event
+        if timeout_ms is None:
+            await event.wait()
+        else:
+            with trio.move_on_after(max(timeout_ms, 0) / 1000):
+                await event.wait()
+
+
+class _Waiter:
+    __slots__ = ("event", "response", "error")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.response: Any = None
+        self.error: RivvenError | None = None
+
+
+class TrioConnection:
+    """One pipelined stream to one broker."""
+
+    def __init__(
+        self, address: Address, stream: trio.abc.Stream, in_flight_max: int, nursery: trio.Nursery
+    ) -> None:
+        self.address = address
+        self.stream = stream
+        self.nursery = nursery
+        self.core = ClientConnection(in_flight_max=in_flight_max)
+        self.waiters: deque[_Waiter] = deque()
+        self.send_lock = trio.Lock()
+        self.error: RivvenError | None = None
+        self.api_versions: dict[int, tuple[int, int]] = {}
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.waiters)
+
+    async def request(self, request: Any, timeout_ms: int) -> Any:
+        """Send and await the answer (None for acks=0 produce). Raises the connection's error,
+        ``RequestTimedOutError`` (which breaks the connection) or a local protocol error."""
+        if self.error is not None:
+            raise self.error
+        waiter = _Waiter() if request.expects_response() else None
+        async with self.send_lock:
+            if self.error is not None:
+                raise self.error
+            try:
+                _, data = self.core.send_request(request, version_for(self.api_versions, request))
+            except ProtocolError as exc:
+                raise error_for(exc.code, str(exc)) from exc
+            if waiter is not None:
+                self.waiters.append(waiter)
+            try:
+                await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                self.fail(ConnectionFailedError(f"connection to {self.address} lost: {exc}"))
+        if waiter is None:
+            return None
+        with trio.move_on_after(timeout_ms / 1000):
+            await waiter.event.wait()
+        if not waiter.event.is_set():
+            self.fail(RequestTimedOutError(f"no answer from {self.address} in time"))
+        if waiter.error is not None:
+            raise waiter.error
+        return waiter.response
+
+    async def read_loop(self) -> None:
+        """Pair responses with waiters until the stream ends or breaks."""
+        try:
+            while self.error is None:
+                try:
+                    data = await self.stream.receive_some(_RECEIVE_BYTES)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    self.fail(ConnectionFailedError(f"connection to {self.address} lost: {exc}"))
+                    return
+                if not data:
+                    self.fail(ConnectionFailedError(f"{self.address} closed the connection"))
+                    return
+                self.core.receive_data(data)
+                while (event := self.core.next_event()) is not None:
+                    waiter = self.waiters.popleft()
+                    waiter.response = event.response
+                    waiter.event.set()
+        except ProtocolError as exc:
+            self.fail(error_for(exc.code, f"from {self.address}: {exc}"))
+
+    def fail(self, error: RivvenError) -> None:
+        """Break the connection: every waiter gets ``error``; the stream is closed."""
+        if self.error is not None:
+            return
+        self.error = error
+        waiters, self.waiters = self.waiters, deque()
+        for waiter in waiters:
+            waiter.error = error
+            waiter.event.set()
+        try:
+            self.nursery.start_soon(trio.aclose_forcefully, self.stream)
+        except RuntimeError:  # the nursery is gone: the stream went with it
+            pass
+
+
+class TrioCluster:
+    """Connections plus metadata for one trio client. Lives in the client's nursery."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        config: ConnectionConfig,
+        env: Any,
+        nursery: trio.Nursery,
+        *,
+        in_flight_max: int,
+        allow_auto_topic_creation: bool = False,
+        connect_attempts_max: int = 3,
+    ) -> None:
+        self.config = config
+        self.env = env
+        self.clock = env.clock
+        self.nursery = nursery
+        self.in_flight_max = in_flight_max
+        self.allow_auto_topic_creation = allow_auto_topic_creation
+        self.connect_attempts_max = connect_attempts_max
+        self.rng = env_rng(env, "client")
+        self.metadata = MetadataCache(
+            parse_bootstrap(bootstrap),
+            metadata_max_age_ms=config.metadata_max_age_ms,
+            refresh_backoff_ms=config.retry_backoff_ms,
+        )
+        self.retry = RetryPolicy(
+            retry_backoff_ms=config.retry_backoff_ms,
+            retry_backoff_max_ms=config.retry_backoff_max_ms,
+        )
+        self.changed = Signal()  # fires when metadata changes (or a refresh failed)
+        self.last_error: RivvenError | None = None
+        self._connections: dict[Address, TrioConnection] = {}
+        self._dialing: dict[Address, trio.Event] = {}
+        self._failures: dict[Address, int] = {}
+        self._retry_at_ms: dict[Address, int] = {}
+        self._refreshing = False
+        self._closed = False
+        self.failed_dials = 0  # dials refused or timed out, ever
+
+    def now_ms(self) -> int:
+        return self.clock.monotonic_ms()
+
+    # --- connections -----------------------------------------------------------------------
+    def connection(self, address: Address) -> TrioConnection | None:
+        conn = self._connections.get(address)
+        return conn if conn is not None and conn.error is None else None
+
+    def can_dial(self, address: Address, now_ms: int) -> bool:
+        return self._retry_at_ms.get(address, 0) <= now_ms and address not in self._dialing
+
+    def retry_at_ms(self, address: Address) -> int:
+        return self._retry_at_ms.get(address, 0)
+
+    async def connect(self, address: Address) -> TrioConnection:
+        """The connection to ``address``, dialling it if needed.
+
+        Raises:
+            ConnectionFailedError: the dial failed (the address then waits out a backoff).
+            ClosedError: the client is closed.
+        """
+        while True:
+            if self._closed:
+                raise ClosedError("the client is closed")
+            conn = self.connection(address)
+            if conn is not None:
+                return conn
+            dialing = self._dialing.get(address)
+            if dialing is None:
+                break
+            await dialing.wait()
+        done = self._dialing[address] = trio.Event()
+        try:
+            try:
+                with trio.fail_after(self.config.connect_timeout_ms / 1000):
+                    stream = await self.env.net.open_tcp_stream(address.host, address.port)
+            except (OSError, trio.TooSlowError) as exc:
+                error = ConnectionFailedError(f"cannot connect to {address}: {exc!r}")
+                self._dial_failed(address, error)
+                raise error from exc
+            conn = TrioConnection(address, stream, self.in_flight_max, self.nursery)
+            self.nursery.start_soon(conn.read_loop)
+            await self._handshake(conn)
+            self._connections[address] = conn
+        finally:
+            del self._dialing[address]
+            done.set()
+        return conn
+
+    async def _handshake(self, conn: TrioConnection) -> None:
+        """Send the Handshake and wait for it; raise (and back off) if it fails."""
+        try:
+            response = await conn.request(
+                m.Handshake(client_id=self.config.client_id), self.config.request_timeout_ms
+            )
+        except RivvenError as error:
+            conn.fail(error)
+            self._dial_failed(conn.address, error)
+            raise ConnectionFailedError(f"handshake with {conn.address} failed: {error}") from error
+        if isinstance(response, m.HandshakeResponse) and response.compatible:
+            self._failures.pop(conn.address, None)
+            conn.api_versions = dict(response.api_versions)
+            return
+        text = getattr(response, "message", "") or type(response).__name__
+        error = UnsupportedVersionError(f"broker {conn.address} refused: {text}")
+        conn.fail(error)
+        self._dial_failed(conn.address, error)
+        raise error
+
+    def _dial_failed(self, address: Address, error: RivvenError) -> None:
+        self.failed_dials += 1
+        failures = self._failures.get(address, 0) + 1
+        self._failures[address] = failures
+        backoff = min(
+            self.config.reconnect_backoff_ms * (1 << min(failures - 1, 20)),
+            self.config.reconnect_backoff_max_ms,
+        )
+        self._retry_at_ms[address] = self.now_ms() + int(backoff * self.rng.uniform(0.8, 1.2))
+        self.last_error = error
+
+    def candidates(self) -> list[Address]:
+        known = list(self.metadata.brokers.values())
+        start = self.metadata.next_bootstrap()
+        boot = list(self.metadata.bootstrap)
+        index = boot.index(start)
+        return known + [a for a in boot[index:] + boot[:index] if a not in known]
+
+    async def any_connection(self) -> TrioConnection | None:
+        """A connected broker with the fewest requests in flight, else a fresh dial (None if
+        every candidate waits out a backoff or the dial failed)."""
+        candidates = self.candidates()
+        live = [c for a in candidates if (c := self.connection(a)) is not None]
+        if live:
+            return min(live, key=lambda c: c.in_flight)
+        now = self.now_ms()
+        for address in candidates:
+            if self.can_dial(address, now):
+                try:
+                    return await self.connect(address)
+                except RivvenError:
+                    return None
+        return None
+
+    def next_dial_ms(self) -> int:
+        times = [self.retry_at_ms(a) for a in self.candidates()]
+        return min(times) if times else self.now_ms()
+
+    # --- metadata ----------------------------------------------------------------------------
+    async def refresh(self) -> None:
+        """One Metadata request for the wanted topics (skipped if one is running)."""
+        if self._refreshing:
+            return
+        self._refreshing = True
+        try:
+            conn = await self.any_connection()
+            if conn is None:
+                self.metadata.on_failure(self.now_ms())
+                return
+            self.metadata.on_request_sent(self.now_ms())
+            request = metadata_request(
+                self.metadata.request_topics(), self.allow_auto_topic_creation
+            )
+            try:
+                response = await conn.request(request, self.config.request_timeout_ms)
+                response = check_response(response, m.MetadataResponse)
+            except RivvenError as error:
+                self.last_error = error
+                self.metadata.on_failure(self.now_ms())
+                return
+            self.metadata.on_update(response, self.now_ms())
+        finally:
+            self._refreshing = False
+            self.changed.fire()
+
+    def refresh_soon(self) -> None:
+        if not self._refreshing and not self._closed:
+            self.nursery.start_soon(self.refresh)
+
+    # --- calls with retries --------------------------------------------------------------------
+    async def call(
+        self, request: Any, *, node_id: int | None = None, timeout_ms: int | None = None
+    ) -> Any:
+        """Send ``request`` (to ``node_id`` or any broker) and return the answer.
+
+        Raises as ``SyncClient.call`` does (ConnectionFailedError, ClientTimeoutError,
+        BrokerError for an ErrorResponse).
+        """
+        timeout_ms = self.config.request_timeout_ms if timeout_ms is None else timeout_ms
+        deadline = self.now_ms() + timeout_ms
+        attempts = dial_failures = 0
+        while True:
+            failed_before = self.failed_dials
+            conn = await self._target(node_id)
+            now = self.now_ms()
+            if conn is None:
+                if self.failed_dials > failed_before:
+                    dial_failures += 1  # a real dial failed (not just a backoff wait)
+                if dial_failures >= self.connect_attempts_max or now >= deadline:
+                    reason = self.last_error.message if self.last_error else ""
+                    raise ConnectionFailedError(f"cannot reach a broker: {reason}")
+                await trio.sleep(max(1, min(self.next_dial_ms(), deadline) - now + 1) / 1000)
+                continue
+            attempts += 1
+            try:
+                response = await conn.request(request, max(deadline - now, 1))
+                if isinstance(response, m.ErrorResponse):
+                    raise error_for(response.error_code, response.message)
+                return response
+            except RivvenError as error:
+                decision = self.retry.decide(
+                    retriable=error.retriable, error_code=error.error_code, attempts=attempts,
+                    now_ms=self.now_ms(), deadline_ms=deadline, rng=self.rng,
+                )
+                if decision.refresh_metadata:
+                    self.metadata.request_update()
+                if not decision.retry:
+                    if isinstance(error, RequestTimedOutError) and self.now_ms() >= deadline:
+                        raise ClientTimeoutError(f"no answer within {timeout_ms} ms") from error
+                    raise
+                await trio.sleep(max(0, decision.retry_at_ms - self.now_ms()) / 1000)
+
+    async def _target(self, node_id: int | None) -> TrioConnection | None:
+        if node_id is None:
+            return await self.any_connection()
+        address = self.metadata.address_of(node_id)
+        if address is None:
+            return None
+        if self.connection(address) is None and not self.can_dial(address, self.now_ms()):
+            return None
+        try:
+            return await self.connect(address)
+        except RivvenError:
+            return None
+
+    async def leader_for(self, topic: str, partition: int) -> int:
+        """The partition's leader, refreshing metadata once if unknown.
+
+        Raises:
+            BrokerError: the topic's error, or UnknownTopicOrPartitionError.
+        """
+        self.metadata.add_topics([topic])
+        node = self.metadata.leader_for(topic, partition)
+        if node is None:
+            response = check_response(
+                await self.call(metadata_request(self.metadata.request_topics(), False)),
+                m.MetadataResponse,
+            )
+            self.metadata.on_update(response, self.now_ms())
+            code = self.metadata.topic_error(topic)
+            if code is not None:
+                raise error_for(code, f"topic {topic!r}")
+            node = self.metadata.leader_for(topic, partition)
+            if node is None:
+                raise error_for(
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} has no leader"
+                )
+        return node
+
+    def close(self) -> None:
+        """Break every connection (waiters get ``ClosedError``). Idempotent; never blocks."""
+        self._closed = True
+        for conn in list(self._connections.values()):
+            conn.fail(ClosedError("the client is closed"))
+        self._connections.clear()
+        self.changed.fire()

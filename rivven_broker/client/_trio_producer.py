@@ -1,0 +1,335 @@
+"""The trio ``Producer``: the same core as the blocking one, driven by tasks.
+
+Theory of operation
+-------------------
+``send``/``enqueue``/``send_nowait`` append to the ``ProducerCore``'s accumulator (no awaits in
+between, so no lock is needed) with a ``Delivery`` handle as the record's token, and wake the
+sender task. The sender task steps the core: it dials leaders, seals batches and starts one task
+per Produce request (at most ``max_in_flight_requests_per_connection`` per broker); each request
+task feeds the answer back to the core and resolves the deliveries. ``flush`` waits until every
+record buffered when it was called completed; leaving ``open_producer`` flushes, then stops.
+
+Time is ``env.clock`` (trio's clock by default, a virtual one in the simulator).
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+import trio
+
+from rivven_broker.client._trio_net import ClientEnv, Signal, TrioCluster, env_rng
+from rivven_broker.client.accumulator import ProducePlan
+from rivven_broker.client.config import (
+    ConnectionConfig,
+    ProducerConfig,
+    build_configs,
+    normalise_acks,
+)
+from rivven_broker.client.errors import (
+    BufferExhaustedError,
+    ClientTimeoutError,
+    ClosedError,
+    ConnectionFailedError,
+    FeatureNotAvailableError,
+    MessageTooLargeError,
+    RivvenError,
+    UnknownTopicOrPartitionError,
+    error_for,
+)
+from rivven_broker.client.metadata import Address
+from rivven_broker.client.producer_core import BatchOutcome, ProducerCore
+from rivven_broker.client.types import RecordMetadata
+from rivven_broker.records.batch import RecordTooLargeError
+
+__all__ = ["Delivery", "TrioProducer", "open_producer"]
+
+_IDLE_WAIT_MS = 1000
+TRANSACTIONS_PENDING = "transactions arrive with the exactly-once milestone"
+
+
+class Delivery:
+    """The pending outcome of one record: ``await delivery`` -> ``RecordMetadata``."""
+
+    __slots__ = ("_event", "_result", "_error")
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self._result: RecordMetadata | None = None
+        self._error: RivvenError | None = None
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> RecordMetadata:
+        """The record's metadata once acknowledged. Raises the delivery error."""
+        await self._event.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def __await__(self):
+        return self.wait().__await__()
+
+    def _resolve(self, result: RecordMetadata | None, error: RivvenError | None) -> None:
+        self._result, self._error = result, error
+        self._event.set()
+
+
+class TrioProducer:
+    """Use through ``open_producer``. Methods are called from tasks of one trio run."""
+
+    def __init__(self, bootstrap: str, env: Any, nursery: trio.Nursery, **options: Any) -> None:
+        if "acks" in options:
+            options["acks"] = normalise_acks(options["acks"])
+        self._config, conn_config = build_configs(options, ProducerConfig, ConnectionConfig)
+        self._env = env
+        self._clock = env.clock
+        self._nursery = nursery
+        self._cluster = TrioCluster(
+            bootstrap, conn_config, env, nursery,
+            in_flight_max=self._config.max_in_flight_requests_per_connection + 2,
+            allow_auto_topic_creation=self._config.allow_auto_topic_creation,
+        )
+        self._metadata = self._cluster.metadata
+        rng = env_rng(env, "producer")
+        self._core = ProducerCore(self._config, conn_config, self._metadata, rng)
+        self._acc = self._core.accumulator
+        self._request_timeout_ms = conn_config.request_timeout_ms
+        self._wake = Signal()
+        self._progress = Signal()
+        self._in_flight: dict[Address, int] = {}
+        self._closed = False
+        self._stopped = False
+
+    # --- sending -------------------------------------------------------------------------------
+    async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                   headers: Any = None, partition: int | None = None,
+                   timestamp_ms: int | None = None) -> RecordMetadata:
+        """Send one record and wait for its acknowledgement.
+
+        Raises what ``enqueue`` raises, then the delivery error (after retries).
+        """
+        delivery = await self.enqueue(topic, value, key, headers, partition, timestamp_ms)
+        return await delivery
+
+    async def enqueue(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                      headers: Any = None, partition: int | None = None,
+                      timestamp_ms: int | None = None) -> Delivery:
+        """Queue one record; waits (at most ``max_block_ms``) only for the topic's metadata or
+        buffer space. Returns its ``Delivery``. Always a checkpoint.
+
+        Raises:
+            ClosedError, ClientTimeoutError, BufferExhaustedError, ConnectionFailedError,
+            BrokerError (invalid topic, partition out of range), MessageTooLargeError,
+            TypeError: as the blocking ``Producer.send``.
+        """
+        deadline = self._clock.monotonic_ms() + self._config.max_block_ms
+        while True:
+            try:
+                delivery = self.send_nowait(topic, value, key, headers, partition, timestamp_ms)
+            except trio.WouldBlock:
+                await self._wait_for_capacity(topic, deadline)
+                continue
+            await trio.lowlevel.checkpoint()
+            return delivery
+
+    def send_nowait(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                    headers: Any = None, partition: int | None = None,
+                    timestamp_ms: int | None = None) -> Delivery:
+        """Queue one record without waiting. Raises ``trio.WouldBlock`` when the topic's
+        metadata is not known yet or the buffer is full (``enqueue`` waits instead)."""
+        if self._closed:
+            raise ClosedError("send after the producer closed")
+        count = self._metadata.partition_count(topic)
+        if count is None:
+            code = self._metadata.topic_error(topic)
+            if code is not None and not code.retriable:
+                raise error_for(code, f"topic {topic!r}")
+            if self._metadata.add_topics([topic]):
+                self._wake.fire()
+            raise trio.WouldBlock
+        if partition is not None and not 0 <= partition < count:
+            raise UnknownTopicOrPartitionError(
+                f"partition {partition} of {topic!r} does not exist ({count} partitions)"
+            )
+        if not self._acc.has_room():
+            raise trio.WouldBlock
+        delivery = Delivery()
+        if timestamp_ms is None:
+            timestamp_ms = self._clock.wall_ms()
+        try:
+            wake = self._acc.append(topic, partition, timestamp_ms, key, value, headers or (),
+                                    delivery, self._clock.monotonic_ms(), count)
+        except RecordTooLargeError as error:
+            raise MessageTooLargeError(str(error)) from error
+        if wake:
+            self._wake.fire()
+        return delivery
+
+    async def _wait_for_capacity(self, topic: str, deadline: int) -> None:
+        remaining = deadline - self._clock.monotonic_ms()
+        if remaining <= 0:
+            if self._metadata.partition_count(topic) is None:
+                error = self._cluster.last_error
+                if error is not None and self._metadata.version == 0:
+                    raise ConnectionFailedError(f"no broker reachable: {error.message}")
+                raise ClientTimeoutError(f"topic {topic!r} not in metadata after max_block_ms")
+            raise BufferExhaustedError("the producer buffer stayed full for max_block_ms")
+        if self._metadata.partition_count(topic) is None:
+            self._metadata.request_update()
+            self._wake.fire()
+            await self._cluster.changed.wait(min(remaining, _IDLE_WAIT_MS))
+        else:
+            await self._progress.wait(min(remaining, _IDLE_WAIT_MS))
+
+    async def flush(self, timeout_ms: int | None = None) -> None:
+        """Send everything buffered now and wait until each of those records completed.
+
+        Raises:
+            ClientTimeoutError: records still pending after ``timeout_ms``.
+        """
+        pending = self._acc.incomplete()
+        self._acc.flushes_in_progress += 1
+        try:
+            self._wake.fire()
+            with trio.move_on_after(float("inf") if timeout_ms is None else timeout_ms / 1000):
+                while any(not batch.done for batch in pending):
+                    await self._progress.wait()
+                return
+            raise ClientTimeoutError("flush timed out")
+        finally:
+            self._acc.flushes_in_progress -= 1
+
+    async def init_transactions(self) -> None:
+        """Raises ``FeatureNotAvailableError`` until the broker supports transactions."""
+        raise FeatureNotAvailableError(TRANSACTIONS_PENDING)
+
+    async def begin_transaction(self) -> None:
+        raise FeatureNotAvailableError(TRANSACTIONS_PENDING)
+
+    async def commit_transaction(self) -> None:
+        raise FeatureNotAvailableError(TRANSACTIONS_PENDING)
+
+    async def abort_transaction(self) -> None:
+        raise FeatureNotAvailableError(TRANSACTIONS_PENDING)
+
+    def partition_count(self, topic: str) -> int | None:
+        return self._metadata.partition_count(topic)
+
+    # --- the sender task -----------------------------------------------------------------------
+    async def _run_sender(self) -> None:
+        while not self._stopped:
+            now = self._clock.monotonic_ms()
+            want: list[int] = []
+
+            def node_ready(node_id: int) -> bool:
+                address = self._metadata.address_of(node_id)
+                if address is None:
+                    return False
+                if self._cluster.connection(address) is None:
+                    want.append(node_id)
+                    return False
+                return self._in_flight.get(address, 0) < (
+                    self._config.max_in_flight_requests_per_connection
+                )
+
+            step = self._core.step(now, node_ready)
+            self._finish(step.failed)
+            if step.metadata_due:
+                self._cluster.refresh_soon()
+            wait_ms = _IDLE_WAIT_MS if step.wake_at_ms is None else step.wake_at_ms - now
+            for node_id in dict.fromkeys(want):
+                address = self._metadata.address_of(node_id)
+                if self._cluster.can_dial(address, now):
+                    self._nursery.start_soon(self._dial, address)
+                else:
+                    wait_ms = min(wait_ms, max(self._cluster.retry_at_ms(address) - now, 1))
+            for plan in step.plans:
+                address = self._metadata.address_of(plan.node_id)
+                for batch in plan.batches:
+                    batch.seal()
+                self._in_flight[address] = self._in_flight.get(address, 0) + 1
+                self._nursery.start_soon(self._send_plan, plan, address)
+            await self._wake.wait(max(0, min(wait_ms, _IDLE_WAIT_MS)))
+
+    async def _dial(self, address: Address) -> None:
+        try:
+            await self._cluster.connect(address)
+        except ClosedError:
+            return
+        except RivvenError:
+            self._metadata.request_update()
+        self._wake.fire()
+
+    async def _send_plan(self, plan: ProducePlan, address: Address) -> None:
+        try:
+            request = self._core.produce_request(plan)
+            conn = self._cluster.connection(address)
+            try:
+                if conn is None:
+                    raise ConnectionFailedError(f"not connected to {address}")
+                response = await conn.request(request, self._request_timeout_ms)
+            except RivvenError as error:
+                outcomes = self._core.on_request_failed(plan, error, self._clock.monotonic_ms())
+            else:
+                if self._core.expects_response:
+                    outcomes = self._core.on_response(plan, response, self._clock.monotonic_ms())
+                else:
+                    outcomes = self._core.on_sent_without_ack(plan)
+            self._finish(outcomes)
+        finally:
+            self._in_flight[address] -= 1
+            self._wake.fire()
+
+    def _finish(self, outcomes: list[BatchOutcome]) -> None:
+        for batch, base_offset, error in outcomes:
+            if error is None:
+                offset = base_offset
+                for delivery, timestamp in zip(batch.tokens, batch.timestamps):
+                    delivery._resolve(
+                        RecordMetadata(batch.topic, batch.partition, offset, timestamp), None
+                    )
+                    if base_offset >= 0:
+                        offset += 1
+            else:
+                for delivery in batch.tokens:
+                    delivery._resolve(None, error)
+        if outcomes:
+            self._progress.fire()
+
+    # --- closing -------------------------------------------------------------------------------
+    def _shutdown(self) -> None:
+        """Stop at once: fail whatever is left with ``ClosedError``. Never blocks."""
+        self._closed = True
+        self._stopped = True
+        self._cluster.close()
+        error = ClosedError("the producer closed before these records were delivered")
+        self._finish(self._core.abort_queued(error))
+        for batch in self._acc.incomplete():  # in flight: their request tasks are cancelled
+            self._acc.complete(batch)
+            self._finish([BatchOutcome(batch, -1, error)])
+        self._wake.fire()
+
+
+@asynccontextmanager
+async def open_producer(
+    bootstrap: str = "127.0.0.1:9092", *, env: Any = None, **options: Any
+) -> AsyncIterator[TrioProducer]:
+    """A trio ``Producer`` for the body of an ``async with``; options as the blocking one.
+
+    On a normal exit it flushes (bounded by ``delivery_timeout_ms``), then closes; on an
+    exception it closes at once, failing pending records with ``ClosedError``.
+    """
+    async with trio.open_nursery() as nursery:
+        producer = TrioProducer(bootstrap, env or ClientEnv(), nursery, **options)
+        nursery.start_soon(producer._run_sender)
+        try:
+            yield producer
+            producer._closed = True
+            await producer.flush(producer._config.delivery_timeout_ms)
+        finally:
+            producer._shutdown()
+            nursery.cancel_scope.cancel()

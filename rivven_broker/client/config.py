@@ -1,0 +1,166 @@
+"""Client configuration: every knob with its default, unit and bound, checked once.
+
+Theory of operation
+-------------------
+``Producer``/``Consumer``/``Admin`` (blocking and trio) take keyword arguments and build one
+frozen config object here. Validation happens at construction and raises ``ValueError`` with
+the option's name, so a bad option fails before any socket opens. Defaults follow Kafka's
+client where the meaning is the same (``linger_ms`` 5, ``delivery_timeout_ms`` 120 s,
+``max_in_flight_requests_per_connection`` 5, ``fetch_max_wait_ms`` 500 ...) and CONTRACT.md
+where it names one (``batch_size_bytes`` 1 MiB). Bounds come from ``protocol.limits``.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from rivven_broker.protocol import limits
+
+__all__ = [
+    "ConnectionConfig",
+    "ProducerConfig",
+    "ConsumerConfig",
+    "ACKS_BY_NAME",
+    "build_configs",
+    "normalise_acks",
+]
+
+ACKS_BY_NAME = {"all": -1, "-1": -1, -1: -1, "1": 1, 1: 1, "0": 0, 0: 0}
+_MiB = 1024 * 1024
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, not {value!r}")
+
+
+def _non_negative(name: str, value: int) -> None:
+    if not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, not {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class ConnectionConfig:
+    """What every client needs to reach brokers."""
+
+    client_id: str = "rivven-python"
+    connect_timeout_ms: int = 10_000
+    request_timeout_ms: int = 30_000
+    reconnect_backoff_ms: int = 50
+    reconnect_backoff_max_ms: int = 1000
+    metadata_max_age_ms: int = 300_000
+    retry_backoff_ms: int = 100
+    retry_backoff_max_ms: int = 1000
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.client_id.encode()) > limits.client_id_bytes_max:
+            raise ValueError(f"client_id is longer than {limits.client_id_bytes_max} bytes")
+        for name in ("connect_timeout_ms", "request_timeout_ms", "metadata_max_age_ms"):
+            _positive(name, getattr(self, name))
+        for name in ("reconnect_backoff_ms", "retry_backoff_ms"):
+            _non_negative(name, getattr(self, name))
+        if self.reconnect_backoff_max_ms < self.reconnect_backoff_ms:
+            raise ValueError("reconnect_backoff_max_ms must be >= reconnect_backoff_ms")
+        if self.retry_backoff_max_ms < self.retry_backoff_ms:
+            raise ValueError("retry_backoff_max_ms must be >= retry_backoff_ms")
+
+
+@attrs.frozen(kw_only=True)
+class ProducerConfig:
+    """Producer options (see docs/client.md for each)."""
+
+    acks: int = -1
+    linger_ms: int = 5
+    batch_size_bytes: int = _MiB
+    compression: str = "none"
+    buffer_memory_bytes: int = 32 * _MiB
+    max_block_ms: int = 60_000
+    delivery_timeout_ms: int = 120_000
+    max_in_flight_requests_per_connection: int = 5
+    request_bytes_max: int = 16 * _MiB
+    retries: int = 2_147_483_647
+    idempotent: bool = False
+    transactional_id: str | None = None
+    allow_auto_topic_creation: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.acks not in (-1, 0, 1):
+            raise ValueError(f"acks must be 'all', 1 or 0, not {self.acks!r}")
+        if self.compression not in ("none", "zstd"):
+            raise ValueError(f"compression must be 'none' or 'zstd', not {self.compression!r}")
+        _non_negative("linger_ms", self.linger_ms)
+        _non_negative("max_block_ms", self.max_block_ms)
+        _non_negative("retries", self.retries)
+        for name in ("buffer_memory_bytes", "delivery_timeout_ms", "request_bytes_max"):
+            _positive(name, getattr(self, name))
+        if not 1024 <= self.batch_size_bytes <= limits.batch_bytes_max:
+            raise ValueError(f"batch_size_bytes must be in [1024, {limits.batch_bytes_max}]")
+        if not 0 < self.max_in_flight_requests_per_connection <= (
+            limits.in_flight_requests_per_connection_max
+        ):
+            raise ValueError(
+                "max_in_flight_requests_per_connection must be in "
+                f"[1, {limits.in_flight_requests_per_connection_max}]"
+            )
+        if self.request_bytes_max > limits.frame_bytes_max // 2:
+            raise ValueError(f"request_bytes_max must be <= {limits.frame_bytes_max // 2}")
+        if self.delivery_timeout_ms < self.linger_ms:
+            raise ValueError("delivery_timeout_ms must be >= linger_ms")
+
+
+@attrs.frozen(kw_only=True)
+class ConsumerConfig:
+    """Consumer options (see docs/client.md for each)."""
+
+    group_id: str | None = None
+    auto_offset_reset: str = "latest"
+    enable_auto_commit: bool = True
+    isolation_level: str = "read_uncommitted"
+    fetch_max_wait_ms: int = 500
+    fetch_min_bytes: int = 1
+    fetch_max_bytes: int = 50 * _MiB
+    max_partition_fetch_bytes: int = _MiB
+    max_poll_records: int = 500
+    check_crcs: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.auto_offset_reset not in ("earliest", "latest", "none"):
+            raise ValueError("auto_offset_reset must be 'earliest', 'latest' or 'none'")
+        if self.isolation_level not in ("read_uncommitted", "read_committed"):
+            raise ValueError("isolation_level must be 'read_uncommitted' or 'read_committed'")
+        if not 0 <= self.fetch_max_wait_ms <= limits.fetch_wait_ms_max:
+            raise ValueError(f"fetch_max_wait_ms must be in [0, {limits.fetch_wait_ms_max}]")
+        _non_negative("fetch_min_bytes", self.fetch_min_bytes)
+        if not 0 < self.fetch_max_bytes <= limits.fetch_bytes_max:
+            raise ValueError(f"fetch_max_bytes must be in [1, {limits.fetch_bytes_max}]")
+        if not 0 < self.max_partition_fetch_bytes <= limits.fetch_partition_bytes_max:
+            raise ValueError(
+                f"max_partition_fetch_bytes must be in [1, {limits.fetch_partition_bytes_max}]"
+            )
+        _positive("max_poll_records", self.max_poll_records)
+
+
+def build_configs(options: dict, *classes: type) -> tuple:
+    """Split keyword ``options`` among config ``classes`` by field name.
+
+    Raises:
+        TypeError: an option no class knows (a typo must not pass silently).
+        ValueError: a value a config rejects.
+    """
+    remaining = dict(options)
+    built = []
+    for cls in classes:
+        names = {field.name for field in attrs.fields(cls)}
+        mine = {key: remaining.pop(key) for key in list(remaining) if key in names}
+        built.append(cls(**mine))
+    if remaining:
+        raise TypeError(f"unknown option(s): {', '.join(sorted(remaining))}")
+    return tuple(built)
+
+
+def normalise_acks(acks: object) -> int:
+    """``"all"``/-1, 1, 0 (also as strings) -> the wire value. Raises ValueError."""
+    try:
+        return ACKS_BY_NAME[acks]  # type: ignore[index]
+    except (KeyError, TypeError):
+        raise ValueError(f"acks must be 'all', 1 or 0, not {acks!r}") from None

@@ -1,0 +1,65 @@
+"""The client core: everything a driver needs that is pure (no sockets, threads or clocks).
+
+Theory of operation
+-------------------
+As in h11, the client's decisions live in plain synchronous objects that take ``now_ms`` and an
+injected ``random.Random`` and return what to do; the blocking driver (threads and sockets),
+the trio driver and the simulator all drive the same objects:
+
+- ``metadata``: bootstrap parsing and the metadata cache (topics -> partitions -> leaders);
+- ``retry``: exponential backoff with jitter, bounded by attempts and a deadline, and which
+  errors call for a metadata refresh;
+- ``accumulator``: per-partition batches, linger and batch size, murmur2 / sticky partitioning,
+  the buffer bound, draining ready batches into per-broker Produce plans;
+- ``producer_core``: the sender's decisions (expiry, retries, outcomes);
+- ``fetch_state``: the consumer's assignment, positions, prefetch buffer and resets;
+- ``requests``: building requests and reading answers into results or typed errors.
+
+This module re-exports them as one namespace.
+"""
+
+from __future__ import annotations
+
+from rivven_broker.client.accumulator import (
+    DrainResult,
+    ProducePlan,
+    ProducerBatch,
+    RecordAccumulator,
+)
+from rivven_broker.client.config import ConnectionConfig, ConsumerConfig, ProducerConfig
+from rivven_broker.client.fetch_state import (
+    EARLIEST,
+    LATEST,
+    CompletedFetch,
+    FetchPlan,
+    FetchState,
+    decode_completed,
+)
+from rivven_broker.client.metadata import Address, MetadataCache, parse_bootstrap
+from rivven_broker.client.producer_core import BatchOutcome, ProducerCore, SenderStep
+from rivven_broker.client.retry import RetryDecision, RetryPolicy, needs_metadata_refresh
+
+__all__ = [
+    "Address",
+    "MetadataCache",
+    "parse_bootstrap",
+    "RetryPolicy",
+    "RetryDecision",
+    "needs_metadata_refresh",
+    "RecordAccumulator",
+    "ProducerBatch",
+    "ProducePlan",
+    "DrainResult",
+    "ProducerCore",
+    "SenderStep",
+    "BatchOutcome",
+    "FetchState",
+    "FetchPlan",
+    "CompletedFetch",
+    "decode_completed",
+    "EARLIEST",
+    "LATEST",
+    "ConnectionConfig",
+    "ProducerConfig",
+    "ConsumerConfig",
+]

@@ -1,0 +1,122 @@
+"""The small value types the client hands to users.
+
+Theory of operation
+-------------------
+Everything here is an immutable ``NamedTuple``: cheap to build on the per-record path (a
+consumer builds one ``Record`` per record) and easy to print, compare and pickle. Field names
+follow CONTRACT.md: ``RecordMetadata(topic, partition, offset, timestamp_ms)`` and
+``Record(topic, partition, offset, timestamp_ms, key, value, headers)``. The admin results
+(``TopicDescription``, ``ClusterStatus`` ...) are plain data too, so the CLI can print them as
+tables or JSON without knowing the wire messages.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = [
+    "TopicPartition",
+    "RecordMetadata",
+    "Record",
+    "Header",
+    "BrokerInfo",
+    "PartitionInfo",
+    "TopicListing",
+    "TopicDescription",
+    "ConfigValue",
+    "ClusterStatus",
+    "OffsetSpec",
+    "PartitionOffset",
+]
+
+#: A record header: (key, value); value None is a null header value.
+Header = tuple[str, "bytes | None"]
+
+
+class TopicPartition(NamedTuple):
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+
+class RecordMetadata(NamedTuple):
+    """Where an acknowledged record landed. ``offset`` is -1 for ``acks=0`` sends."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+
+class Record(NamedTuple):
+    """One consumed record. ``headers`` is a tuple of ``(str, bytes | None)`` pairs."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple
+
+
+class BrokerInfo(NamedTuple):
+    node_id: int
+    host: str
+    port: int
+    rack: str | None
+
+
+class PartitionInfo(NamedTuple):
+    partition: int
+    leader: int | None
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    error: str | None  # the wire error name, None when healthy
+
+
+class TopicListing(NamedTuple):
+    name: str
+    partitions: int
+    is_internal: bool
+
+
+class ConfigValue(NamedTuple):
+    value: str | None
+    is_default: bool
+    is_read_only: bool
+    is_sensitive: bool
+
+
+class TopicDescription(NamedTuple):
+    name: str
+    partitions: int
+    replication_factor: int
+    configs: dict[str, ConfigValue]
+    partition_info: tuple[PartitionInfo, ...]
+
+
+class ClusterStatus(NamedTuple):
+    cluster_id: str | None
+    controller_id: int | None
+    brokers: tuple[BrokerInfo, ...]
+    topics: int
+    partitions: int
+    partitions_without_leader: int
+
+
+class OffsetSpec:
+    """Special timestamps for ``Admin.list_offsets`` (Kafka's -2 / -1 convention)."""
+
+    EARLIEST = -2
+    LATEST = -1
+
+
+class PartitionOffset(NamedTuple):
+    """An offset found by ``list_offsets`` (offset -1: none) or ``delete_records``."""
+
+    offset: int
+    timestamp_ms: int

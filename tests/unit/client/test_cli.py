@@ -1,0 +1,58 @@
+"""The ``rivven`` command line without a broker: parsing, usage exit codes, output encoding.
+
+Method: call ``build_parser``/``main`` in-process; usage errors must exit with code 1 (not
+argparse's 2, which CONTRACT reserves for "cannot connect"); bytes are encoded for JSON as
+documented in docs/client.md.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from rivven_broker.cli.rivven_main import _table, build_parser, encode_bytes, main
+
+
+def test_defaults_and_environment(monkeypatch):
+    monkeypatch.setenv("RIVVEN_BOOTSTRAP", "h:1,h:2")
+    args = build_parser().parse_args(["topic", "create", "t", "--config", "a=b", "--config", "c="])
+    assert args.bootstrap == "h:1,h:2" and args.partitions == 3 and args.replication_factor == 1
+    assert args.config == [("a", "b"), ("c", "")]
+    argv = ["--json", "consume", "t", "--partition", "1", "--offset", "5"]
+    args = build_parser().parse_args(argv)
+    assert args.json and args.partition == 1 and args.offset == 5 and not args.follow
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["topic"], ["topic", "create"], ["topic", "alter", "t"], ["nope"],
+     ["topic", "create", "t", "--config", "novalue"], ["produce", "t", "--acks", "2"]],
+)
+def test_usage_errors_exit_1(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 1
+    assert "usage" in capsys.readouterr().err
+
+
+def test_offset_without_partition_is_a_usage_error(capsys):
+    assert main(["--bootstrap", "127.0.0.1:1", "consume", "t", "--offset", "1"]) == 1
+    assert "--offset needs --partition" in capsys.readouterr().err
+
+
+def test_group_commands_are_not_available_yet(capsys):
+    assert main(["group", "describe", "g"]) == 1
+    assert "FEATURE_NOT_AVAILABLE" in capsys.readouterr().err
+
+
+def test_encode_bytes():
+    assert encode_bytes(None) is None
+    assert encode_bytes(b"caf\xc3\xa9") == "café"
+    assert encode_bytes(b"\x00\xff") == {"base64": "AP8="}
+
+
+def test_table_aligns_columns():
+    out = io.StringIO()
+    _table(out, ["A", "LONGER"], [("xxxx", 1), (None, 22)])
+    assert out.getvalue().splitlines() == ["A     LONGER", "xxxx  1", "-     22"]
