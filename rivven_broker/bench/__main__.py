@@ -1,0 +1,52 @@
+"""``python -m rivven_broker.bench SUITE [options]`` (also ``rivven bench ...``): run a benchmark.
+
+Suites: ``produce``, ``consume``, ``e2e`` (the broker benchmark tool, against a broker it
+starts or ``--bootstrap``, optionally side by side with ``--peer redis|nats``), ``suite`` (the
+standard suite behind ``make bench``, which rewrites docs/performance.md) and ``storage``
+(the partition log alone). See docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rivven_broker.bench import storage
+from rivven_broker.bench.options import MODES, OptionsError, add_arguments, options_from_args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv``, run the suite, print its result. Returns the exit code. Blocks."""
+    parser = argparse.ArgumentParser(prog="rivven bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    suites = parser.add_subparsers(dest="suite", required=True)
+    for mode in MODES:
+        add_arguments(suites.add_parser(mode, help=f"{mode} throughput and latency"))
+    from rivven_broker.bench import suite
+
+    suite.add_arguments(suites.add_parser("suite", help=suite.HELP, description=suite.HELP))
+    storage.add_arguments(suites.add_parser("storage", help=storage.HELP, description=storage.HELP))
+    args = parser.parse_args(argv)
+    if args.suite == "storage":
+        return storage.main(args)
+    if args.suite == "suite":
+        return suite.main(args)
+    try:
+        options = options_from_args(args.suite, args)
+    except OptionsError as exc:
+        parser.error(str(exc))
+    from rivven_broker.bench import report, runner
+
+    rounds = runner.run_bench(options)
+    summary = report.summarize(rounds, options, storage.machine_description(options.data_dir or "/tmp"))
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(report.format_summary(summary))
+    failed = summary["lost"] or summary["duplicated"] or summary["rivven"]["unknown"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

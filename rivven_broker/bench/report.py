@@ -1,0 +1,153 @@
+"""Summaries of benchmark rounds: the JSON document and the human-readable lines.
+
+Theory of operation
+-------------------
+``summarize(rounds, options)`` turns the ``LineResult``s of every round into one JSON-ready
+dict. For each target (Rivven's raw line, the client line, the peer): the median and best
+records/s over rounds, MB/s of record values (1 MB = 10**6 bytes) and, for consume, of whole
+batches on the wire ("broker side"), the latency percentiles of the histograms of all rounds
+merged, lost/duplicated/unknown summed over rounds, and the broker's CPU seconds per million
+records. With a peer: the per-round ratio Rivven/peer and its median (``ratio``). A spread of
+more than 25 % between rounds is flagged (``unsteady``): the host is noisy, rerun.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Sequence
+
+from rivven_broker.bench.options import BenchOptions
+from rivven_broker.bench.runner import LineResult
+from rivven_broker.bench.stats import Latency, spread
+
+__all__ = ["summarize", "format_summary", "line_summary"]
+
+_SPREAD_FLAG = 0.25
+
+
+def line_summary(lines: Sequence[LineResult]) -> dict[str, Any]:
+    """The figures of one target over its rounds."""
+    rates = [line.records_per_s for line in lines]
+    median_index = _median_index(rates)
+    middle = lines[median_index]
+    latency = Latency.merged(line.latency for line in lines if line.latency)
+    cpu = [value for line in lines if (value := line.cpu_s_per_million) is not None]
+    out: dict[str, Any] = {
+        "target": middle.target,
+        "setting": middle.setting,
+        "records_per_s": round(statistics.median(rates)),
+        "records_per_s_best": round(max(rates)),
+        "rounds_records_per_s": [round(rate) for rate in rates],
+        "mb_per_s": round(middle.mb_per_s, 1),
+        "wire_mb_per_s": round(middle.wire_mb_per_s, 1),
+        "requests_per_s": round(middle.requests / middle.seconds) if middle.seconds else 0,
+        "latency_ms": latency.summary_ms(),
+        "latency_count": latency.count,
+        "lost": sum(line.lost for line in lines),
+        "duplicated": sum(line.duplicated for line in lines),
+        "unknown": sum(line.unknown for line in lines),
+        "acked_units": sum(line.acked_units for line in lines),
+        "broker_cpu_s_per_million": round(statistics.median(cpu), 3) if cpu else None,
+        "spread": round(spread(rates), 3),
+        "unsteady": spread(rates) > _SPREAD_FLAG,
+        "per_second": _per_second(middle.buckets),
+        "errors": [error for line in lines for error in line.errors][:20],
+    }
+    extra = {k: v for k, v in middle.extra.items() if k != "lost_examples"}
+    if extra:
+        out["extra"] = extra
+    examples = [line.extra["lost_examples"] for line in lines if "lost_examples" in line.extra]
+    if examples:
+        out["lost_examples"] = examples[0]
+    return out
+
+
+def _median_index(values: Sequence[float]) -> int:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    return order[(len(order) - 1) // 2]
+
+
+def _per_second(buckets: Sequence[int]) -> dict[str, float] | None:
+    if len(buckets) < 2:
+        return None
+    return {
+        "mean": round(statistics.mean(buckets)),
+        "stddev": round(statistics.pstdev(buckets)),
+        "min": min(buckets),
+        "max": max(buckets),
+    }
+
+
+def summarize(rounds: Sequence[dict[str, LineResult]], options: BenchOptions,
+              machine: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One JSON-ready summary of a whole run (see the module docstring)."""
+    rivven = line_summary([r["rivven"] for r in rounds])
+    summary: dict[str, Any] = {
+        "workload": options.describe(),
+        "mode": options.mode,
+        **{k: rivven[k] for k in ("records_per_s", "mb_per_s", "latency_ms", "lost", "duplicated")},
+        "rivven": rivven,
+        "options": options.to_json(),
+    }
+    if machine is not None:
+        summary["machine"] = machine
+    if all("client" in r for r in rounds) and rounds and "client" in rounds[0]:
+        summary["client"] = line_summary([r["client"] for r in rounds])
+    if options.peer is not None:
+        peer_lines = [r[options.peer] for r in rounds]
+        peer = line_summary(peer_lines)
+        ratios = [
+            r["rivven"].records_per_s / r[options.peer].records_per_s
+            for r in rounds
+            if r[options.peer].records_per_s
+        ]
+        summary["peer"] = peer
+        summary["ratios"] = [round(x, 2) for x in ratios]
+        summary["ratio"] = round(statistics.median(ratios), 2) if ratios else None
+    return summary
+
+
+def _line_text(name: str, figures: dict[str, Any], mode: str) -> str:
+    latency = figures["latency_ms"]
+    rate = figures["records_per_s"]
+    parts = [
+        f"{name:<16} {rate:>12,} rec/s",
+        f"{figures['mb_per_s']:>8,.1f} MB/s",
+    ]
+    if mode == "consume":
+        parts.append(f"(wire {figures['wire_mb_per_s']:,.1f} MB/s)")
+    if figures["latency_count"]:
+        parts.append(
+            f"p50 {latency['p50']:.2f} p99 {latency['p99']:.2f} p99.9 {latency['p999']:.2f} "
+            f"max {latency['max']:.2f} ms"
+        )
+    if figures["broker_cpu_s_per_million"] is not None:
+        parts.append(f"cpu {figures['broker_cpu_s_per_million']:.2f} s/M")
+    parts.append(f"lost {figures['lost']} dup {figures['duplicated']}")
+    if len(figures["rounds_records_per_s"]) > 1:
+        parts.append(f"rounds {figures['rounds_records_per_s']}")
+    if figures["unsteady"]:
+        parts.append("UNSTEADY")
+    return "  ".join(parts)
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """Human-readable lines: the workload, one line per target, the ratio, errors."""
+    mode = summary["mode"]
+    rows = [summary["workload"]]
+    rivven = summary["rivven"]
+    rows.append(_line_text(f"rivven ({rivven['setting']})", rivven, mode))
+    if "client" in summary:
+        rows.append(_line_text("rivven client", summary["client"], mode))
+    if "peer" in summary:
+        peer = summary["peer"]
+        rows.append(_line_text(f"{peer['target']} ({peer['setting']})", peer, mode))
+        rows.append(f"ratio rivven/{peer['target']}: {summary['ratio']}x (rounds {summary['ratios']})")
+    if "extra" in rivven and "produce_latency" in rivven["extra"]:
+        rows.append(f"produce ack latency: {rivven['extra']['produce_latency']} ms")
+    for name in ("rivven", "client", "peer"):
+        for error in summary.get(name, {}).get("errors", [])[:5]:
+            rows.append(f"error ({name}): {error.strip()[:300]}")
+    return "\n".join(rows)

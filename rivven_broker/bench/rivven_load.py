@@ -1,0 +1,422 @@
+"""Rivven load generators: raw batched produce, raw fetch consume, e2e, the client lines, and
+the final loss/duplicate read.
+
+Theory of operation
+-------------------
+To measure the broker rather than Python's per-record client cost, the raw producers build
+one record batch ONCE (``BatchTemplate``: ``BatchBuilder``, ``batch`` records of
+``record_bytes``) and, per request, copy it, write the unit's ``ledger.MARK`` into the first
+record's value (at a fixed position: records of one shape have a fixed layout) and recompute
+the batch CRC (crc32c runs at tens of GB/s, so this is about a microsecond). Requests go out
+through the protocol's own ``ClientConnection`` over a plain socket, ``window`` in flight per
+connection (``workers.run_producers``). One request carries one batch for one partition;
+connections rotate over the partitions.
+
+The raw consumer sends ``Fetch`` requests, one in flight (the next offset comes from the
+answer), and counts records and bytes from batch *headers* only: the broker-side figure.
+In ``consume`` mode it wraps to offset 0 at the end of the log, so a run of any length reads
+the filled log from the page cache again and again; in ``e2e`` mode it long-polls the tail
+and takes each batch's latency from the send time in its mark.
+
+The *client* lines go through the public API: ``Producer.send`` one record at a time (every
+record carries its own mark) and ``Consumer.poll`` decoding every record. They report the
+throughput a Python application sees.
+
+``verify_log`` reads every partition from offset 0 to its end and feeds each unit's mark to
+a ``Ledger``: one mark per batch for the raw producers, one per record for the client line.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from typing import Callable
+
+import attrs
+import crc32c
+
+from rivven_broker.bench.ledger import MARK, MARK_BYTES, Ledger
+from rivven_broker.bench.stats import Buckets, Latency
+from rivven_broker.bench.workers import (
+    Channel,
+    Window,
+    WorkerResult,
+    WorkerSpec,
+    connect,
+    run_producers,
+)
+from rivven_broker.client import Consumer, Producer, TopicPartition
+from rivven_broker.protocol import limits
+from rivven_broker.protocol.connection import ClientConnection
+from rivven_broker.protocol.errors import ErrorCode
+from rivven_broker.protocol.messages import (
+    ErrorResponse,
+    Fetch,
+    FetchPartition,
+    FetchResponse,
+    FetchTopic,
+    Produce,
+    ProducePartition,
+    ProduceResponse,
+    ProduceTopic,
+)
+from rivven_broker.records import BatchBuilder, decode_records, iter_batches
+
+__all__ = [
+    "BatchTemplate",
+    "batch_template",
+    "RivvenProduceChannel",
+    "prepare_produce",
+    "prepare_consume",
+    "prepare_client_produce",
+    "prepare_client_consume",
+    "verify_log",
+    "fetch_once",
+]
+
+_CRC = struct.Struct(">I")
+_CRC_AT = 17
+_CRC_START = 21
+_TIMESTAMP_MS = 1_700_000_000_000
+_PROBE = bytes(range(0xA0, 0xA0 + MARK_BYTES))
+_CLIENT_SAMPLE = 100  # the client line times every 100th record
+
+
+@attrs.frozen
+class BatchTemplate:
+    """A built batch and where its first record's value (the mark) starts."""
+
+    data: bytes
+    mark_at: int
+    records: int
+
+    def fill(self, producer: int, sequence: int, send_ns: int) -> bytearray:
+        """A copy marked ``(producer, sequence, send_ns)`` with its CRC recomputed."""
+        buf = bytearray(self.data)
+        MARK.pack_into(buf, self.mark_at, producer, sequence, send_ns)
+        _CRC.pack_into(buf, _CRC_AT, crc32c.crc32c(memoryview(buf)[_CRC_START:]))
+        return buf
+
+
+def batch_template(record_bytes: int, records: int) -> BatchTemplate:
+    """One uncompressed batch of ``records`` keyless records of ``record_bytes`` bytes."""
+    assert record_bytes >= MARK_BYTES and records >= 1
+    builder = BatchBuilder(batch_bytes_max=limits.batch_bytes_max)
+    builder.append(_TIMESTAMP_MS, None, _PROBE + bytes(record_bytes - MARK_BYTES))
+    filler = bytes(record_bytes)
+    for _ in range(records - 1):
+        assert builder.append(_TIMESTAMP_MS, None, filler)
+    data = builder.build()
+    mark_at = data.find(_PROBE)
+    assert mark_at > 0 and data.find(_PROBE, mark_at + 1) < 0
+    return BatchTemplate(data, mark_at, records)
+
+
+class RivvenProduceChannel(Channel):
+    """One raw producer connection: marked template batches in ``Produce`` requests."""
+
+    def __init__(
+        self, sock: socket.socket, producer: int, spec: WorkerSpec, template: BatchTemplate
+    ) -> None:
+        super().__init__(sock, producer)
+        self.core = ClientConnection(in_flight_max=limits.in_flight_requests_per_connection_max)
+        self.template = template
+        self.topic = spec.topic
+        self.partitions = spec.partitions
+        self.acks = spec.options.acks
+        self.fire_and_forget = self.acks == 0
+        self.first_error: str | None = None
+
+    def build(self, sequence: int, send_ns: int) -> tuple[bytes, int, int]:
+        partition = self.partitions[(self.producer + sequence) % len(self.partitions)]
+        records = self.template.fill(self.producer, sequence, send_ns)
+        request = Produce(
+            acks=self.acks,
+            timeout_ms=30_000,
+            topics=(ProduceTopic(self.topic, (ProducePartition(partition, records),)),),
+        )
+        return self.core.send_request(request)[1], 1, self.template.records
+
+    def feed(self, data: bytes) -> int:
+        core = self.core
+        core.receive_data(data)
+        done = 0
+        while (event := core.next_event()) is not None:
+            error = _produce_error(event.response)
+            if error is not None:
+                self.failed.append(self.acked + done)
+                if self.first_error is None:
+                    self.first_error = error
+            done += 1
+        return done
+
+
+def _produce_error(response: object) -> str | None:
+    if type(response) is ErrorResponse:
+        return f"{response.error_code.name}: {response.message}"
+    assert type(response) is ProduceResponse
+    for topic in response.topics:
+        for partition in topic.partitions:
+            if partition.error_code != ErrorCode.NONE:
+                return f"{partition.error_code.name}: {partition.error_message}"
+    return None
+
+
+def prepare_produce(spec: WorkerSpec) -> Callable[[Window, WorkerResult], None]:
+    """Connect ``connections`` raw producers; return the run function."""
+    options = spec.options
+    template = batch_template(options.record_bytes, options.batch)
+    channels = [
+        RivvenProduceChannel(connect(spec.address), spec.producer_base + number, spec, template)
+        for number in range(options.connections)
+    ]
+
+    def run(window: Window, result: WorkerResult) -> None:
+        try:
+            run_producers(channels, window, options, spec.rate_per_channel, result)
+        finally:
+            for channel in channels:
+                if channel.first_error:
+                    result.errors.append(f"producer {channel.producer}: {channel.first_error}")
+                channel.close()
+
+    return run
+
+
+# --- consumers ------------------------------------------------------------------------------------
+
+
+def _fetch_request(spec: WorkerSpec, offsets: dict[int, int], wait_ms: int) -> Fetch:
+    fetch_bytes = spec.options.fetch_bytes
+    parts = tuple(FetchPartition(p, offsets[p], fetch_bytes) for p in spec.partitions)
+    return Fetch(
+        max_wait_ms=wait_ms,
+        min_bytes=1,
+        max_bytes=min(limits.fetch_bytes_max, fetch_bytes * len(parts)),
+        topics=(FetchTopic(spec.topic, parts),),
+    )
+
+
+def fetch_once(sock: socket.socket, core: ClientConnection, request: Fetch) -> FetchResponse:
+    """Send one Fetch and block for its answer. Raises ``ConnectionError`` / protocol errors."""
+    sock.sendall(core.send_request(request)[1])
+    while True:
+        event = core.next_event()
+        if event is not None:
+            response = event.response
+            if type(response) is ErrorResponse:
+                raise ConnectionError(f"fetch failed: {response.error_code.name} {response.message}")
+            return response
+        data = sock.recv(4 * 1024 * 1024)
+        if not data:
+            raise ConnectionError("the broker closed the connection")
+        core.receive_data(data)
+
+
+def prepare_consume(spec: WorkerSpec) -> Callable[[Window, WorkerResult], None]:
+    """A raw fetching consumer: re-reads the log (consume) or follows it (e2e)."""
+    sock = connect(spec.address)
+    core = ClientConnection()
+    e2e = spec.options.mode == "e2e"
+
+    def run(window: Window, result: WorkerResult) -> None:
+        latency = Latency()
+        buckets = Buckets(spec.options.duration_s)
+        offsets = {p: 0 for p in spec.partitions}
+        passes = 0
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= window.end:
+                    break
+                response = fetch_once(sock, core, _fetch_request(spec, offsets, 200 if e2e else 0))
+                now = time.monotonic()
+                now_ns = time.monotonic_ns()
+                in_window = window.start <= now < window.end
+                for topic in response.topics:
+                    for part in topic.partitions:
+                        if part.error_code != ErrorCode.NONE:
+                            raise ConnectionError(f"fetch partition {part.partition}: {part.error_code.name}")
+                        records = part.records
+                        count = size = 0
+                        next_offset = offsets[part.partition]
+                        for pos, header in iter_batches(records):
+                            count += header.record_count
+                            size += header.batch_length + 12
+                            next_offset = header.base_offset + header.last_offset_delta + 1
+                            if e2e and in_window:
+                                send_ns = MARK.unpack_from(records, pos + _mark_at(spec))[2]
+                                latency.record_us((now_ns - send_ns) / 1000)
+                        offsets[part.partition] = next_offset
+                        if in_window:
+                            result.records += count
+                            result.wire_bytes += size
+                            buckets.add(now - window.start, count)
+                        if not e2e and next_offset >= part.high_watermark > 0:
+                            offsets[part.partition] = 0  # wrap: read the log again
+                            passes += 1
+                if in_window:
+                    result.requests += 1
+        finally:
+            sock.close()
+        result.payload_bytes = result.records * spec.options.record_bytes
+        result.latency = latency.encode()
+        result.buckets = buckets.counts
+        result.seconds = spec.options.duration_s
+        result.extra["passes"] = passes
+
+    return run
+
+
+_MARK_AT: dict[tuple[int, int], int] = {}
+
+
+def _mark_at(spec: WorkerSpec) -> int:
+    key = (spec.options.record_bytes, spec.options.batch)
+    if key not in _MARK_AT:
+        _MARK_AT[key] = batch_template(*key).mark_at
+    return _MARK_AT[key]
+
+
+# --- the client lines -------------------------------------------------------------------------
+
+
+def prepare_client_produce(spec: WorkerSpec) -> Callable[[Window, WorkerResult], None]:
+    """One public ``Producer`` sending one record per ``send`` call, for the window."""
+    options = spec.options
+    batch_size_bytes = min(limits.batch_bytes_max, max(16 * 1024, options.batch * (options.record_bytes + 40) + 61))
+    producer = Producer(
+        f"{spec.address[0]}:{spec.address[1]}",
+        acks={-1: "all", 1: 1, 0: 0}[options.acks],
+        linger_ms=options.linger_ms,
+        batch_size_bytes=batch_size_bytes,
+        buffer_memory_bytes=8 * 1024 * 1024,
+    )
+    producer.partitions_for(spec.topic)  # metadata before the clock starts
+    pad = bytes(options.record_bytes - MARK_BYTES)
+
+    def run(window: Window, result: WorkerResult) -> None:
+        samples: list[float] = []
+        pid = spec.producer_base
+        sequence = counted = 0
+        send = producer.send
+        topic = spec.topic
+        pack = MARK.pack
+        try:
+            _sleep_until(window.t0)
+            now = time.monotonic()
+            while now < window.end:
+                for _ in range(_CLIENT_SAMPLE - 1):
+                    send(topic, pack(pid, sequence, 0) + pad)
+                    sequence += 1
+                sent_at = time.monotonic()
+                future = send(topic, pack(pid, sequence, 0) + pad)
+                sequence += 1
+                if sent_at >= window.start:
+                    future.add_done_callback(
+                        lambda f, t=sent_at: samples.append(time.monotonic() - t)
+                    )
+                    counted += _CLIENT_SAMPLE
+                now = time.monotonic()
+            producer.flush(60.0)
+        finally:
+            producer.close(10.0)
+        latency = Latency()
+        for value in samples:
+            latency.record_us(value * 1e6)
+        result.records = counted
+        result.payload_bytes = counted * options.record_bytes
+        result.latency = latency.encode()
+        result.seconds = options.duration_s
+        result.producers.append((pid, sequence, sequence, ()))
+
+    return run
+
+
+def prepare_client_consume(spec: WorkerSpec) -> Callable[[Window, WorkerResult], None]:
+    """One public ``Consumer`` reading the filled log once, decoding every record."""
+    options = spec.options
+    consumer = Consumer(
+        f"{spec.address[0]}:{spec.address[1]}",
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=options.fetch_bytes,
+        enable_auto_commit=False,
+    )
+
+    def run(window: Window, result: WorkerResult) -> None:
+        count = 0
+        try:
+            consumer.assign([TopicPartition(spec.topic, p) for p in spec.partitions])
+            _sleep_until(window.t0)
+            started = time.monotonic()
+            deadline = window.end + 60.0
+            poll = consumer.poll
+            while count < spec.expected_units and time.monotonic() < deadline:
+                count += len(poll(timeout_ms=500, max_records=200_000))
+            elapsed = time.monotonic() - started
+        finally:
+            consumer.close()
+        result.records = count
+        result.payload_bytes = count * options.record_bytes
+        result.seconds = elapsed
+        if count < spec.expected_units:
+            result.errors.append(f"client consumer read {count} of {spec.expected_units} records")
+
+    return run
+
+
+def _sleep_until(at: float) -> None:
+    delay = at - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
+# --- verification ---------------------------------------------------------------------------------
+
+
+def verify_log(
+    address: tuple[str, int],
+    topic: str,
+    partitions: int,
+    ledger: Ledger,
+    *,
+    mark_at: int | None,
+) -> int:
+    """Read every partition from 0 to its end; ``observe`` each unit. Returns records read.
+
+    ``mark_at``: the mark's position in each batch (raw producers), or None to decode every
+    record (the client line). Blocks. Raises ``ConnectionError`` on a broker error.
+    """
+    sock = connect(address)
+    core = ClientConnection()
+    total = 0
+    try:
+        for partition in range(partitions):
+            offset = 0
+            while True:
+                request = Fetch(
+                    max_wait_ms=0,
+                    min_bytes=0,
+                    max_bytes=limits.fetch_partition_bytes_max,
+                    topics=(FetchTopic(topic, (FetchPartition(partition, offset, limits.fetch_partition_bytes_max),)),),
+                )
+                part = fetch_once(sock, core, request).topics[0].partitions[0]
+                if part.error_code != ErrorCode.NONE:
+                    raise ConnectionError(f"verify partition {partition}: {part.error_code.name}")
+                records = part.records
+                start = offset
+                for pos, header in iter_batches(records):
+                    if mark_at is not None:
+                        ledger.observe_value(records, pos + mark_at)
+                        total += header.record_count
+                    offset = header.base_offset + header.last_offset_delta + 1
+                if mark_at is None:
+                    for record in decode_records(records, min_offset=start):
+                        ledger.observe_value(record.value)
+                        total += 1
+                if offset >= part.high_watermark or not records:
+                    break
+    finally:
+        sock.close()
+    return total

@@ -1,0 +1,760 @@
+"""``PartitionLog``: the durable, segmented log of one partition (a synchronous core).
+
+Theory of operation
+-------------------
+A partition log is a list of segments (``segment.py``) covering dense offsets
+``[log_start_offset, log_end_offset)``; only the last one, the *active* segment, grows. The log
+does all I/O through its ``FileStore`` and takes ``now_ms`` as an argument: no clocks, threads
+or trio here. It is not thread-safe: one owner calls it, and only ``store.fsync`` on the handles
+of a ``SyncTicket`` may run elsewhere meanwhile.
+
+Appending: every batch of the request is validated first (size, magic, counts, CRC); one bad
+batch rejects the whole request. The log then rolls if the active segment is full
+(``segment.bytes``) or old (``segment.ms`` since its first batch), assigns offsets, and writes
+``(stamp, batch[16:])`` buffer pairs with one ``pwritev``: only the 16-byte stamp (base offset,
+length, leader epoch, all outside the CRC) is new; the batch bytes are not copied.
+
+Reading: bisect the segment by base offset, bisect the sparse offset index, scan batch headers
+forward to the batch holding the offset, then return whole batches (never a partial one, at
+least one if any) from that one segment. ``offset_for_timestamp`` uses the time index the same
+way.
+
+Durability (group commit): appends dirty the active segment. ``begin_sync`` hands out a
+``SyncTicket`` listing the handles to fsync (the active ``.log``; for a segment rolled since its
+last sync, its ``.log`` and both indexes) and the offset it covers; a worker thread fsyncs them;
+``complete_sync`` then raises ``durable_offset``. The active segment's indexes are never fsynced
+with the data: recovery rebuilds them. A new segment's directory entry is made durable by an
+``fsync_dir`` at roll time, before anything in it can be reported durable. While a ticket is
+out, segments removed by retention, ``delete_records`` or ``truncate_to`` keep their handles
+open (a closed fd could be reused under the worker) until the last ticket completes.
+
+Recovery point: at each roll the log records, in ``recovery-point.checkpoint``, the end of the
+prefix of segments whose log and indexes a completed sync covered; ``close`` records the log end
+offset. Recovery trusts segments below it (``recovery.py``). ``truncate_to`` lowers it first.
+
+Failures: if the store fails after the log started to change, the log marks itself failed and
+every later change raises ``LogFailedError`` (reads still work); reopening recovers it. Store
+failures surface as ``StorageError`` subclasses, except in ``open`` (``OSError``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from bisect import bisect_right
+from typing import Iterator
+
+import attrs
+
+from rivven_broker.protocol import limits
+from rivven_broker.records.header import (
+    HEADER_BYTES,
+    LOG_OVERHEAD_BYTES,
+    BatchHeader,
+    InvalidBatchError,
+    iter_batches,
+    parse_header,
+    stamp,
+    validate,
+)
+from rivven_broker.storage.checkpoint import (
+    LOG_START_OFFSET_FILE,
+    RECOVERY_POINT_FILE,
+    write_checkpoint,
+)
+from rivven_broker.storage.errors import (
+    LogFailedError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    StorageError,
+)
+from rivven_broker.storage.file_store import FileStore
+from rivven_broker.storage.log_config import LogConfig
+from rivven_broker.storage.recovery import RecoveryReport, recover
+from rivven_broker.storage.segment import IndexCursor, Segment
+
+__all__ = ["PartitionLog", "AppendInfo", "ReadResult", "SyncTicket", "LogStatistics"]
+
+_STAMP_BYTES = 16  # base_offset, batch_length, partition_leader_epoch
+#: Offsets and positions in the index are u32; Kafka keeps both below 2**31.
+_RELATIVE_MAX = 2**31 - 1
+
+
+@attrs.frozen
+class AppendInfo:
+    """Where an append landed. ``log_append_time_ms`` is the broker clock at the append
+    (record timestamps are the producer's and are never rewritten)."""
+
+    base_offset: int
+    last_offset: int
+    log_append_time_ms: int
+    batch_count: int
+    size_bytes: int
+
+
+@attrs.frozen
+class ReadResult:
+    """Whole stored batches, concatenated, and the offset to read next."""
+
+    records: bytes
+    next_offset: int
+    batch_count: int = 0
+
+
+@attrs.frozen(eq=False)
+class SyncTicket:
+    """One group-commit step: fsync every handle, then ``complete_sync``."""
+
+    handles: tuple[int, ...]
+    end_offset: int
+    ticket_id: int
+    segment_versions: tuple[tuple[int, int], ...] = ()  # (base, version) of rolled segments
+
+
+@attrs.frozen
+class LogStatistics:
+    log_start_offset: int
+    log_end_offset: int
+    durable_offset: int
+    recovery_point: int
+    size_bytes: int
+    segments: int
+    appends: int
+    appended_batches: int
+    appended_bytes: int
+    rolls: int
+    syncs_completed: int
+    syncs_outstanding: int
+    segments_deleted: int
+    failed: bool
+
+
+class PartitionLog:
+    """The log of one partition. See the module docstring."""
+
+    def __init__(
+        self, store: FileStore, directory: str, config: LogConfig, segments: list[Segment],
+        log_start_offset: int, recovery_point: int,
+    ) -> None:
+        """Internal: use ``PartitionLog.open``."""
+        assert segments
+        self.config = config
+        self._store = store
+        self._directory = directory
+        self._segments = segments
+        self._bases = [segment.base_offset for segment in segments]
+        self._log_start_offset = log_start_offset
+        self._recovery_point = recovery_point
+        self._durable_offset = segments[-1].next_offset
+        self._size_bytes = sum(segment.size for segment in segments)
+        self._active_dirty = False
+        self._tickets: dict[int, int] = {}  # ticket id -> end offset it may still claim
+        self._next_ticket_id = 1
+        self._doomed: list[Segment] = []  # removed while a ticket was out; close later
+        self._failed: BaseException | None = None
+        self._closed = False
+        self._appends = self._appended_batches = self._appended_bytes = 0
+        self._rolls = self._syncs = self._segments_deleted = 0
+
+    @classmethod
+    def open(
+        cls, store: FileStore, directory: str, config: LogConfig, now_ms: int
+    ) -> tuple[PartitionLog, RecoveryReport]:
+        """Open (recovering as needed) the log in ``directory``, creating it if missing.
+
+        Blocks on file I/O (see ``recovery.py`` for what is read and written).
+
+        Raises:
+            CorruptLogError: data below the recovery point is damaged.
+            OSError: the store failed.
+        """
+        recovered, report = recover(store, directory, config, now_ms)
+        log = cls(
+            store, directory, config, recovered.segments,
+            recovered.log_start_offset, recovered.recovery_point,
+        )
+        return log, report
+
+    # --- properties ----------------------------------------------------------------------------
+
+    @property
+    def store(self) -> FileStore:
+        return self._store
+
+    @property
+    def directory(self) -> str:
+        return self._directory
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        """The next offset to assign."""
+        return self._segments[-1].next_offset
+
+    @property
+    def durable_offset(self) -> int:
+        """Every offset below this survived an fsync (and survives a crash)."""
+        return self._durable_offset
+
+    @property
+    def recovery_point(self) -> int:
+        return self._recovery_point
+
+    @property
+    def size_bytes(self) -> int:
+        return self._size_bytes
+
+    @property
+    def segment_base_offsets(self) -> tuple[int, ...]:
+        """Base offset of every segment, oldest first (the last is the active one)."""
+        return tuple(self._bases)
+
+    @property
+    def failed(self) -> bool:
+        return self._failed is not None
+
+    @property
+    def dirty(self) -> bool:
+        """True when ``begin_sync`` would hand out a ticket."""
+        return self._failed is None and (
+            self._active_dirty or any(not s.synced for s in self._segments[:-1])
+        )
+
+    # --- appending -------------------------------------------------------------------------------
+
+    def append(
+        self, records: bytes | bytearray | memoryview, now_ms: int, *, leader_epoch: int = 0
+    ) -> AppendInfo:
+        """Append one or more concatenated record batches; assign their offsets.
+
+        Blocks on file writes (never on fsync, except the rare ``fsync_dir`` of a roll).
+
+        Raises:
+            InvalidBatchError, CorruptBatchError: a batch is malformed (nothing is appended).
+            RecordTooLargeError: a batch exceeds ``max.message.bytes`` (nothing is appended).
+            StorageError: the data write failed (nothing is appended).
+            LogFailedError: the store failed after the log changed, now or earlier.
+        """
+        self._check_writable()
+        view = memoryview(records)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        batches = self._validate(view)
+        total = sum(size for _, size, _ in batches)
+        span = sum(header.last_offset_delta + 1 for _, _, header in batches)
+        if self._should_roll(total, span, now_ms):
+            self.roll(now_ms)
+        active = self._segments[-1]
+        offset = base_offset = active.next_offset
+        parts: list[bytes | memoryview] = []
+        placed: list[tuple[int, int, int]] = []
+        for position, size, header in batches:
+            parts.append(stamp(offset, header.batch_length, leader_epoch))
+            parts.append(view[position + _STAMP_BYTES : position + size])
+            placed.append((offset, size, header.max_timestamp))
+            offset += header.last_offset_delta + 1
+        size_before = active.size
+        try:
+            active.append(
+                parts, placed, offset, preallocate_bytes=self.config.preallocate_bytes,
+                preallocate_limit=self.config.segment_bytes,
+            )
+        except OSError as exc:
+            if active.size == size_before:
+                raise StorageError(f"append to {active.log_path} failed: {exc}") from exc
+            self._fail(exc)
+        if size_before == 0:
+            active.first_append_ms = now_ms
+        self._size_bytes += total
+        self._active_dirty = True
+        self._appends += 1
+        self._appended_batches += len(batches)
+        self._appended_bytes += total
+        return AppendInfo(base_offset, offset - 1, now_ms, len(batches), total)
+
+    def _validate(self, view: memoryview) -> list[tuple[int, int, BatchHeader]]:
+        batches = []
+        position, end = 0, len(view)
+        max_bytes = self.config.max_message_bytes
+        while position < end:
+            if end - position < HEADER_BYTES:
+                raise InvalidBatchError(f"{end - position} trailing bytes are not a batch")
+            size = parse_header(view, position).batch_length + LOG_OVERHEAD_BYTES
+            if size > end - position:
+                raise InvalidBatchError(f"batch of {size} bytes runs past the request's end")
+            if size > max_bytes:
+                raise RecordTooLargeError(size, max_bytes)
+            header = validate(view, position, size, dense=True)
+            if header.last_offset_delta >= limits.batch_records_max:
+                raise InvalidBatchError(f"batch spans {header.last_offset_delta + 1} offsets")
+            batches.append((position, size, header))
+            position += size
+        if not batches:
+            raise InvalidBatchError("no record batch to append")
+        return batches
+
+    def _should_roll(self, total: int, span: int, now_ms: int) -> bool:
+        active = self._segments[-1]
+        if active.size == 0:
+            assert span <= _RELATIVE_MAX
+            return False
+        assert active.first_append_ms is not None
+        return (
+            active.size + total > self.config.segment_bytes
+            or now_ms - active.first_append_ms >= self.config.segment_ms
+            or active.next_offset + span - active.base_offset > _RELATIVE_MAX
+            or active.size + total > _RELATIVE_MAX
+        )
+
+    def roll(self, now_ms: int) -> None:
+        """Start a new active segment at the log end offset (no-op if the active one is empty).
+
+        Blocks on file I/O, including one ``fsync_dir`` (and a checkpoint write when the
+        recovery point advances).
+
+        Raises:
+            LogFailedError: the store failed.
+        """
+        self._check_writable()
+        old = self._segments[-1]
+        if old.size == 0:
+            return
+        with self._mutation():
+            old.trim()
+            new = Segment.open(
+                self._store, self._directory, old.next_offset, self.config.index_interval_bytes,
+                fresh=True,
+            )
+            self._segments.append(new)
+            self._bases.append(new.base_offset)
+            old.synced = False
+            self._rolls += 1
+            while len(self._segments) > 1 and self._segments[0].next_offset <= self._log_start_offset:
+                self._delete_first_segment()  # delete_records reached the end of it
+            recovery_point = self._synced_prefix_end()
+            if recovery_point > self._recovery_point:
+                self._write_checkpoint(RECOVERY_POINT_FILE, recovery_point)  # fsyncs the dir
+                self._recovery_point = recovery_point
+            else:
+                self._store.fsync_dir(self._directory)
+        self._active_dirty = False
+
+    def _synced_prefix_end(self) -> int:
+        end = self._recovery_point
+        for segment in self._segments[:-1]:
+            if not segment.synced:
+                break
+            end = max(end, segment.next_offset)
+        return end
+
+    # --- reading ---------------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None) -> ReadResult:
+        """Whole batches from the one holding ``offset``, up to ``max_bytes`` but at least one,
+        none whose base offset is ``>= max_offset``, all from one segment. Blocks on reads.
+
+        Raises:
+            OffsetOutOfRangeError: ``offset`` is below the log start or above the log end.
+            StorageError: the store failed.
+        """
+        assert not self._closed and max_bytes >= 0
+        end_offset = self.log_end_offset
+        if not self._log_start_offset <= offset <= end_offset:
+            raise OffsetOutOfRangeError(offset, self._log_start_offset, end_offset)
+        if offset == end_offset:
+            return ReadResult(b"", offset)
+        segment = self._segments[bisect_right(self._bases, offset) - 1]
+        try:
+            position, first = segment.find_batch(offset)
+            if max_offset is not None and first.base_offset >= max_offset:
+                return ReadResult(b"", offset)
+            want = min(segment.size - position, max(max_bytes, first.size))
+            data = segment.read(position, want)
+        except OSError as exc:
+            raise StorageError(f"read of {segment.log_path} failed: {exc}") from exc
+        end = count = 0
+        next_offset = offset
+        for batch_position, header in iter_batches(data):
+            if max_offset is not None and header.base_offset >= max_offset:
+                break
+            end = batch_position + header.size
+            count += 1
+            next_offset = header.next_offset
+        assert count >= 1
+        return ReadResult(data if end == len(data) else data[:end], next_offset, count)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
+        """The first offset (at or above the log start) whose batch's max timestamp is
+        ``>= timestamp_ms``, or None. Blocks on reads.
+
+        Raises:
+            StorageError: the store failed.
+        """
+        assert not self._closed
+        start = self._log_start_offset
+        for segment in self._segments:
+            if segment.next_offset <= start or segment.max_timestamp is None:
+                continue
+            if segment.max_timestamp < timestamp_ms:
+                continue
+            try:
+                found = segment.find_timestamp(timestamp_ms, start)
+            except OSError as exc:
+                raise StorageError(f"read of {segment.log_path} failed: {exc}") from exc
+            if found is not None:
+                return max(found, start)
+        return None
+
+    # --- removing data ---------------------------------------------------------------------------
+
+    def delete_records(self, before_offset: int) -> int:
+        """Raise the log start offset to ``before_offset`` (persisted before returning) and
+        delete the segments wholly below it. Returns the log start offset.
+
+        Blocks on file I/O (a checkpoint write: two fsyncs).
+
+        Raises:
+            OffsetOutOfRangeError: ``before_offset`` is above the log end offset.
+            LogFailedError: the store failed.
+        """
+        self._check_writable()
+        assert before_offset >= 0
+        if before_offset > self.log_end_offset:
+            raise OffsetOutOfRangeError(before_offset, self._log_start_offset, self.log_end_offset)
+        if before_offset <= self._log_start_offset:
+            return self._log_start_offset
+        with self._mutation():
+            self._write_checkpoint(LOG_START_OFFSET_FILE, before_offset)
+            self._log_start_offset = before_offset
+            while len(self._segments) > 1 and self._segments[0].next_offset <= before_offset:
+                self._delete_first_segment()
+        return self._log_start_offset
+
+    def apply_retention(self, now_ms: int) -> int:
+        """Delete the oldest segments (never the active one) that are past ``retention.ms`` by
+        their max timestamp, or not needed to keep ``retention.bytes``. Returns how many.
+
+        The log start offset moves up to the first remaining segment (not checkpointed: after a
+        crash a deleted segment may come back and be deleted again). Blocks on file removals.
+
+        Raises:
+            LogFailedError: the store failed.
+        """
+        self._check_writable()
+        retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
+        deleted = 0
+        with self._mutation():
+            while len(self._segments) > 1:
+                oldest = self._segments[0]
+                assert oldest.max_timestamp is not None
+                expired = retention_ms >= 0 and now_ms - oldest.max_timestamp > retention_ms
+                too_big = retention_bytes >= 0 and self._size_bytes - oldest.size >= retention_bytes
+                if not (expired or too_big):
+                    break
+                self._delete_first_segment()
+                deleted += 1
+        self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
+        return deleted
+
+    def _delete_first_segment(self) -> None:
+        segment = self._segments.pop(0)
+        self._bases.pop(0)
+        self._size_bytes -= segment.size
+        self._segments_deleted += 1
+        self._retire(segment)
+
+    def _retire(self, segment: Segment) -> None:
+        segment.remove_files()
+        if self._tickets:
+            self._doomed.append(segment)
+        else:
+            segment.close()
+
+    def truncate_to(self, offset: int) -> None:
+        """Drop every offset ``>= offset``; durable when it returns. No-op at or past the end.
+
+        Batches are never split: if ``offset`` falls inside a batch, the log is truncated to
+        that batch's base offset. If the cut lands at or below the log start offset, the log
+        is emptied and restarts at the cut. Blocks on file I/O and fsyncs.
+
+        Raises:
+            LogFailedError: the store failed.
+        """
+        self._check_writable()
+        assert offset >= 0
+        if offset >= self.log_end_offset:
+            return
+        if offset < self._log_start_offset:
+            self._truncate_fully(offset)
+            return
+        index = bisect_right(self._bases, offset) - 1
+        segment = self._segments[index]
+        with self._mutation():
+            position, header = segment.find_batch(offset)
+            cut = header.base_offset
+            if cut <= self._log_start_offset:
+                self._truncate_fully(cut)
+                return
+            if self._recovery_point > cut:
+                self._write_checkpoint(RECOVERY_POINT_FILE, cut)
+                self._recovery_point = cut
+            later = self._segments[index + 1 :]
+            del self._segments[index + 1 :]
+            del self._bases[index + 1 :]
+            for removed in later:
+                self._size_bytes -= removed.size
+                self._retire(removed)
+            self._size_bytes -= segment.size - position
+            segment.truncate(position, cut)
+            for handle in segment.handles:
+                self._store.fsync(handle)
+            if later:
+                self._store.fsync_dir(self._directory)
+        self._after_truncation(cut)
+
+    def _truncate_fully(self, start: int) -> None:
+        """Empty the log and restart it at ``start``; durable when it returns."""
+        with self._mutation():
+            self._write_checkpoint(LOG_START_OFFSET_FILE, start)
+            if self._recovery_point != start:
+                self._write_checkpoint(RECOVERY_POINT_FILE, start)
+                self._recovery_point = start
+            self._log_start_offset = start
+            for segment in self._segments:
+                self._retire(segment)
+            self._segments = [
+                Segment.open(
+                    self._store, self._directory, start, self.config.index_interval_bytes,
+                    fresh=True,
+                )
+            ]
+            self._bases = [start]
+            self._size_bytes = 0
+            self._store.fsync_dir(self._directory)
+        self._after_truncation(start)
+        self._durable_offset = start
+
+    def _after_truncation(self, cut: int) -> None:
+        if all(segment.synced for segment in self._segments[:-1]):
+            self._durable_offset = cut  # the active segment was just fsynced
+        else:
+            self._durable_offset = min(self._durable_offset, cut)
+        for ticket_id, end in self._tickets.items():
+            self._tickets[ticket_id] = min(end, cut)
+        self._active_dirty = False
+        self._segments[-1].synced = True
+
+    # --- group commit ----------------------------------------------------------------------------
+
+    def begin_sync(self) -> SyncTicket | None:
+        """The handles to fsync to make everything appended so far durable, or None if there
+        is nothing to do (or the log failed). Never blocks.
+
+        The caller fsyncs every handle (only that, possibly on another thread), then calls
+        ``complete_sync``; the handles stay open until then.
+        """
+        assert not self._closed
+        if self._failed is not None:
+            return None
+        handles: list[int] = []
+        versions = []
+        for segment in self._segments[:-1]:
+            if not segment.synced:
+                handles.extend(segment.handles)
+                versions.append((segment.base_offset, segment.version))
+        if self._active_dirty:
+            handles.append(self._segments[-1].log_handle)
+        if not handles:
+            if not self._tickets:  # everything is synced (or was deleted unsynced)
+                self._durable_offset = self.log_end_offset
+            return None
+        ticket = SyncTicket(tuple(handles), self.log_end_offset, self._next_ticket_id, tuple(versions))
+        self._next_ticket_id += 1
+        self._tickets[ticket.ticket_id] = ticket.end_offset
+        self._active_dirty = False
+        return ticket
+
+    def complete_sync(self, ticket: SyncTicket) -> None:
+        """Record that every handle of ``ticket`` was fsynced. Never blocks on fsync.
+
+        Raises ``StorageError`` only if closing a segment deferred by the ticket fails.
+        """
+        end = self._tickets.pop(ticket.ticket_id)
+        if self._failed is None:
+            self._durable_offset = max(self._durable_offset, min(end, self.log_end_offset))
+            versions = dict(ticket.segment_versions)
+            for segment in self._segments[:-1]:
+                if versions.get(segment.base_offset) == segment.version:
+                    segment.synced = True
+        self._syncs += 1
+        if not self._tickets:
+            doomed, self._doomed = self._doomed, []
+            try:
+                for segment in doomed:
+                    segment.close()
+            except OSError as exc:
+                raise StorageError(f"closing a removed segment failed: {exc}") from exc
+
+    def flush(self) -> None:
+        """Make everything appended so far durable, inline. Blocks on fsync.
+
+        Raises:
+            LogFailedError: an fsync failed (now or earlier).
+        """
+        self._check_writable()
+        ticket = self.begin_sync()
+        if ticket is None:
+            return
+        with self._mutation():
+            for handle in ticket.handles:
+                self._store.fsync(handle)
+        self.complete_sync(ticket)
+
+    # --- closing ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush, persist the recovery point (= log end offset) and close. Idempotent.
+
+        A failed log, or one with a sync ticket still out (its sync failed and will never
+        complete), is closed without writing anything. Blocks on fsyncs.
+
+        Raises:
+            LogFailedError: the store failed (the handles are closed anyway).
+        """
+        if self._closed:
+            return
+        try:
+            if self._failed is None and not self._tickets:
+                active = self._segments[-1]
+                with self._mutation():
+                    version = active.version
+                    active.trim()
+                    self._active_dirty |= active.version != version
+                self.flush()
+                with self._mutation():
+                    for handle in active.handles[1:]:
+                        self._store.fsync(handle)
+                    if self._recovery_point != self.log_end_offset:
+                        self._write_checkpoint(RECOVERY_POINT_FILE, self.log_end_offset)
+                        self._recovery_point = self.log_end_offset
+        finally:
+            self._release_handles()
+
+    def abandon(self) -> None:
+        """Close every handle without syncing or writing anything, as a process death would
+        leave the files. For tests and for giving up on a failed log. Never raises."""
+        if not self._closed:
+            with contextlib.suppress(OSError):
+                self._release_handles()
+
+    def _release_handles(self) -> None:
+        self._closed = True
+        error: OSError | None = None
+        for segment in [*self._segments, *self._doomed]:
+            try:
+                segment.close()
+            except OSError as exc:
+                error = error or exc
+        self._doomed = []
+        if error is not None:
+            raise error
+
+    # --- helpers ---------------------------------------------------------------------------------
+
+    def _check_writable(self) -> None:
+        assert not self._closed, "the log is closed"
+        if self._failed is not None:
+            raise LogFailedError(f"log {self._directory} failed earlier: {self._failed}")
+
+    @contextlib.contextmanager
+    def _mutation(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        self._failed = exc
+        raise LogFailedError(f"log {self._directory} failed: {exc}") from exc
+
+    def _write_checkpoint(self, name: str, value: int) -> None:
+        write_checkpoint(self._store, self._directory, name, value)
+
+    # --- introspection ---------------------------------------------------------------------------
+
+    def statistics(self) -> LogStatistics:
+        """Counters and offsets, for metrics. Never blocks."""
+        return LogStatistics(
+            log_start_offset=self._log_start_offset,
+            log_end_offset=self.log_end_offset,
+            durable_offset=self._durable_offset,
+            recovery_point=self._recovery_point,
+            size_bytes=self._size_bytes,
+            segments=len(self._segments),
+            appends=self._appends,
+            appended_batches=self._appended_batches,
+            appended_bytes=self._appended_bytes,
+            rolls=self._rolls,
+            syncs_completed=self._syncs,
+            syncs_outstanding=len(self._tickets),
+            segments_deleted=self._segments_deleted,
+            failed=self._failed is not None,
+        )
+
+    def check_invariants(self, *, deep: bool = False) -> None:
+        """Assert the log's invariants (docs/invariants.md). ``deep`` also reads every batch
+        header and CRC and checks the indexes against them. Blocks on reads when ``deep``."""
+        segments = self._segments
+        assert segments and self._bases == [s.base_offset for s in segments]
+        for previous, segment in zip(segments, segments[1:]):
+            assert previous.next_offset == segment.base_offset, "offsets are dense"
+            assert previous.size > 0, "only the active segment may be empty"
+        assert segments[0].base_offset <= self._log_start_offset <= self.log_end_offset
+        assert len(segments) == 1 or self._log_start_offset < segments[1].base_offset
+        assert self._durable_offset <= self.log_end_offset
+        assert self._recovery_point <= self.log_end_offset or self._failed is not None
+        assert self._size_bytes == sum(s.size for s in segments)
+        assert all(end <= self.log_end_offset for end in self._tickets.values())
+        assert not self._doomed or self._tickets, "removed segments wait only for tickets"
+        if self._closed:
+            return
+        for segment in segments:
+            _check_segment(segment, deep=deep)
+
+
+def _check_segment(segment: Segment, *, deep: bool) -> None:
+    assert segment.allocated >= segment.size
+    assert segment.store.size(segment.log_handle) >= segment.size
+    index, times = segment.offset_index, segment.time_index
+    span = segment.next_offset - segment.base_offset
+    assert len(index.positions) == len(index.relative_offsets)
+    assert not index.positions or (index.positions[-1] < segment.size and index.last()[0] < span)
+    assert len(times) <= len(index), "a time entry is only made with an offset entry"
+    assert not times or times.last()[1] <= index.last()[0]
+    assert (segment.max_timestamp is not None) == (segment.size > 0)
+    if not deep:
+        return
+    cursor = IndexCursor(segment.cursor.interval_bytes)
+    rebuilt: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])
+    expected, seen = segment.base_offset, 0
+    data = segment.read(0, segment.size)
+    for position, header in iter_batches(data):
+        assert header.base_offset == expected, (segment.log_path, position)
+        validate(data, position, header.size, dense=False)
+        relative = header.base_offset - segment.base_offset
+        for entries, entry in zip(
+            rebuilt, cursor.step(position, relative, header.size, header.max_timestamp)
+        ):
+            if entry is not None:
+                entries.append(entry)
+        expected = header.next_offset
+        seen = position + header.size
+    assert seen == segment.size and expected == segment.next_offset, segment.log_path
+    assert cursor == segment.cursor, (cursor, segment.cursor)
+    assert rebuilt[0] == list(zip(index.relative_offsets, index.positions)), segment.log_path
+    assert rebuilt[1] == list(zip(times.timestamps, times.relative_offsets)), segment.log_path
+    for mirrored in (index, times):
+        on_disk = segment.store.pread(mirrored.handle, segment.store.size(mirrored.handle) + 1, 0)
+        assert on_disk == mirrored.to_bytes(), mirrored.path

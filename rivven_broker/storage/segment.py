@@ -1,0 +1,345 @@
+"""One segment of a partition log: a ``.log`` of whole batches plus its two sparse indexes.
+
+Theory of operation
+-------------------
+A segment covers the offsets ``[base_offset, next_offset)``; its three files are named after
+the base offset, 20 digits wide: ``00000000000000001234.log``, ``.index``, ``.timeindex``.
+The ``.log`` holds stored record batches back to back, exactly as ``header.py`` lays them out,
+with dense offsets: each batch's base offset is the previous batch's next offset.
+
+``size`` is the logical length of the log: the bytes of whole, appended batches. The file may
+be longer when space is preallocated ahead of the writer (zero bytes), or after a failed write;
+``trim`` cuts it back to ``size`` when the segment is rolled or closed. Reads never look past
+``size``.
+
+Appending never builds a Python object per record: the caller hands over the already validated
+batches as ``(stamp, rest-of-batch)`` buffer pairs and one small tuple per batch; the segment
+writes them with one ``pwritev`` (or one per ``IOV_MAX`` parts) and then feeds each batch to its
+``IndexCursor``, which decides where the sparse index entries go. The same cursor rebuilds the
+indexes during recovery, so a rebuilt index is byte for byte what appending would have written.
+
+The segment does file I/O only through its ``FileStore`` and knows nothing of durability rules;
+``partition_log.py`` decides when to fsync what.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Iterator, Sequence
+
+import attrs
+
+from rivven_broker.records.header import (
+    HEADER_BYTES,
+    LOG_OVERHEAD_BYTES,
+    BatchHeader,
+    parse_header,
+)
+from rivven_broker.storage.file_store import Buffer, FileStore
+from rivven_broker.storage.offset_index import OffsetIndex
+from rivven_broker.storage.time_index import TimeIndex
+
+__all__ = [
+    "Segment",
+    "IndexCursor",
+    "LOG_SUFFIX",
+    "INDEX_SUFFIX",
+    "TIME_INDEX_SUFFIX",
+    "IOV_MAX",
+    "segment_file_name",
+    "parse_segment_file_name",
+]
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+_DIGITS = 20
+#: Most buffers one ``pwritev`` may carry (Linux ``IOV_MAX``).
+IOV_MAX = 1024
+#: Bytes read at a time when walking batch headers.
+WALK_CHUNK_BYTES = 64 * 1024
+_MIN_BATCH_LENGTH = HEADER_BYTES - LOG_OVERHEAD_BYTES
+
+
+def segment_file_name(base_offset: int, suffix: str) -> str:
+    """``00000000000000001234.log`` and friends. Pure."""
+    assert 0 <= base_offset < 10**_DIGITS and suffix in _SUFFIXES
+    return f"{base_offset:0{_DIGITS}d}{suffix}"
+
+
+def parse_segment_file_name(name: str) -> tuple[int, str] | None:
+    """``(base_offset, suffix)`` of a segment file name, or None for any other name. Pure."""
+    stem, dot, extension = name.partition(".")
+    if len(stem) != _DIGITS or not stem.isdigit() or not dot or "." + extension not in _SUFFIXES:
+        return None
+    return int(stem), "." + extension
+
+
+@attrs.define
+class IndexCursor:
+    """Where the next sparse index entries go: the state appending and rebuilding share."""
+
+    interval_bytes: int
+    bytes_since_entry: int = 0
+    max_timestamp: int | None = None  # running max of batch max_timestamp in the segment
+    relative_offset_of_max: int = 0  # first batch that reached max_timestamp
+    last_time_entry: int | None = None  # timestamp of the last time index entry
+
+    def step(
+        self, position: int, relative_offset: int, size: int, max_timestamp: int
+    ) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+        """Account one batch; return the ``(offset entry, time entry)`` due for it, if any."""
+        if self.max_timestamp is None or max_timestamp > self.max_timestamp:
+            self.max_timestamp = max_timestamp
+            self.relative_offset_of_max = relative_offset
+        offset_entry = time_entry = None
+        if self.bytes_since_entry >= self.interval_bytes:
+            offset_entry = (relative_offset, position)
+            self.bytes_since_entry = 0
+            if self.last_time_entry is None or self.max_timestamp > self.last_time_entry:
+                time_entry = (self.max_timestamp, self.relative_offset_of_max)
+                self.last_time_entry = self.max_timestamp
+        self.bytes_since_entry += size
+        return offset_entry, time_entry
+
+
+class Segment:
+    """The files and in-memory state of one segment. See the module docstring."""
+
+    def __init__(
+        self,
+        store: FileStore,
+        directory: str,
+        base_offset: int,
+        log_handle: int,
+        offset_index: OffsetIndex,
+        time_index: TimeIndex,
+        index_interval_bytes: int,
+    ) -> None:
+        self.store = store
+        self.directory = directory
+        self.base_offset = base_offset
+        self.log_handle = log_handle
+        self.offset_index = offset_index
+        self.time_index = time_index
+        self.size = 0
+        self.next_offset = base_offset
+        self.allocated = 0  # bytes the file is known to have (>= size when preallocated)
+        self.cursor = IndexCursor(index_interval_bytes)
+        self.first_append_ms: int | None = None  # when the active segment got its first batch
+        self.synced = False  # log and indexes fsynced since the segment stopped growing
+        self.version = 0  # bumped by every change, so a sync ticket can tell it is stale
+
+    # --- files -------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls, store: FileStore, directory: str, base_offset: int, index_interval_bytes: int,
+        *, fresh: bool
+    ) -> Segment:
+        """Open (creating if missing) the three files of a segment. Blocks on file I/O.
+
+        ``fresh`` empties them (a new segment). Otherwise the caller (recovery) must load the
+        state. Raises ``OSError`` if the store fails; no handle leaks.
+        """
+        handles: list[int] = []
+        try:
+            for suffix in _SUFFIXES:
+                path = posixpath.join(directory, segment_file_name(base_offset, suffix))
+                handles.append(store.open(path))
+                if fresh:
+                    store.truncate(handles[-1], 0)
+        except BaseException:
+            for handle in handles:
+                store.close(handle)
+            raise
+        log_handle, index_handle, time_handle = handles
+        return cls(
+            store,
+            directory,
+            base_offset,
+            log_handle,
+            OffsetIndex(store, index_handle, cls.path_for(directory, base_offset, INDEX_SUFFIX)),
+            TimeIndex(store, time_handle, cls.path_for(directory, base_offset, TIME_INDEX_SUFFIX)),
+            index_interval_bytes,
+        )
+
+    @staticmethod
+    def path_for(directory: str, base_offset: int, suffix: str) -> str:
+        return posixpath.join(directory, segment_file_name(base_offset, suffix))
+
+    @property
+    def log_path(self) -> str:
+        return self.path_for(self.directory, self.base_offset, LOG_SUFFIX)
+
+    @property
+    def paths(self) -> tuple[str, str, str]:
+        return (self.log_path, self.offset_index.path, self.time_index.path)
+
+    @property
+    def handles(self) -> tuple[int, int, int]:
+        return (self.log_handle, self.offset_index.handle, self.time_index.handle)
+
+    @property
+    def max_timestamp(self) -> int | None:
+        return self.cursor.max_timestamp
+
+    def close(self) -> None:
+        """Close the three handles. Raises ``OSError`` if the store fails."""
+        for handle in self.handles:
+            self.store.close(handle)
+
+    def remove_files(self) -> None:
+        """Remove the three names (handles stay usable until closed). Blocks on file I/O."""
+        for path in self.paths:
+            if self.store.exists(path):
+                self.store.remove(path)
+
+    def trim(self) -> None:
+        """Cut the log file back to ``size`` (drops preallocated space). Blocks on file I/O."""
+        if self.store.size(self.log_handle) != self.size:
+            self.store.truncate(self.log_handle, self.size)
+            self.version += 1
+        self.allocated = self.size
+
+    # --- appending ---------------------------------------------------------------------------
+
+    def append(
+        self,
+        parts: Sequence[Buffer],
+        batches: Sequence[tuple[int, int, int]],
+        next_offset: int,
+        *,
+        preallocate_bytes: int,
+        preallocate_limit: int,
+    ) -> None:
+        """Write ``parts`` at the end and index ``batches`` = ``(base_offset, size, max_ts)``;
+        ``next_offset`` follows the last batch.
+
+        ``parts`` are the stored batches as buffers, in order. Preallocates up to
+        ``preallocate_bytes`` ahead (not past ``preallocate_limit`` unless the write itself
+        goes further). Blocks on file I/O.
+
+        Raises:
+            OSError: the store failed. If the data write failed, nothing changed (bytes past
+                ``size`` are junk the next write overwrites); if an index write failed, the
+                data is appended and the index is short (the caller must stop using the log).
+        """
+        total = sum(size for _, size, _ in batches)
+        position = self.size
+        end = position + total
+        if preallocate_bytes and end > self.allocated:
+            target = max(end, min(end + preallocate_bytes, preallocate_limit))
+            self.store.allocate(self.log_handle, target)
+            self.allocated = target
+        write_at = position
+        for start in range(0, len(parts), IOV_MAX):
+            chunk = parts[start : start + IOV_MAX]
+            self.store.pwritev(self.log_handle, chunk, write_at)
+            write_at += sum(len(part) for part in chunk)
+        assert write_at == end, (write_at, end)
+        self.size = end
+        assert next_offset > batches[-1][0]
+        self.next_offset = next_offset
+        self.allocated = max(self.allocated, end)
+        self.synced = False
+        self.version += 1
+        for base_offset, size, max_timestamp in batches:
+            self._index(position, base_offset, size, max_timestamp)
+            position += size
+
+    def _index(self, position: int, base_offset: int, size: int, max_timestamp: int) -> None:
+        relative = base_offset - self.base_offset
+        offset_entry, time_entry = self.cursor.step(position, relative, size, max_timestamp)
+        if offset_entry is not None:
+            self.offset_index.append(*offset_entry)
+        if time_entry is not None:
+            self.time_index.append(*time_entry)
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def read(self, position: int, size: int) -> bytes:
+        """``size`` bytes of the log from ``position`` (within ``self.size``). Blocks."""
+        assert 0 <= position and position + size <= self.size
+        return self.store.pread(self.log_handle, size, position)
+
+    def iter_headers(
+        self, start: int, end: int | None = None
+    ) -> Iterator[tuple[int, BatchHeader]]:
+        """``(position, header)`` of each batch from ``start`` (a batch boundary) to ``end``.
+
+        Reads the log in chunks and skips over the bodies of large batches. The data is the
+        log's own (already validated), so a malformed header is an assertion. Blocks.
+        """
+        end = self.size if end is None else end
+        buffer, buffer_position = b"", start
+        position = start
+        while position < end:
+            if position + HEADER_BYTES > buffer_position + len(buffer):
+                buffer = self.store.pread(
+                    self.log_handle, min(WALK_CHUNK_BYTES, end - position), position
+                )
+                buffer_position = position
+                assert len(buffer) >= HEADER_BYTES, (self.log_path, position)
+            header = parse_header(buffer, position - buffer_position)
+            assert header.batch_length >= _MIN_BATCH_LENGTH, (self.log_path, position)
+            yield position, header
+            position += header.batch_length + LOG_OVERHEAD_BYTES
+        assert position == end, (self.log_path, position, end)
+
+    def find_batch(self, offset: int) -> tuple[int, BatchHeader]:
+        """Position and header of the batch holding ``offset`` (``base <= offset < next``)."""
+        assert self.base_offset <= offset < self.next_offset, (offset, self.next_offset)
+        start = self.offset_index.lookup(offset - self.base_offset)
+        for position, header in self.iter_headers(start):
+            if header.base_offset + header.last_offset_delta >= offset:
+                return position, header
+        raise AssertionError(f"offset {offset} not found in {self.log_path}")
+
+    def find_timestamp(self, timestamp_ms: int, from_offset: int) -> int | None:
+        """Base offset of the first batch ending at or after ``from_offset`` whose
+        max_timestamp >= ``timestamp_ms``, or None. Blocks on reads."""
+        relative = self.time_index.lookup(timestamp_ms)
+        start = 0 if relative is None else self.offset_index.lookup(relative)
+        for _, header in self.iter_headers(start):
+            if header.next_offset > from_offset and header.max_timestamp >= timestamp_ms:
+                return header.base_offset
+        return None
+
+    # --- truncation and restoring state --------------------------------------------------------
+
+    def truncate(self, position: int, next_offset: int) -> None:
+        """Drop every batch at ``position`` (a batch boundary) and beyond. Blocks on I/O."""
+        assert 0 <= position <= self.size
+        self.store.truncate(self.log_handle, position)
+        self.size = self.allocated = position
+        self.next_offset = next_offset
+        self.offset_index.truncate_at_position(position)
+        # A time entry belongs to the first offset entry at or after its offset (see
+        # time_index.py); keep only those of the remaining offset entries, which is exactly
+        # what rebuilding the indexes from the remaining batches would produce.
+        if len(self.offset_index):
+            self.time_index.truncate_at_offset(self.offset_index.last()[0] + 1)
+        else:
+            self.time_index.truncate_at_offset(0)
+        self.restore_cursor()
+        self.synced = False
+        self.version += 1
+        if position == 0:
+            self.first_append_ms = None
+
+    def restore_cursor(self) -> None:
+        """Rebuild the cursor from the loaded indexes and the batches after the last offset
+        index entry (see ``time_index.py`` for why that is exact). Blocks on reads."""
+        last_relative, last_position = self.offset_index.last()
+        cursor = IndexCursor(self.cursor.interval_bytes, self.size - last_position)
+        last_time = self.time_index.last()
+        if last_time is not None:
+            cursor.max_timestamp, cursor.relative_offset_of_max = last_time
+            cursor.last_time_entry = last_time[0]
+        for _, header in self.iter_headers(last_position):
+            if cursor.max_timestamp is None or header.max_timestamp > cursor.max_timestamp:
+                cursor.max_timestamp = header.max_timestamp
+                cursor.relative_offset_of_max = header.base_offset - self.base_offset
+        self.cursor = cursor

@@ -1,0 +1,390 @@
+"""Group commit: one fsync worker makes every dirty partition log durable and wakes the waiters.
+
+Theory of operation
+-------------------
+Appends go to the page cache at once (``PartitionLog.append`` is synchronous and never
+fsyncs). Durability is a separate, shared step. After an append the producer path calls
+``mark_dirty(log)`` (cheap, never blocks) and, under the ``always`` policy, awaits
+``wait_durable(log, last_offset)`` before acknowledging.
+
+The worker loop (``run``), under ``always``:
+
+1. sleep until some log is dirty;
+2. take the whole dirty set as one *group*: ``ticket = log.begin_sync()`` for each log;
+3. make ONE ``run_sync`` call (off the trio thread in production) that fsyncs every handle of
+   every ticket;
+4. ``log.complete_sync(ticket)`` for each, then wake every waiter whose offset is now durable
+   (per-log heaps of ``(offset, trio.Event)``: exact wake-ups, no polling);
+5. go straight back to 1: whatever was appended while the group's fsync ran is already dirty
+   and forms the next group.
+
+So N appenders that arrive while one fsync runs share the next fsync: the fsync count grows
+with the disk's latency, not with the number of appenders. ``interval_ms=N`` runs the same
+group step every N ms in the background and lets ``wait_durable`` return at once; ``none``
+never fsyncs (the logs still flush on close).
+
+Failure: an fsync error (``OSError`` from ``run_sync``) is final. On Linux a failed fsync may
+drop the dirty pages and clear the error, so retrying could report data durable that is gone.
+The worker records a ``SyncFailedError``, wakes every waiter (each raises it), makes every later
+``wait_durable``/``mark_dirty`` raise it, and ``run`` raises it so the node's nursery stops the
+node. Tickets of a failed group are never completed, so their handles stay open until exit.
+A waiter whose offset can no longer become durable for another reason (its log failed on a
+write, or was truncated below the offset) is woken and raises ``SyncFailedError`` too.
+
+This is a trio driver; the logs it drives are the synchronous ``PartitionLog`` core. Only the
+fsync calls leave the trio thread, and they touch only the handles of their tickets.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import re
+from typing import Any, Awaitable, Callable, Protocol, Sequence
+
+import attrs
+import trio
+
+from rivven_broker.storage.errors import SyncFailedError
+from rivven_broker.storage.file_store import FileStore
+
+__all__ = [
+    "SyncPolicy",
+    "SyncWorker",
+    "SyncWorkerStatistics",
+    "RunSync",
+    "thread_run_sync",
+    "inline_run_sync",
+]
+
+#: Runs a synchronous function somewhere that may block, and returns its result.
+RunSync = Callable[[Callable[[], Any]], Awaitable[Any]]
+
+_INTERVAL = re.compile(r"interval_ms=([1-9][0-9]{0,8})")
+
+
+@attrs.frozen
+class SyncPolicy:
+    """When appended data is fsynced: ``always``, ``interval_ms=N`` or ``none``."""
+
+    mode: str  # "always" | "interval" | "none"
+    interval_ms: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        assert self.mode in ("always", "interval", "none"), self.mode
+        assert (self.interval_ms > 0) == (self.mode == "interval")
+
+    @classmethod
+    def parse(cls, text: str) -> SyncPolicy:
+        """Parse ``always``, ``none`` or ``interval_ms=N`` (1 <= N < 10**9). Does not block.
+
+        Raises:
+            ValueError: anything else.
+        """
+        if text in ("always", "none"):
+            return cls(text)
+        match = _INTERVAL.fullmatch(text)
+        if match is None:
+            raise ValueError(f"sync policy must be always, none or interval_ms=N, not {text!r}")
+        return cls("interval", int(match.group(1)))
+
+    def __str__(self) -> str:
+        return f"interval_ms={self.interval_ms}" if self.mode == "interval" else self.mode
+
+
+@attrs.frozen
+class SyncWorkerStatistics:
+    """Counters of a ``SyncWorker`` (cumulative except ``waiters`` and ``dirty_logs``)."""
+
+    policy: str
+    groups: int  # group commits completed
+    fsyncs: int  # fsync calls made (one per handle per group)
+    logs_synced: int  # log syncs completed (a group covers one or more logs)
+    waits: int  # wait_durable calls that had to wait
+    waiters: int  # tasks waiting right now
+    dirty_logs: int  # logs waiting for the next group right now
+    failed: bool
+
+
+class SyncableLog(Protocol):
+    """What the worker needs of a ``PartitionLog``."""
+
+    @property
+    def durable_offset(self) -> int: ...
+    @property
+    def log_end_offset(self) -> int: ...
+    @property
+    def store(self) -> FileStore: ...
+    @property
+    def dirty(self) -> bool: ...
+    def begin_sync(self) -> Any: ...
+    def complete_sync(self, ticket: Any) -> None: ...
+
+
+def thread_run_sync(limiter: trio.CapacityLimiter | None = None) -> RunSync:
+    """Production ``RunSync``: run the function on a trio worker thread, one at a time."""
+    capacity = trio.CapacityLimiter(1) if limiter is None else limiter
+
+    async def run_sync(function: Callable[[], Any]) -> Any:
+        return await trio.to_thread.run_sync(function, limiter=capacity)
+
+    return run_sync
+
+
+async def inline_run_sync(function: Callable[[], Any]) -> Any:
+    """Test/simulator ``RunSync``: a checkpoint, then ``function`` on the trio thread."""
+    await trio.lowlevel.checkpoint()
+    return function()
+
+
+class SyncWorker:
+    """The group-commit fsync driver for a set of partition logs. See the module docstring."""
+
+    def __init__(self, policy: SyncPolicy, run_sync: RunSync) -> None:
+        self.policy = policy
+        self._run_sync = run_sync
+        self._dirty: dict[int, SyncableLog] = {}  # id(log) -> log, in marking order
+        self._waiters: dict[int, list[tuple[int, int, trio.Event]]] = {}  # id(log) -> heap
+        self._sequence = itertools.count()
+        self._wakeup = trio.Event()
+        self._failure: SyncFailedError | None = None
+        self._closing = False
+        self._running = False
+        self._stopped = trio.Event()
+        self._in_flight: set[int] = set()  # id(log) of every log in the group being synced
+        self._group_done = trio.Event()
+        self._groups = self._fsyncs = self._logs_synced = self._waits = 0
+        self._waiting = 0
+
+    # --- the producer side -------------------------------------------------------------------
+
+    def mark_dirty(self, log: SyncableLog) -> None:
+        """Note that ``log`` has data that is not yet durable. Never blocks.
+
+        Raises:
+            SyncFailedError: an earlier fsync failed (the node must stop).
+        """
+        if self._failure is not None:
+            raise self._failure
+        if self.policy.mode == "none":
+            return
+        self._dirty[id(log)] = log
+        self._wakeup.set()
+
+    async def wait_durable(self, log: SyncableLog, offset: int) -> None:
+        """Return once ``log.durable_offset > offset`` (``always``), or at once otherwise.
+
+        Always a checkpoint. Blocks (under ``always``) until a group commit covers ``offset``.
+
+        Raises:
+            SyncFailedError: an fsync failed, or the worker closed before ``offset`` was durable.
+        """
+        assert offset < log.log_end_offset, (offset, log.log_end_offset)
+        if self._failure is not None:
+            raise self._failure
+        if self.policy.mode != "always" or log.durable_offset > offset:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._closing and not self._running:
+            raise SyncFailedError("the sync worker is closed")
+        if log.dirty:  # not marked by the appender, and not in a group already
+            self.mark_dirty(log)
+        elif id(log) not in self._in_flight:
+            raise _never_durable(log, offset)
+        event = trio.Event()
+        heapq.heappush(self._waiters.setdefault(id(log), []), (offset, next(self._sequence), event))
+        self._waits += 1
+        self._waiting += 1
+        try:
+            await event.wait()
+        finally:
+            self._waiting -= 1
+        if log.durable_offset <= offset:
+            raise self._failure or _never_durable(log, offset)
+
+    # --- the worker ----------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The worker loop; run it in the node's nursery. Returns after ``aclose``.
+
+        Raises:
+            SyncFailedError: an fsync failed; every waiter has been failed too.
+        """
+        assert not self._running, "run() twice"
+        self._running = True
+        task_status.started()
+        try:
+            if self.policy.mode == "always":
+                await self._run_always()
+            elif self.policy.mode == "interval":
+                await self._run_interval()
+            else:
+                await self._until_closing()
+        finally:
+            self._running = False
+            self._stopped.set()
+            self._release_waiters()
+
+    async def _run_always(self) -> None:
+        while True:
+            if not self._dirty:
+                if self._closing:
+                    return
+                self._wakeup = trio.Event()
+                await self._wakeup.wait()
+                continue
+            await self._sync_group()
+
+    async def _run_interval(self) -> None:
+        interval_s = self.policy.interval_ms / 1000
+        while not self._closing:
+            with trio.move_on_after(interval_s):
+                await self._until_closing()
+            if self._dirty:
+                await self._sync_group()
+        while self._dirty:
+            await self._sync_group()
+
+    async def _until_closing(self) -> None:
+        while not self._closing:
+            self._wakeup = trio.Event()
+            await self._wakeup.wait()
+
+    async def _sync_group(self) -> None:
+        """One group commit over every dirty log (steps 2-4 of the module docstring)."""
+        logs = list(self._dirty.values())
+        self._dirty.clear()
+        ids = {id(log) for log in logs}
+        self._in_flight |= ids
+        try:
+            synced = await self._sync_logs(logs)
+        finally:
+            self._in_flight -= ids
+            self._signal_group_done()
+        if synced:
+            self._groups += 1
+            self._logs_synced += synced
+        for log in logs:
+            self._wake_durable(log)
+
+    async def _sync_logs(self, logs: Sequence[SyncableLog]) -> int:
+        """begin_sync, ONE run_sync fsyncing every handle, complete_sync. Returns logs synced."""
+        group = [(log, log.begin_sync()) for log in logs]
+        pending = [(log, ticket) for log, ticket in group if ticket is not None]
+        targets = [(log.store, handle) for log, ticket in pending for handle in ticket.handles]
+        if targets:
+            try:
+                await self._run_sync(lambda: _fsync_all(targets))
+            except OSError as exc:
+                self._fail(SyncFailedError(f"fsync failed: {exc}"), exc)
+            self._fsyncs += len(targets)
+        for log, ticket in pending:
+            log.complete_sync(ticket)
+        return len(pending)
+
+    async def detach(self, log: SyncableLog) -> None:
+        """Make ``log`` durable one last time and stop tracking it. Blocks on that fsync.
+
+        Call before closing or deleting a log (appends to it must have stopped): it waits for
+        an in-flight group that holds a ticket of the log, so no handle of it is being synced
+        when the caller closes it. Waiters on the log wake (their data is durable now).
+
+        Raises:
+            SyncFailedError: an fsync failed (now or earlier).
+        """
+        while id(log) in self._in_flight:
+            await self._group_done.wait()
+        self._dirty.pop(id(log), None)
+        if self._failure is not None:
+            raise self._failure
+        if self.policy.mode != "none":
+            self._in_flight.add(id(log))
+            try:
+                self._logs_synced += await self._sync_logs([log])
+            finally:
+                self._in_flight.discard(id(log))
+                self._signal_group_done()
+        else:
+            await trio.lowlevel.checkpoint()
+        self._wake_durable(log)
+        for _, _, event in self._waiters.pop(id(log), []):
+            event.set()
+
+    def _signal_group_done(self) -> None:
+        self._group_done.set()
+        self._group_done = trio.Event()
+
+    def _wake_durable(self, log: SyncableLog) -> None:
+        heap = self._waiters.get(id(log))
+        if not heap:
+            return
+        durable = log.durable_offset
+        while heap and heap[0][0] < durable:
+            heapq.heappop(heap)[2].set()
+        if heap and not log.dirty and id(log) not in self._in_flight:
+            # Nothing left to sync, yet offsets wait: the log failed or was truncated below
+            # them. They can never become durable; wake them to raise.
+            for _, _, event in heap:
+                event.set()
+            heap.clear()
+        if not heap:
+            del self._waiters[id(log)]
+
+    def _fail(self, failure: SyncFailedError, cause: BaseException) -> None:
+        failure.__cause__ = cause
+        self._failure = failure
+        self._release_waiters()
+        raise failure
+
+    def _release_waiters(self) -> None:
+        """Wake every waiter; each re-checks its offset and raises if it is not durable."""
+        for heap in self._waiters.values():
+            for _, _, event in heap:
+                event.set()
+        self._waiters.clear()
+
+    async def aclose(self) -> None:
+        """Sync whatever is dirty, stop the loop and return when it has stopped. Blocks.
+
+        Works whether or not ``run`` was started (without it, the final group runs here).
+
+        Raises:
+            SyncFailedError: the final fsync (or an earlier one) failed.
+        """
+        self._closing = True
+        self._wakeup.set()
+        if self._running:
+            await self._stopped.wait()
+        else:
+            while self._dirty and self._failure is None:
+                await self._sync_group()
+            self._release_waiters()
+            await trio.lowlevel.checkpoint()
+        if self._failure is not None:
+            raise self._failure
+
+    def statistics(self) -> SyncWorkerStatistics:
+        """Counters for metrics and tests. Never blocks."""
+        return SyncWorkerStatistics(
+            policy=str(self.policy),
+            groups=self._groups,
+            fsyncs=self._fsyncs,
+            logs_synced=self._logs_synced,
+            waits=self._waits,
+            waiters=self._waiting,
+            dirty_logs=len(self._dirty),
+            failed=self._failure is not None,
+        )
+
+
+def _never_durable(log: SyncableLog, offset: int) -> SyncFailedError:
+    return SyncFailedError(
+        f"offset {offset} cannot become durable: the sync worker stopped, or the log failed "
+        f"or was truncated below it (durable up to {log.durable_offset})"
+    )
+
+
+def _fsync_all(targets: Sequence[tuple[FileStore, int]]) -> None:
+    """Runs on the worker thread: fsync each handle, nothing else."""
+    for store, handle in targets:
+        store.fsync(handle)

@@ -1,0 +1,135 @@
+"""The sparse time index of one segment: max timestamp so far -> the batch that first reached it.
+
+Theory of operation
+-------------------
+Whenever the segment adds an offset index entry, it also adds a time index entry if the
+segment's running maximum timestamp grew since the last one. An entry is 12 bytes, big-endian::
+
+    offset size field
+         0    8 timestamp        i64  the running max of batch max_timestamp, ms
+         8    4 relative_offset  u32  base offset (minus the segment base) of the first batch
+                                      whose max_timestamp reached ``timestamp``
+
+Both columns strictly increase. So every batch before an entry's offset has a max timestamp
+below the entry's timestamp. To find the first batch with ``max_timestamp >= t``, take the last
+entry with ``timestamp < t`` (every batch before its offset is too old), turn its offset into a
+position with the offset index, and scan batch headers forward. Without such an entry the scan
+starts at the beginning of the segment.
+
+At every offset index entry, the last time index entry carries the running maximum up to and
+including the batch that entry points at; recovery uses that to restore the segment's max
+timestamp by scanning only the batches after the last offset index entry. Like the offset index,
+the file is not fsynced with the data and is rebuilt by recovery when it cannot be trusted.
+"""
+
+from __future__ import annotations
+
+import struct
+from array import array
+from bisect import bisect_left
+
+from rivven_broker.storage.file_store import FileStore
+
+__all__ = ["TimeIndex", "ENTRY_BYTES", "encode_entries", "decode_entries"]
+
+ENTRY_BYTES = 12
+_ENTRY = struct.Struct(">qI")
+
+
+def encode_entries(timestamps: array, relative_offsets: array) -> bytes:
+    """The file bytes of the given entries. Pure."""
+    assert len(timestamps) == len(relative_offsets)
+    return b"".join(_ENTRY.pack(t, r) for t, r in zip(timestamps, relative_offsets))
+
+
+def decode_entries(data: bytes) -> tuple[array, array] | str:
+    """``(timestamps, relative_offsets)`` from file bytes, or a string saying what is wrong.
+
+    Checks the size and that both columns strictly increase. Pure.
+    """
+    if len(data) % ENTRY_BYTES:
+        return f"time index size {len(data)} is not a multiple of {ENTRY_BYTES}"
+    timestamps, relative_offsets = array("q"), array("I")
+    previous_timestamp = previous_offset = None
+    for timestamp, relative_offset in _ENTRY.iter_unpack(data):
+        if previous_timestamp is not None and (
+            timestamp <= previous_timestamp or relative_offset <= previous_offset
+        ):
+            return "time index entries do not strictly increase"
+        timestamps.append(timestamp)
+        relative_offsets.append(relative_offset)
+        previous_timestamp, previous_offset = timestamp, relative_offset
+    return timestamps, relative_offsets
+
+
+class TimeIndex:
+    """The in-memory time index of a segment, mirrored to its ``.timeindex`` file."""
+
+    def __init__(self, store: FileStore, handle: int, path: str) -> None:
+        self.store = store
+        self.handle = handle
+        self.path = path
+        self.timestamps = array("q")
+        self.relative_offsets = array("I")
+
+    def __len__(self) -> int:
+        return len(self.timestamps)
+
+    def load(self, timestamps: array, relative_offsets: array) -> None:
+        """Replace the in-memory entries (the file is assumed to hold them). Never blocks."""
+        self.timestamps = array("q", timestamps)
+        self.relative_offsets = array("I", relative_offsets)
+
+    def append(self, timestamp: int, relative_offset: int) -> None:
+        """Add an entry at the end, in memory and in the file. Blocks on a small write.
+
+        Raises:
+            OSError: the store failed (the in-memory index is unchanged).
+        """
+        assert not self.timestamps or (
+            timestamp > self.timestamps[-1] and relative_offset > self.relative_offsets[-1]
+        )
+        entry = _ENTRY.pack(timestamp, relative_offset)
+        self.store.pwrite(self.handle, entry, len(self.timestamps) * ENTRY_BYTES)
+        self.timestamps.append(timestamp)
+        self.relative_offsets.append(relative_offset)
+
+    def lookup(self, timestamp: int) -> int | None:
+        """Relative offset of the last entry with a timestamp below ``timestamp``, or None."""
+        i = bisect_left(self.timestamps, timestamp) - 1
+        return self.relative_offsets[i] if i >= 0 else None
+
+    def last(self) -> tuple[int, int] | None:
+        """``(timestamp, relative_offset)`` of the last entry, or None."""
+        if not self.timestamps:
+            return None
+        return self.timestamps[-1], self.relative_offsets[-1]
+
+    def truncate_at_offset(self, relative_offset: int) -> None:
+        """Drop every entry at ``relative_offset`` or beyond. Blocks on a truncate.
+
+        Raises:
+            OSError: the store failed.
+        """
+        keep = bisect_left(self.relative_offsets, relative_offset)
+        if keep == len(self.timestamps):
+            return
+        self.store.truncate(self.handle, keep * ENTRY_BYTES)
+        del self.timestamps[keep:]
+        del self.relative_offsets[keep:]
+
+    def rewrite(self, timestamps: array, relative_offsets: array) -> None:
+        """Replace file and memory with these entries. Blocks on file I/O.
+
+        Raises:
+            OSError: the store failed.
+        """
+        data = encode_entries(timestamps, relative_offsets)
+        self.store.truncate(self.handle, 0)
+        if data:
+            self.store.pwrite(self.handle, data, 0)
+        self.load(timestamps, relative_offsets)
+
+    def to_bytes(self) -> bytes:
+        """What the file should hold. Pure."""
+        return encode_entries(self.timestamps, self.relative_offsets)

@@ -1,0 +1,45 @@
+"""Tiny record-batch factory for storage tests (the storage layer never looks at records).
+
+A batch is a valid 61-byte header (CRC computed) followed by arbitrary "records" bytes, which
+is all the partition log needs. ``stored`` computes what the log must hold for a batch once it
+has assigned an offset and leader epoch.
+"""
+
+from __future__ import annotations
+
+from rivven_broker.records import header
+
+__all__ = ["make_batch", "stored", "batch_header"]
+
+
+def make_batch(
+    record_count: int = 1,
+    payload: bytes = b"",
+    *,
+    max_timestamp: int = 0,
+    first_timestamp: int | None = None,
+    base_offset: int = 0,
+    attributes: int = 0,
+) -> bytes:
+    """One valid batch of ``record_count`` dense offsets whose records section is ``payload``."""
+    assert record_count >= 1
+    first = max_timestamp if first_timestamp is None else first_timestamp
+    body_length = header.HEADER_BYTES - header.LOG_OVERHEAD_BYTES + len(payload)
+    fields = [
+        base_offset, body_length, -1, header.MAGIC, 0, attributes, record_count - 1,
+        first, max_timestamp, -1, -1, -1, record_count,
+    ]
+    raw = bytearray(header.HEADER.pack(*fields) + payload)
+    fields[4] = header.compute_crc(raw)
+    header.HEADER.pack_into(raw, 0, *fields)
+    return bytes(raw)
+
+
+def stored(batch: bytes, base_offset: int, leader_epoch: int = 0) -> bytes:
+    """The bytes the log keeps for ``batch`` after assigning ``base_offset``."""
+    length = len(batch) - header.LOG_OVERHEAD_BYTES
+    return header.stamp(base_offset, length, leader_epoch) + batch[16:]
+
+
+def batch_header(batch: bytes, position: int = 0) -> header.BatchHeader:
+    return header.parse_header(batch, position)
