@@ -54,11 +54,15 @@ class Net(Protocol):
         host: str,
         port: int,
         *,
+        handler_nursery: trio.Nursery | None = None,
         task_status: Any = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Listen and run ``handler(stream)`` per connection until cancelled.
 
-        ``task_status.started(port)`` reports the bound port (useful with port 0).
+        ``task_status.started(port)`` reports the bound port (useful with port 0). The stream
+        is closed when ``handler`` returns. With ``handler_nursery``, handlers run there
+        instead of inside this call: cancelling ``serve_tcp`` then only stops accepting, and
+        the connections already open live on (a graceful shutdown needs exactly that).
         """
         ...
 
@@ -99,10 +103,15 @@ class RealNet:
         host: str,
         port: int,
         *,
+        handler_nursery: trio.Nursery | None = None,
         task_status: Any = trio.TASK_STATUS_IGNORED,
     ) -> None:
         listeners = await trio.open_tcp_listeners(port, host=host, backlog=1024)
         bound_port = listeners[0].socket.getsockname()[1]
+        if handler_nursery is not None:
+            task_status.started(bound_port)
+            await trio.serve_listeners(handler, listeners, handler_nursery=handler_nursery)
+            return
         async with trio.open_nursery() as nursery:
             task_status.started(bound_port)
             await trio.serve_listeners(handler, listeners, handler_nursery=nursery)

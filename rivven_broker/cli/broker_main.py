@@ -1,0 +1,138 @@
+"""``rivven-broker``: parse the settings, lock the data directory, run one broker until a signal.
+
+Theory of operation
+-------------------
+``main()`` is the console entry point. It refuses to run under ``python -O`` (the broker's
+invariants are ``assert`` statements), builds a ``BrokerConfig`` from the flags and the
+optional TOML file (a bad value prints one clear line and exits 1), sets up logging, takes an
+exclusive lock on ``<data-dir>/.lock`` (two brokers on one directory would corrupt it) and runs
+``Broker.serve`` inside ``trio.run``. SIGINT or SIGTERM asks for a graceful shutdown (stop
+accepting, finish in-flight requests, sync, close the logs) and the process exits 0; a second
+signal cancels whatever is left. When the broker is serving it prints one line on stdout,
+``rivven-broker ready: clients HOST:PORT http HOST:PORT``, with the ports actually bound (so
+``--listen 127.0.0.1:0`` is usable by scripts and tests).
+
+Exit codes: 0 after a graceful shutdown, 1 for bad settings, a locked or unusable data
+directory, a port that cannot be bound, or a storage failure (a failed fsync stops the broker:
+it never carries on after one).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import sys
+from typing import Sequence
+
+import trio
+
+from rivven_broker.server.broker import Broker, BrokerAddresses
+from rivven_broker.server.config import BrokerConfig, ConfigError, load_config
+from rivven_broker.server.env import RealEnv
+from rivven_broker.storage.errors import StorageError
+
+__all__ = ["main"]
+
+log = logging.getLogger("rivven_broker")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _lock_data_dir(data_dir: str) -> int:
+    """Create ``data_dir`` and hold an exclusive lock on ``data_dir/.lock`` until exit."""
+    os.makedirs(data_dir, exist_ok=True)
+    fd = os.open(os.path.join(data_dir, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(f"--data-dir: {data_dir} is in use by another broker") from None
+    return fd
+
+
+async def _watch_signals(
+    broker: Broker, signals: trio.abc.ReceiveChannel[int], cancel: trio.CancelScope
+) -> None:
+    count = 0
+    async for signum in signals:
+        count += 1
+        if count == 1:
+            log.info("received %s: shutting down gracefully", signal.Signals(signum).name)
+            broker.request_shutdown()
+        else:
+            log.warning("received %s again: stopping now", signal.Signals(signum).name)
+            cancel.cancel()
+
+
+async def _run(config: BrokerConfig) -> None:
+    env = RealEnv(config.data_dir)
+    broker = Broker(env, config)
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_signals, broker, signals, nursery.cancel_scope)
+            addresses: BrokerAddresses = await nursery.start(broker.serve)
+            http = addresses.http if addresses.http is not None else "off"
+            print(f"rivven-broker ready: clients {addresses.listen} http {http}", flush=True)
+            await broker.wait_stopped()
+            nursery.cancel_scope.cancel()
+
+
+def _operating_failure(exc: BaseException) -> BaseException | None:
+    """The first storage or OS error in ``exc`` (perhaps nested in exception groups)."""
+    if isinstance(exc, (StorageError, OSError)):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _operating_failure(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the broker; return the process exit code (also used by ``sys.exit``). Blocks."""
+    if sys.flags.optimize:
+        print("rivven-broker: refusing to run under python -O: assertions are the broker's "
+              "invariants", file=sys.stderr)
+        return 1
+    try:
+        config = load_config(sys.argv[1:] if argv is None else argv)
+    except ConfigError as exc:
+        print(f"rivven-broker: {exc}", file=sys.stderr)
+        return 1
+    _setup_logging(config.log_level)
+    if config.peers:
+        log.warning("clustering is not yet available: --peers (%d peers) is stored but this "
+                    "broker runs single-node", len(config.peers))
+    try:
+        lock = _lock_data_dir(config.data_dir)
+    except (ConfigError, OSError) as exc:
+        print(f"rivven-broker: {exc}", file=sys.stderr)
+        return 1
+    try:
+        trio.run(_run, config)
+    except (OSError, StorageError, BaseExceptionGroup) as exc:
+        failure = _operating_failure(exc)
+        if failure is None:
+            raise
+        if isinstance(failure, StorageError):
+            log.critical("storage failure, broker stopped: %s", failure)
+        else:
+            log.critical("cannot serve: %s", failure)
+        return 1
+    finally:
+        os.close(lock)
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m rivven_broker.cli.broker_main`
+    sys.exit(main())

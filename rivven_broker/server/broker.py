@@ -1,0 +1,308 @@
+"""``Broker``: one single-node broker's life, from opening its logs to a graceful stop.
+
+Theory of operation
+-------------------
+``serve`` runs everything of one broker inside one nursery, all through its ``Env`` (clock,
+net, disk, run_sync), so the same code runs on real sockets and files and in the simulator:
+
+1. *starting*: the HTTP server comes up first, so ``/health`` answers 503 while the logs
+   recover. ``LogManager.open`` recovers every partition (off the event loop through
+   ``env.run_sync``; nothing else touches the store yet) and each partition's recovery is
+   logged. Then the ``SyncWorker`` (group commit), the retention task (at start and every
+   ``retention_check_interval_ms``) and the client listener start.
+2. *serving*: ``task_status.started(BrokerAddresses)`` reports the bound ports. Each accepted
+   connection is handed to a nursery the broker owns (not the listener's), so the listener can
+   stop without cutting connections. Over ``connections_max`` a connection is closed at once.
+3. *stopping* (``request_shutdown``): stop accepting; ask every connection to stop reading and
+   let it finish the requests it has, for at most ``shutdown_timeout_ms`` (then cancel them);
+   stop retention; close the sync worker (a final group commit); flush and close every log;
+   stop HTTP; return.
+
+A failed fsync (``SyncFailedError`` from the worker or from any waiting request) is fatal: it
+propagates out of ``serve``, cancelling everything, and the process exits non-zero. The
+broker never serves on after one. Only a graceful stop flushes and closes the logs (writing
+their recovery points); when ``serve`` ends any other way (a failed fsync, a bug, a forced
+cancel, a simulated crash) every log is *abandoned*: handles closed, nothing written, exactly
+what a process death leaves, and the next start recovers.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Iterator
+
+import attrs
+import trio
+
+from rivven_broker.server.config import BrokerConfig, HostPort, config_as_dict
+from rivven_broker.server.connection import (
+    ClientConnections,
+    ConnectionSettings,
+    serve_client_connection,
+)
+from rivven_broker.server.context import ServerContext
+from rivven_broker.server.env import Env
+from rivven_broker.server.handlers import Handlers
+from rivven_broker.server.http import json_body, render_dashboard, serve_http_connection
+from rivven_broker.server.metrics import CONTENT_TYPE, BrokerMetrics, PartitionSnapshot
+from rivven_broker.storage.errors import StorageError, SyncFailedError
+from rivven_broker.storage.log_manager import LogManager
+from rivven_broker.storage.sync_worker import SyncPolicy, SyncWorker
+
+__all__ = ["Broker", "BrokerAddresses", "BrokerState"]
+
+log = logging.getLogger(__name__)
+
+
+class BrokerState:
+    """The life stages ``/health`` reports."""
+
+    STARTING = "starting"
+    SERVING = "serving"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+@attrs.frozen
+class BrokerAddresses:
+    """Where a serving broker listens (ports as bound: useful with port 0)."""
+
+    listen: HostPort
+    http: HostPort | None
+
+
+class Broker:
+    """One single-node broker. ``serve`` runs it; ``request_shutdown`` stops it gracefully."""
+
+    def __init__(self, env: Env, config: BrokerConfig) -> None:
+        self.env = env
+        self.config = config
+        self.metrics = BrokerMetrics(config.node_id)
+        self.state = BrokerState.STARTING
+        self.addresses: BrokerAddresses | None = None
+        self.context: ServerContext | None = None
+        self._shutdown = trio.Event()
+        self._stopped = trio.Event()
+        self._connections = ClientConnections()
+        self._handlers: Handlers | None = None
+        self.metrics.track_partitions(self._partition_snapshot)
+
+    # --- control -------------------------------------------------------------------------------
+
+    def request_shutdown(self) -> None:
+        """Begin a graceful shutdown (idempotent; ``serve`` returns when done). Never blocks."""
+        self._shutdown.set()
+
+    async def wait_stopped(self) -> None:
+        """Block until ``serve`` has finished (gracefully or not)."""
+        await self._stopped.wait()
+
+    # --- serving ---------------------------------------------------------------------------------
+
+    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the broker until ``request_shutdown`` (see the module docstring). Blocks.
+
+        ``task_status.started(BrokerAddresses)`` once serving.
+
+        Raises:
+            SyncFailedError: an fsync failed; the broker stopped.
+            CorruptLogError, OSError: the logs could not be opened, or a port not bound.
+        """
+        try:
+            async with trio.open_nursery() as outer:
+                http = None
+                if self.config.http is not None:
+                    port = await outer.start(self._serve_http)
+                    http = HostPort(self.config.http.host, port)
+                await self._open_and_serve(http, task_status)
+                outer.cancel_scope.cancel()
+        finally:
+            self.state = BrokerState.STOPPED
+            self._stopped.set()
+
+    async def _open_and_serve(self, http: HostPort | None, task_status: Any) -> None:
+        env, config = self.env, self.config
+        logs = await self._open_logs()
+        policy = SyncPolicy.parse(config.sync_policy)
+        sync_worker = SyncWorker(policy, env.run_sync)
+        self.context = ServerContext(
+            env, config, logs, sync_worker, self.metrics, _advertised_host(config.listen.host), 0
+        )
+        self._handlers = Handlers(self.context)
+        graceful = False
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(sync_worker.run)
+                retention_scope = trio.CancelScope()
+                nursery.start_soon(self._retention_loop, logs, retention_scope)
+                async with trio.open_nursery() as connections:
+                    listener_scope = trio.CancelScope()
+                    port = await connections.start(self._listen, listener_scope, connections)
+                    self.context.advertised_port = port
+                    self.addresses = BrokerAddresses(HostPort(config.listen.host, port), http)
+                    self.state = BrokerState.SERVING
+                    log.info("node %d serving clients on %s (sync %s)",
+                             config.node_id, self.addresses.listen, policy)
+                    task_status.started(self.addresses)
+                    await self._shutdown.wait()
+                    self.state = BrokerState.STOPPING
+                    log.info("stopping: no new connections; finishing in-flight requests")
+                    listener_scope.cancel()
+                    await self._drain_connections(connections)
+                retention_scope.cancel()
+                await sync_worker.aclose()
+            graceful = True
+        finally:
+            self.state = BrokerState.STOPPING
+            if graceful:
+                logs.close()  # flush, persist recovery points
+                log.info("all logs flushed and closed")
+            else:  # a crash, a failed fsync or a forced stop: leave the files as a crash would
+                for _, plog in logs.logs():
+                    plog.abandon()
+
+    async def _open_logs(self) -> LogManager:
+        env = self.env
+        now_ms = env.clock.wall_ms()
+        opener = functools.partial(
+            LogManager.open,
+            env.disk,
+            now_ms,
+            preallocate_bytes=self.config.preallocate_bytes,
+            rng=env.rng("topic-ids"),
+        )
+        logs, reports = await env.run_sync(opener)
+        report = logs.open_report
+        if report.registry_fallback:
+            log.warning("topic registry unusable (%s): recovered topics by directory scan",
+                        report.registry_problem)
+        for directory in report.removed_dirs:
+            log.info("removed leftover directory %s", directory)
+        for (topic, partition), recovery in sorted(reports.items()):
+            if recovery.clean:
+                log.debug("recovered %s-%d cleanly: offsets [%d, %d)", topic, partition,
+                          recovery.log_start_offset, recovery.log_end_offset)
+                continue
+            log.info(
+                "recovered %s-%d: offsets [%d, %d), %d segments (%d scanned), %d batches "
+                "checked, %d bytes cut, indexes rebuilt: %s",
+                topic, partition, recovery.log_start_offset, recovery.log_end_offset,
+                recovery.segments, recovery.scanned_segments, recovery.batches_kept,
+                recovery.bytes_cut, ", ".join(recovery.rebuilt_indexes) or "none",
+            )
+            for cut in recovery.cuts:
+                log.warning("  cut %s at byte %d: %d bytes (%s)", cut.file, cut.position,
+                            cut.bytes_cut, cut.reason)
+        return logs
+
+    async def _listen(
+        self, scope: trio.CancelScope, connections: trio.Nursery, *, task_status: Any
+    ) -> None:
+        with scope:
+            await self.env.net.serve_tcp(
+                self._serve_connection, self.config.listen.host, self.config.listen.port,
+                handler_nursery=connections, task_status=task_status,
+            )
+
+    async def _serve_connection(self, stream: trio.abc.Stream) -> None:
+        """Run by the listener, in the broker's connection nursery, per connection."""
+        if self._shutdown.is_set() or len(self._connections) >= self.config.connections_max:
+            self.metrics.connection_rejected()
+            await trio.aclose_forcefully(stream)
+            return
+        self.metrics.connection_opened()
+        assert self._handlers is not None
+        await serve_client_connection(
+            stream,
+            self._handlers,
+            settings=ConnectionSettings(
+                self.config.idle_timeout_ms, self.config.in_flight_requests_max
+            ),
+            clock=self.env.clock,
+            metrics=self.metrics,
+            registry=self._connections,
+            on_close=self.metrics.connection_closed,
+        )
+
+    async def _drain_connections(self, connections: trio.Nursery) -> None:
+        self._connections.stop_reading()
+        with trio.move_on_after(self.config.shutdown_timeout_ms / 1000):
+            await self._connections.empty.wait()
+        if len(self._connections):
+            log.warning("cancelling %d connections still busy after %d ms",
+                        len(self._connections), self.config.shutdown_timeout_ms)
+        connections.cancel_scope.cancel()
+
+    async def _retention_loop(self, logs: LogManager, scope: trio.CancelScope) -> None:
+        with scope:
+            while True:
+                now_ms = self.env.clock.wall_ms()
+                for (topic, partition), plog in logs.logs():
+                    try:
+                        deleted = plog.apply_retention(now_ms)
+                    except SyncFailedError:
+                        raise
+                    except (StorageError, OSError) as exc:  # that partition's requests say so
+                        log.error("retention of %s-%d failed: %s", topic, partition, exc)
+                        continue
+                    if deleted:
+                        log.info("retention deleted %d segments of %s-%d",
+                                 deleted, topic, partition)
+                await self.env.clock.sleep_ms(self.config.retention_check_interval_ms)
+
+    # --- HTTP ------------------------------------------------------------------------------------
+
+    async def _serve_http(self, *, task_status: Any) -> None:
+        assert self.config.http is not None
+        routes = {
+            "/health": self._health,
+            "/metrics": self._metrics_page,
+            "/": self._dashboard,
+        }
+
+        async def handler(stream: trio.abc.Stream) -> None:
+            await serve_http_connection(stream, routes, idle_timeout_ms=self.config.idle_timeout_ms)
+
+        await self.env.net.serve_tcp(
+            handler, self.config.http.host, self.config.http.port, task_status=task_status
+        )
+
+    def _health(self) -> tuple[int, str, bytes]:
+        status = 200 if self.state == BrokerState.SERVING else 503
+        body = json_body({"status": self.state, "node_id": self.config.node_id})
+        return status, "application/json", body
+
+    def _metrics_page(self) -> tuple[int, str, bytes]:
+        return 200, CONTENT_TYPE, self.metrics.render()
+
+    def _dashboard(self) -> tuple[int, str, bytes]:
+        topics: dict[str, list[tuple[int, int, int, int, int]]] = {}
+        for row in self._partition_snapshot():
+            topics.setdefault(row.topic, []).append(
+                (row.partition, row.log_start_offset, row.high_watermark, row.log_end_offset,
+                 row.size_bytes)
+            )
+        page = render_dashboard(
+            node_id=self.config.node_id,
+            state=self.state,
+            connections=len(self._connections),
+            topics=sorted(topics.items()),
+            settings=config_as_dict(self.config),
+        )
+        return 200, "text/html; charset=utf-8", page
+
+    def _partition_snapshot(self) -> Iterator[PartitionSnapshot]:
+        context = self.context
+        if context is None or self.state != BrokerState.SERVING:
+            return
+        for (topic, partition), plog in context.logs.logs():
+            yield PartitionSnapshot(
+                topic, partition, plog.log_start_offset, plog.log_end_offset,
+                context.high_watermark(plog), plog.size_bytes,
+            )
+
+
+def _advertised_host(host: str) -> str:
+    """The host clients are told: the listen host, or loopback for a wildcard listen."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host

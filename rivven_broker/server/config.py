@@ -1,0 +1,332 @@
+"""``BrokerConfig``: every setting of one broker, from flags and a TOML file, validated once.
+
+Theory of operation
+-------------------
+Settings come from three layers, later ones winning: built-in defaults, the ``[broker]`` table
+of the file named by ``--config``, and the command-line flags. Every flag has a key of the
+same name in the file (``--node-id`` is ``node-id`` or ``node_id``); the file may not name a
+key that has no flag (a typo must not pass silently). Each layer is turned into a plain dict
+of ``field -> raw value`` (strings from the command line, native TOML values from the file),
+the dicts are merged, and each value goes through one converter that checks type and range.
+The first bad value raises ``ConfigError`` with a message that names the flag and says what
+is accepted; the CLI prints it and exits 1. The result is a frozen ``BrokerConfig``.
+
+Limits from ``protocol.limits`` are ceilings: configuration may lower them, never raise them.
+This module is pure apart from reading the ``--config`` file through the injected reader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tomllib
+from typing import Any, Callable, Mapping, NoReturn, Sequence
+
+import attrs
+
+from rivven_broker.protocol import limits
+
+__all__ = [
+    "BrokerConfig",
+    "ConfigError",
+    "HostPort",
+    "Peer",
+    "config_as_dict",
+    "load_config",
+    "parser",
+]
+
+_I32_MAX = (1 << 31) - 1
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_SYNC_POLICY = re.compile(r"always|none|interval_ms=([0-9]{1,9})")
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+class ConfigError(ValueError):
+    """A setting is malformed or out of range. The message is meant for the operator."""
+
+
+@attrs.frozen
+class HostPort:
+    """A TCP endpoint. ``port`` 0 asks the OS for a free port (tests)."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@attrs.frozen
+class Peer:
+    """Another member of the cluster: its node id and cluster address."""
+
+    node_id: int
+    address: HostPort
+
+
+@attrs.frozen(kw_only=True)
+class BrokerConfig:
+    """The validated settings of one broker. ``BrokerConfig()`` is the no-argument broker."""
+
+    node_id: int = 1
+    data_dir: str = "./data"
+    listen: HostPort = HostPort("127.0.0.1", 9092)
+    #: ``None``: no HTTP server (``--http off``).
+    http: HostPort | None = HostPort("127.0.0.1", 9094)
+    peers: tuple[Peer, ...] = ()
+    rack: str | None = None
+    #: ``always`` | ``interval_ms=N`` | ``none`` (see storage.sync_worker.SyncPolicy).
+    sync_policy: str = "always"
+    log_level: str = "INFO"
+    auto_create_topics: bool = True
+    default_partitions: int = 3
+    idle_timeout_ms: int = limits.idle_timeout_ms
+    connections_max: int = limits.connections_max
+    in_flight_requests_max: int = limits.in_flight_requests_per_connection_max
+    #: Zero-filled bytes kept ahead of the writer in each active segment (0: off).
+    preallocate_bytes: int = 0
+    retention_check_interval_ms: int = 300_000
+    #: How long a graceful shutdown waits for in-flight requests before cancelling them.
+    shutdown_timeout_ms: int = 10_000
+
+    def __attrs_post_init__(self) -> None:
+        assert 0 <= self.node_id <= _I32_MAX
+        assert 1 <= self.default_partitions <= limits.partitions_per_topic_max
+        assert 0 < self.idle_timeout_ms <= limits.idle_timeout_ms
+        assert 0 < self.connections_max <= limits.connections_max
+        assert 0 < self.in_flight_requests_max <= limits.in_flight_requests_per_connection_max
+        assert self.log_level in LOG_LEVELS
+        assert _SYNC_POLICY.fullmatch(self.sync_policy)
+
+
+# --- converters: raw value (str from a flag, native from TOML) -> typed value ---------------
+
+
+def _fail(flag: str, value: object, accepted: str) -> NoReturn:
+    raise ConfigError(f"--{flag}: {value!r} is not valid; expected {accepted}")
+
+
+def _int_in(low: int, high: int) -> Callable[[str, object], int]:
+    def convert(flag: str, value: object) -> int:
+        if isinstance(value, bool):
+            _fail(flag, value, f"an integer in {low}..{high}")
+        if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,19}", value.strip()):
+            value = int(value.strip())
+        if not isinstance(value, int) or not low <= value <= high:
+            _fail(flag, value, f"an integer in {low}..{high}")
+        return value
+
+    return convert
+
+
+def _bool(flag: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
+        return value.lower() in _TRUE
+    _fail(flag, value, "true or false")
+
+
+def _host_port(flag: str, value: object) -> HostPort:
+    if not isinstance(value, str):
+        _fail(flag, value, "HOST:PORT")
+    text = value.strip()
+    match = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:([0-9]{1,5})|([A-Za-z0-9._-]+):([0-9]{1,5})", text)
+    if match is None:
+        _fail(flag, value, "HOST:PORT (an IPv6 host in brackets)")
+    host = match.group(1) or match.group(3)
+    port = int(match.group(2) or match.group(4))
+    if port > 65535:
+        _fail(flag, value, "a port in 0..65535")
+    return HostPort(host, port)
+
+
+def _optional_host_port(flag: str, value: object) -> HostPort | None:
+    if isinstance(value, str) and value.strip().lower() in ("off", "none", ""):
+        return None
+    return _host_port(flag, value)
+
+
+def _peers(flag: str, value: object) -> tuple[Peer, ...]:
+    if isinstance(value, str):
+        items: list[object] = [part for part in value.split(",") if part.strip()]
+    elif isinstance(value, list):
+        items = list(value)
+    else:
+        _fail(flag, value, "ID@HOST:PORT,... (or a TOML array of such strings)")
+    peers = []
+    for item in items:
+        if not isinstance(item, str) or "@" not in item:
+            _fail(flag, item, "ID@HOST:PORT")
+        node, _, address = item.strip().partition("@")
+        peers.append(Peer(_int_in(0, _I32_MAX)(flag, node), _host_port(flag, address)))
+    ids = [peer.node_id for peer in peers]
+    if len(set(ids)) != len(ids):
+        _fail(flag, value, "distinct node ids")
+    return tuple(peers)
+
+
+def _name(flag: str, value: object) -> str:
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        _fail(flag, value, "1..64 characters of [A-Za-z0-9._-]")
+    return value
+
+
+def _text(flag: str, value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        _fail(flag, value, "a non-empty string")
+    return value
+
+
+def _sync_policy(flag: str, value: object) -> str:
+    text = value.strip().lower() if isinstance(value, str) else value
+    if not isinstance(text, str) or (match := _SYNC_POLICY.fullmatch(text)) is None:
+        _fail(flag, value, "always, interval_ms=N or none")
+    if match.group(1) is not None and int(match.group(1)) <= 0:
+        _fail(flag, value, "interval_ms=N with N > 0")
+    return text
+
+
+def _log_level(flag: str, value: object) -> str:
+    if not isinstance(value, str) or value.upper() not in LOG_LEVELS:
+        _fail(flag, value, "one of " + ", ".join(LOG_LEVELS))
+    return value.upper()
+
+
+@attrs.frozen
+class _Option:
+    field: str
+    metavar: str
+    convert: Callable[[str, object], Any]
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return self.field.replace("_", "-")
+
+
+_OPTIONS: tuple[_Option, ...] = (
+    _Option("node_id", "N", _int_in(0, _I32_MAX), "this broker's node id (default 1)"),
+    _Option("data_dir", "DIR", _text, "directory of the partition logs (default ./data)"),
+    _Option("listen", "HOST:PORT", _host_port, "client listener (default 127.0.0.1:9092)"),
+    _Option("http", "HOST:PORT", _optional_host_port, "HTTP /health, /metrics, dashboard "
+            "(default 127.0.0.1:9094; 'off' disables)"),
+    _Option("peers", "ID@HOST:PORT,...", _peers, "cluster members (clustering is not yet "
+            "available: parsed, stored, and the broker runs single-node)"),
+    _Option("rack", "NAME", _name, "rack of this broker, for replica placement"),
+    _Option("sync_policy", "POLICY", _sync_policy, "always (default: fsync before ack), "
+            "interval_ms=N, or none"),
+    _Option("log_level", "LEVEL", _log_level, "DEBUG, INFO (default), WARNING, ERROR"),
+    _Option("auto_create_topics", "BOOL", _bool, "create unknown topics on produce (default true)"),
+    _Option("default_partitions", "N", _int_in(1, limits.partitions_per_topic_max),
+            "partitions of auto-created topics (default 3)"),
+    _Option("idle_timeout_ms", "MS", _int_in(1, limits.idle_timeout_ms),
+            f"close a silent or stalled client after this (default {limits.idle_timeout_ms})"),
+    _Option("connections_max", "N", _int_in(1, limits.connections_max),
+            f"client connections at most (default {limits.connections_max})"),
+    _Option("in_flight_requests_max", "N",
+            _int_in(1, limits.in_flight_requests_per_connection_max),
+            "requests in flight per connection before the broker stops reading "
+            f"(default {limits.in_flight_requests_per_connection_max})"),
+    _Option("preallocate_bytes", "BYTES", _int_in(0, limits.segment_bytes_default),
+            "zero-filled space kept ahead of each active segment (default 0)"),
+    _Option("retention_check_interval_ms", "MS", _int_in(1, _I32_MAX),
+            "how often retention runs (default 300000)"),
+    _Option("shutdown_timeout_ms", "MS", _int_in(0, _I32_MAX),
+            "graceful shutdown waits this long for in-flight requests (default 10000)"),
+)
+_BY_KEY: dict[str, _Option] = {}
+for _option in _OPTIONS:
+    _BY_KEY[_option.field] = _option
+    _BY_KEY[_option.flag] = _option
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises ``ConfigError`` instead of exiting with status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``rivven-broker`` argument parser (every value is kept raw; ``load_config`` checks)."""
+    result = _Parser(
+        prog="rivven-broker",
+        description="Run a Rivven broker. No arguments: a single-node broker, node id 1, data "
+        "in ./data, clients on 127.0.0.1:9092, HTTP on 127.0.0.1:9094.",
+        argument_default=argparse.SUPPRESS,
+        allow_abbrev=False,
+    )
+    result.add_argument("--config", metavar="FILE.toml", help="read the [broker] table of this "
+                        "TOML file; flags win over it")
+    for option in _OPTIONS:
+        result.add_argument(f"--{option.flag}", dest=option.field, metavar=option.metavar,
+                            help=option.help)
+    return result
+
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def _file_layer(path: str, read_file: Callable[[str], bytes]) -> dict[str, object]:
+    try:
+        document = tomllib.loads(read_file(path).decode("utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"--config: cannot read {path}: {exc.strerror or exc}") from exc
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"--config: {path} is not valid TOML: {exc}") from exc
+    table = document.get("broker", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"--config: {path}: [broker] must be a table")
+    unknown = sorted(set(document) - {"broker"})
+    if unknown:
+        raise ConfigError(f"--config: {path}: unknown table or key {unknown[0]!r} (only [broker])")
+    layer: dict[str, object] = {}
+    for key, value in table.items():
+        option = _BY_KEY.get(key)
+        if option is None:
+            raise ConfigError(f"--config: {path}: unknown key {key!r} in [broker]")
+        if option.field in layer:
+            raise ConfigError(f"--config: {path}: {key!r} is given twice")
+        layer[option.field] = value
+    return layer
+
+
+def load_config(
+    argv: Sequence[str], *, read_file: Callable[[str], bytes] = _read_file
+) -> BrokerConfig:
+    """Build the config from ``argv`` (without the program name) and the ``--config`` file.
+
+    Flags win over the file; the file wins over defaults. Blocks only to read the file.
+
+    Raises:
+        ConfigError: an unknown flag or key, a malformed or out-of-range value, an unreadable
+            or invalid TOML file. The message names the flag and what it accepts.
+    """
+    namespace = vars(parser().parse_args(list(argv)))
+    path = namespace.pop("config", None)
+    merged: dict[str, object] = _file_layer(path, read_file) if path is not None else {}
+    merged.update(namespace)
+    values = {}
+    for field, raw in merged.items():
+        option = _BY_KEY[field]
+        values[field] = option.convert(option.flag, raw)
+    return BrokerConfig(**values)
+
+
+def config_as_dict(config: BrokerConfig) -> Mapping[str, object]:
+    """The config as plain values (for the startup log line and the dashboard)."""
+    result: dict[str, object] = {}
+    for field in attrs.fields(BrokerConfig):
+        value = getattr(config, field.name)
+        if isinstance(value, HostPort):
+            value = str(value)
+        elif field.name == "peers":
+            value = ",".join(f"{peer.node_id}@{peer.address}" for peer in value)
+        result[field.name] = value
+    return result

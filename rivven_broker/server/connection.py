@@ -1,0 +1,378 @@
+"""The trio driver of one client connection: read, dispatch, answer in order, coalesce writes.
+
+Theory of operation
+-------------------
+All protocol state lives in the sans-I/O ``ServerConnection``; this driver owns the socket,
+the tasks and the timers. Two loops share one ``_Connection``:
+
+- The *reader* receives bytes, feeds them to the core and takes events. For each request it
+  calls ``Handlers.begin`` at once, in request order (so appends land in order), and puts a
+  *slot* at the tail of the answer queue. A ready answer fills its slot now; a ``Pending`` one
+  runs as its own task and fills its slot when done (so eight pipelined acks=all produces wait
+  on one group commit together); a *serial* pending is awaited by the reader before it goes on.
+  acks=0 produces get no slot. When ``in_flight_requests_max`` slots are open the reader stops
+  reading: TCP backpressure reaches the client.
+- The *writer* waits until the head slot is filled, then takes every filled slot from the head,
+  encodes them in order and writes them with ONE ``send_all``: answers that become ready
+  together leave together.
+
+Bad input: an undecodable payload, an unknown api or version, or a non-msgpack format is
+answered with an ``ErrorResponse`` in the request's correlation id and the connection goes on;
+a frame over the size limit (framing lost) is answered in correlation id 0 after the answers
+already queued, and the connection closes.
+
+Idle timeout: while no request is open, the reader's receive has a deadline of
+``idle_timeout_ms`` (reset by every byte and by the last answer going out). A client that
+sends nothing, or half a frame and stalls, is closed when it passes; a client waiting for a
+long-poll is not idle. Durations are trio cancel-scope deadlines (trio's clock is the virtual
+clock under the simulator); request latencies are measured with ``env.clock``.
+
+Shutdown: ``stop_reading()`` makes the reader stop (dropping bytes not yet read as requests);
+answers already owed are still written, then the connection closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from typing import TYPE_CHECKING, Callable
+
+import attrs
+import trio
+
+from rivven_broker.protocol import codec
+from rivven_broker.protocol.connection import (
+    CONNECTION_ERROR_CORRELATION_ID,
+    BadRequest,
+    RequestReceived,
+    ServerConnection,
+)
+from rivven_broker.protocol.errors import ErrorCode, LocalProtocolError
+from rivven_broker.protocol.framing import FORMAT_MSGPACK, encode_frame
+from rivven_broker.protocol.message_base import Request, Response
+from rivven_broker.protocol.messages import (
+    DeleteRecordsResponse,
+    ErrorResponse,
+    FetchResponse,
+    ListOffsetsResponse,
+    MetadataResponse,
+    ProduceResponse,
+)
+from rivven_broker.server.context import Pending
+from rivven_broker.storage.errors import SyncFailedError
+
+if TYPE_CHECKING:
+    from rivven_broker.server.env import Clock
+    from rivven_broker.server.handlers import Handlers
+    from rivven_broker.server.metrics import BrokerMetrics
+
+__all__ = ["ConnectionSettings", "serve_client_connection", "ClientConnections"]
+
+log = logging.getLogger(__name__)
+
+_RECEIVE_BYTES = 256 * 1024
+_PARTITIONED_RESPONSES = (
+    ProduceResponse, FetchResponse, ListOffsetsResponse, DeleteRecordsResponse
+)
+_INTERNAL_ERROR = "internal error; see the broker log"
+
+
+@attrs.frozen
+class ConnectionSettings:
+    idle_timeout_ms: int
+    in_flight_requests_max: int
+
+
+@attrs.define(slots=True)
+class _Slot:
+    correlation_id: int
+    api: str
+    start_ms: int
+    response: Response | None = None
+    ready: bool = False
+
+
+class _Connection:
+    """The shared state of one connection's reader and writer."""
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        handlers: Handlers,
+        settings: ConnectionSettings,
+        clock: Clock,
+        metrics: BrokerMetrics,
+    ) -> None:
+        self.stream = stream
+        self.handlers = handlers
+        self.settings = settings
+        self.clock = clock
+        self.metrics = metrics
+        self.core = ServerConnection()
+        self.slots: deque[_Slot] = deque()
+        self.writer_wakeup = trio.Event()  # a slot filled, or reading ended
+        self.reader_wakeup = trio.Event()  # answers went out (room), or stop_reading
+        self.reading = True
+        self.stopping = False
+        self.fatal: bytes | None = None  # the closing error frame, after a fatal BadRequest
+        self.receive_scope: trio.CancelScope | None = None
+
+    # --- shared helpers ----------------------------------------------------------------------
+
+    def wake_writer(self) -> None:
+        self.writer_wakeup.set()
+
+    def wake_reader(self) -> None:
+        self.reader_wakeup.set()
+
+    def fill(self, slot: _Slot, response: Response) -> None:
+        slot.response = response
+        slot.ready = True
+        self.wake_writer()
+
+    def stop_reading(self) -> None:
+        """Stop taking requests; answers already owed are still sent. Never blocks."""
+        self.stopping = True
+        if self.receive_scope is not None:
+            self.receive_scope.cancel()
+        self.wake_reader()
+        self.wake_writer()
+
+    def _idle_deadline(self) -> float:
+        if self.slots:
+            return math.inf
+        return trio.current_time() + self.settings.idle_timeout_ms / 1000
+
+    # --- the reader --------------------------------------------------------------------------
+
+    async def read_loop(self, nursery: trio.Nursery) -> str:
+        """Take requests until EOF, idle timeout, a fatal error or ``stop_reading``.
+
+        Returns why it stopped: ``eof``, ``idle``, ``fatal`` or ``stopped``.
+        """
+        core = self.core
+        in_flight_max = self.settings.in_flight_requests_max
+        while not self.stopping:
+            while len(self.slots) >= in_flight_max and not self.stopping:
+                self.reader_wakeup = trio.Event()
+                await self.reader_wakeup.wait()  # backpressure: until answers go out
+            if self.stopping:
+                break
+            event = core.next_event()
+            if event is None:
+                outcome = await self._receive()
+                if outcome is not None:
+                    return outcome
+                continue
+            if isinstance(event, RequestReceived):
+                await self._handle(event.correlation_id, event.request, nursery)
+            else:
+                self._bad_request(event)
+                if event.fatal:
+                    return "fatal"
+        return "stopped"
+
+    async def _receive(self) -> str | None:
+        with trio.CancelScope(deadline=self._idle_deadline()) as scope:
+            self.receive_scope = scope
+            try:
+                data = await self.stream.receive_some(_RECEIVE_BYTES)
+            finally:
+                self.receive_scope = None
+        if scope.cancelled_caught:
+            return "stopped" if self.stopping else "idle"
+        if not data:
+            return "eof"
+        self.metrics.bytes_in(len(data))
+        self.core.receive_data(data)
+        return None
+
+    async def _handle(self, correlation_id: int, request: Request, nursery: trio.Nursery) -> None:
+        gate = self.handlers.gate(request)
+        while gate is not None:
+            await gate.wait()
+            gate = self.handlers.gate(request)
+        start_ms = self.clock.monotonic_ms()
+        api = type(request).__name__
+        outcome = _guarded(api, lambda: self.handlers.begin(request, self.clock.wall_ms()))
+        if outcome is None or not request.expects_response():  # acks=0: no answer
+            self.metrics.request_done(api, 0, self.clock.monotonic_ms() - start_ms)
+            return
+        slot = _Slot(correlation_id, api, start_ms)
+        self.slots.append(slot)
+        if isinstance(outcome, Pending):
+            if outcome.serial:
+                await self._complete(slot, outcome)
+            else:
+                nursery.start_soon(self._complete, slot, outcome)
+        else:
+            self.fill(slot, outcome)
+
+    async def _complete(self, slot: _Slot, pending: Pending) -> None:
+        try:
+            response = await pending.wait()
+        except (SyncFailedError, AssertionError):
+            raise
+        except Exception:  # a bug in one handler must not take the broker down: log, answer
+            log.exception("the %s handler failed", slot.api)
+            response = ErrorResponse(ErrorCode.UNKNOWN_SERVER_ERROR, _INTERNAL_ERROR)
+        self.fill(slot, response)
+
+    def _bad_request(self, event: BadRequest) -> None:
+        response = ErrorResponse(event.error_code, event.message)
+        if event.fatal:
+            # Encoded outside the core: correlation id 0 answers no request, whatever the
+            # client numbered its requests, and the connection closes after it.
+            assert event.correlation_id == CONNECTION_ERROR_CORRELATION_ID
+            payload = codec.encode_response(response)
+            self.fatal = encode_frame(FORMAT_MSGPACK, CONNECTION_ERROR_CORRELATION_ID, payload)
+            self.metrics.request_done("Invalid", int(event.error_code), 0)
+            self.wake_writer()
+            return
+        slot = _Slot(event.correlation_id, "Invalid", self.clock.monotonic_ms())
+        self.slots.append(slot)
+        self.fill(slot, response)
+
+    # --- the writer --------------------------------------------------------------------------
+
+    async def write_loop(self) -> None:
+        """Send answers in request order, every ready run of them in one ``send_all``."""
+        slots = self.slots
+        while True:
+            if not (slots and slots[0].ready):
+                if self.fatal is not None:
+                    await self._send(self.fatal)
+                    return
+                if not self.reading and not slots:
+                    return
+                self.writer_wakeup = trio.Event()
+                await self.writer_wakeup.wait()
+                continue
+            frames = []
+            now_ms = self.clock.monotonic_ms()
+            while slots and slots[0].ready:
+                slot = slots.popleft()
+                response = slot.response
+                assert response is not None
+                frames.append(self._encode(slot, response))
+                self.metrics.request_done(slot.api, _error_code(response), now_ms - slot.start_ms)
+            await self._send(frames[0] if len(frames) == 1 else b"".join(frames))
+            if not slots and self.receive_scope is not None and not self.stopping:
+                self.receive_scope.deadline = self._idle_deadline()
+            self.wake_reader()  # room for the reader
+
+    def _encode(self, slot: _Slot, response: Response) -> bytes:
+        try:
+            return self.core.send_response(slot.correlation_id, response)
+        except LocalProtocolError as exc:  # an answer too large for a frame: say so instead
+            log.warning("cannot encode the %s answer: %s", slot.api, exc)
+            return self.core.send_error(slot.correlation_id, exc.code, str(exc))
+
+    async def _send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+        self.metrics.bytes_out(len(data))
+
+
+def _guarded(api: str, begin: Callable[[], Response | Pending | None]) -> Response | Pending | None:
+    """``begin()``, with an unexpected exception (a bug) logged and answered, not fatal.
+
+    A failed fsync and a broken invariant are fatal and propagate.
+    """
+    try:
+        return begin()
+    except (SyncFailedError, AssertionError):
+        raise
+    except Exception:
+        log.exception("the %s handler failed", api)
+        return ErrorResponse(ErrorCode.UNKNOWN_SERVER_ERROR, _INTERNAL_ERROR)
+
+
+def _error_code(response: Response) -> int:
+    """The error code a request is counted under: its own, or its first partition's."""
+    code = getattr(response, "error_code", None)
+    if code is not None and code != ErrorCode.NONE:
+        return int(code)
+    if isinstance(response, _PARTITIONED_RESPONSES):
+        for topic in response.topics:
+            for partition in topic.partitions:
+                if partition.error_code:
+                    return int(partition.error_code)
+    elif isinstance(response, MetadataResponse):
+        for topic in response.topics:
+            if topic.error_code:
+                return int(topic.error_code)
+    return 0
+
+
+class ClientConnections:
+    """The live client connections of a broker, so shutdown can stop them all reading."""
+
+    def __init__(self) -> None:
+        self._live: set[_Connection] = set()
+        self.empty = trio.Event()
+        self.empty.set()
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def add(self, connection: _Connection) -> None:
+        self._live.add(connection)
+        self.empty = trio.Event()
+
+    def remove(self, connection: _Connection) -> None:
+        self._live.discard(connection)
+        if not self._live:
+            self.empty.set()
+
+    def stop_reading(self) -> None:
+        for connection in list(self._live):
+            connection.stop_reading()
+
+
+async def serve_client_connection(
+    stream: trio.abc.Stream,
+    handlers: Handlers,
+    *,
+    settings: ConnectionSettings,
+    clock: Clock,
+    metrics: BrokerMetrics,
+    registry: ClientConnections,
+    on_close: Callable[[], None] | None = None,
+) -> None:
+    """Serve one client connection until it ends (see the module docstring); close ``stream``.
+
+    Blocks for the life of the connection. Client misbehaviour and broken sockets end the
+    connection quietly.
+
+    Raises:
+        SyncFailedError: an fsync failed while a request waited; the broker must stop.
+    """
+    connection = _Connection(stream, handlers, settings, clock, metrics)
+    registry.add(connection)
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def write_then_end() -> None:
+                await connection.write_loop()
+                nursery.cancel_scope.cancel()  # nothing more will be sent: drop what is left
+
+            nursery.start_soon(write_then_end)
+            try:
+                reason = await connection.read_loop(nursery)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                reason = "broken"
+            connection.reading = False
+            connection.wake_writer()
+            if reason == "idle":
+                metrics.connection_idle_closed()
+                nursery.cancel_scope.cancel()
+            elif reason == "broken":
+                nursery.cancel_scope.cancel()
+    except* (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    finally:
+        registry.remove(connection)
+        if on_close is not None:
+            on_close()
+        await trio.aclose_forcefully(stream)

@@ -1,0 +1,138 @@
+"""What every request handler shares: the logs, the sync worker, wake-ups, gates, settings.
+
+Theory of operation
+-------------------
+A broker builds one ``ServerContext`` once its logs are open and hands it to the request
+handlers (``handlers.py`` for administration, ``data_path.py`` for produce and fetch). Besides
+references to the ``LogManager``, the ``SyncWorker``, the metrics and the ``Env``, it holds the
+two small coordination devices the handlers need:
+
+- ``PartitionWaker``: a long-polling fetch registers one ``trio.Event`` under every partition it
+  reads; whatever moves a partition forward (an append, a topic deleted) calls
+  ``poke``, which sets and forgets the events registered there. Exact wake-ups, one dict lookup
+  per partition append when nobody waits, and no polling loop anywhere.
+- ``TopicGates``: deleting a topic has an ``await`` in the middle (the sync worker must let
+  go of the topic's files first). While that runs the topic is *gated*: a
+  connection about to handle a request that touches it waits for the gate to open, so no
+  append slips in between the final sync and the close.
+
+``Pending`` is what a handler returns when its answer is not ready at once: an async function
+producing the response. ``serial`` pendings are awaited by the connection's reader before it
+handles the next request (administrative changes keep request order for their effects);
+the others run concurrently and are only answered in order.
+
+The high-watermark rule of a single node lives here too (``high_watermark``): under
+``sync=always`` it is the log's durable offset, so a consumer never reads what a crash could
+take back; under ``interval_ms=N`` and ``none`` it is the log end offset.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Awaitable, Callable, Iterable
+
+import attrs
+import trio
+
+from rivven_broker.protocol.message_base import Response
+from rivven_broker.storage.sync_worker import SyncPolicy, SyncWorker
+
+if TYPE_CHECKING:
+    from rivven_broker.server.config import BrokerConfig
+    from rivven_broker.server.env import Env
+    from rivven_broker.server.metrics import BrokerMetrics
+    from rivven_broker.storage.log_manager import LogManager
+    from rivven_broker.storage.partition_log import PartitionLog
+
+__all__ = ["Pending", "PartitionWaker", "TopicGates", "ServerContext"]
+
+TopicPartition = tuple[str, int]
+
+
+@attrs.frozen
+class Pending:
+    """A response that needs waiting for. ``serial``: the reader awaits it before going on."""
+
+    wait: Callable[[], Awaitable[Response]]
+    serial: bool = False
+
+
+class PartitionWaker:
+    """Events of long-polling fetches, by partition. Never blocks."""
+
+    def __init__(self) -> None:
+        self._events: dict[TopicPartition, set[trio.Event]] = {}
+
+    def register(self, event: trio.Event, partitions: Iterable[TopicPartition]) -> None:
+        for key in partitions:
+            self._events.setdefault(key, set()).add(event)
+
+    def unregister(self, event: trio.Event, partitions: Iterable[TopicPartition]) -> None:
+        for key in partitions:
+            waiting = self._events.get(key)
+            if waiting is not None:
+                waiting.discard(event)
+                if not waiting:
+                    del self._events[key]
+
+    def poke(self, key: TopicPartition) -> None:
+        """Wake every fetch waiting on ``key``."""
+        waiting = self._events.pop(key, None)
+        if waiting:
+            for event in waiting:
+                event.set()
+
+    def poke_topic(self, topic: str) -> None:
+        """Wake every fetch waiting on any partition of ``topic``."""
+        for key in [key for key in self._events if key[0] == topic]:
+            self.poke(key)
+
+    @property
+    def waiting_partitions(self) -> int:
+        return len(self._events)
+
+
+class TopicGates:
+    """Topics closed for a moment while they are being deleted. Never blocks."""
+
+    def __init__(self) -> None:
+        self._gates: dict[str, trio.Event] = {}
+
+    def close(self, topic: str) -> None:
+        assert topic not in self._gates, topic
+        self._gates[topic] = trio.Event()
+
+    def open(self, topic: str) -> None:
+        self._gates.pop(topic).set()
+
+    def get(self, topic: str) -> trio.Event | None:
+        """The event to wait for before touching ``topic``, or None when it is open."""
+        return self._gates.get(topic)
+
+    def __bool__(self) -> bool:
+        return bool(self._gates)
+
+
+@attrs.define
+class ServerContext:
+    """Everything the handlers of one broker share (see the module docstring)."""
+
+    env: Env
+    config: BrokerConfig
+    logs: LogManager
+    sync_worker: SyncWorker
+    metrics: BrokerMetrics
+    #: The address clients are told to use (the bound client port).
+    advertised_host: str
+    advertised_port: int
+    waker: PartitionWaker = attrs.field(factory=PartitionWaker)
+    gates: TopicGates = attrs.field(factory=TopicGates)
+
+    @property
+    def policy(self) -> SyncPolicy:
+        return self.sync_worker.policy
+
+    def high_watermark(self, log: PartitionLog) -> int:
+        """Offsets below this are visible to consumers (see the module docstring)."""
+        if self.sync_worker.policy.mode == "always":
+            return log.durable_offset
+        return log.log_end_offset

@@ -1,0 +1,353 @@
+"""The data path: Produce, Fetch, ListOffsets and DeleteRecords against the partition logs.
+
+Theory of operation
+-------------------
+Every handler has a synchronous first half, run by the connection's reader in request order,
+and, when it must wait, an asynchronous second half returned as a ``Pending``.
+
+Produce (first half): for each partition, ``PartitionLog.append`` checks every batch's header,
+size and CRC and appends all of them or none; then the log is marked dirty for the sync
+worker and long-polling fetches of the partition are poked. Because appends happen in the
+reader, a producer's pipelined requests land in the log in the order it sent them. acks=0
+ends here with no answer. Under ``sync=always`` (acks 1 or all) the second half waits, within
+the request's ``timeout_ms``, until every appended batch is durable; a producer that pipelines
+eight requests therefore waits on one shared group commit, not eight fsyncs. Partitions still
+not durable at the deadline answer ``REQUEST_TIMED_OUT`` (their data stays appended).
+A batch that fails any check answers ``CORRUPT_MESSAGE`` (bad magic, sizes, counts or CRC: one
+code for all, as Kafka does) and nothing of that partition's request is appended.
+
+Fetch reads each partition with ``log.read(offset, budget, max_offset=high_watermark)``: whole
+batches as stored, never an object per record. The response holds at most ``max_bytes``,
+except that the first partition with data always gets at least one whole batch (so a consumer
+cannot stall on a batch larger than its budget); a later partition whose first batch does not
+fit gets nothing this time. If fewer than ``min_bytes`` are ready, the second half long-polls:
+it registers an event under every partition it reads, sleeps until poked (or, under
+``sync=always``, until data already appended becomes durable) or until ``max_wait_ms``, and
+reads again. Errors on a partition (unknown, out of range, storage) are per partition and end
+the wait at once. ``read_committed`` behaves like ``read_uncommitted`` until transactions
+exist: the last stable offset is the high watermark.
+
+ListOffsets: -2 is the log start offset, -1 the high watermark, any other timestamp the first
+offset of the first batch whose max timestamp is at least it (-1 when that is at or beyond the
+high watermark). DeleteRecords moves the log start offset (-1: to the high watermark); offsets
+beyond the high watermark are ``OFFSET_OUT_OF_RANGE``.
+
+Storage errors map through their ``.code``; an ``OSError`` on a partition is
+``KAFKA_STORAGE_ERROR`` for that partition. A failed fsync (``SyncFailedError``) is never
+answered: it propagates and stops the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Callable, Iterable
+
+import trio
+
+from rivven_broker.protocol import limits
+from rivven_broker.protocol.errors import ErrorCode
+from rivven_broker.protocol.messages import (
+    ACKS_NONE,
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    DeleteRecords,
+    DeleteRecordsPartitionResponse,
+    DeleteRecordsResponse,
+    DeleteRecordsTopicResponse,
+    Fetch,
+    FetchPartition,
+    FetchPartitionResponse,
+    FetchResponse,
+    FetchTopicResponse,
+    ListOffsets,
+    ListOffsetsPartitionResponse,
+    ListOffsetsResponse,
+    ListOffsetsTopicResponse,
+    Produce,
+    ProducePartitionResponse,
+    ProduceResponse,
+    ProduceTopicResponse,
+)
+from rivven_broker.protocol.names import topic_name_error
+from rivven_broker.records.header import BatchError
+from rivven_broker.storage.errors import StorageError, SyncFailedError, UnknownTopicOrPartitionError
+from rivven_broker.server.context import Pending, ServerContext
+
+if TYPE_CHECKING:
+    from rivven_broker.storage.partition_log import PartitionLog
+
+__all__ = ["DataPath"]
+
+log = logging.getLogger(__name__)
+
+_PartitionError = tuple[ErrorCode, str]
+#: ``(topic name, now_ms) -> None`` when the topic now exists, else the error to answer.
+AutoCreate = Callable[[str, int], "_PartitionError | None"]
+
+
+def _error_of(exc: Exception) -> _PartitionError:
+    """The wire code and message of an operating error on one partition."""
+    if isinstance(exc, SyncFailedError):
+        raise exc  # never answered: the broker must stop
+    if isinstance(exc, BatchError):
+        return ErrorCode.CORRUPT_MESSAGE, str(exc)
+    if isinstance(exc, StorageError):
+        return exc.code, str(exc)
+    if isinstance(exc, OSError):
+        log.error("storage I/O failed: %s", exc)
+        return ErrorCode.KAFKA_STORAGE_ERROR, f"storage I/O failed: {exc.strerror or exc}"
+    raise exc
+
+
+class DataPath:
+    """Produce, Fetch, ListOffsets and DeleteRecords of one broker. See the module docstring."""
+
+    def __init__(self, context: ServerContext, create_topic: AutoCreate) -> None:
+        self._context = context
+        self._auto_create = create_topic
+
+    # --- produce ---------------------------------------------------------------------------
+
+    def produce(self, request: Produce, now_ms: int) -> ProduceResponse | Pending | None:
+        """Append every partition's batches (see the module docstring). Never blocks."""
+        context = self._context
+        waits: list[tuple[str, int, PartitionLog, int]] = []
+        outcome: dict[tuple[str, int], ProducePartitionResponse] = {}
+        records_in = 0
+        for topic in request.topics:
+            topic_error = self._produce_topic_error(topic.name, now_ms)
+            for part in topic.partitions:
+                key = (topic.name, part.partition)
+                if topic_error is not None:
+                    outcome[key] = _produce_error(part.partition, topic_error)
+                    continue
+                try:
+                    plog = context.logs.get_log(topic.name, part.partition)
+                    if not part.records:
+                        outcome[key] = _produce_error(
+                            part.partition, (ErrorCode.CORRUPT_MESSAGE, "no record batch")
+                        )
+                        continue
+                    info = plog.append(part.records, now_ms)
+                except (StorageError, BatchError, OSError) as exc:
+                    outcome[key] = _produce_error(part.partition, _error_of(exc))
+                    continue
+                context.sync_worker.mark_dirty(plog)
+                context.waker.poke(key)
+                records_in += info.last_offset - info.base_offset + 1
+                outcome[key] = ProducePartitionResponse(
+                    part.partition,
+                    ErrorCode.NONE,
+                    info.base_offset,
+                    info.log_append_time_ms,
+                    plog.log_start_offset,
+                )
+                waits.append((topic.name, part.partition, plog, info.last_offset))
+        if records_in:
+            context.metrics.records_in(records_in)
+        if request.acks == ACKS_NONE:
+            return None
+        if context.policy.mode != "always" or not waits:
+            return _produce_response(request, outcome)
+
+        async def wait() -> ProduceResponse:
+            timeout_ms = min(request.timeout_ms, limits.produce_timeout_ms_max)
+            with trio.move_on_after(timeout_ms / 1000):
+                for _, _, plog, last_offset in waits:
+                    await context.sync_worker.wait_durable(plog, last_offset)
+            for name, partition, plog, last_offset in waits:
+                if plog.durable_offset <= last_offset:
+                    outcome[(name, partition)] = _produce_error(
+                        partition, (ErrorCode.REQUEST_TIMED_OUT, "not durable within timeout_ms")
+                    )
+            return _produce_response(request, outcome)
+
+        return Pending(wait)
+
+    def _produce_topic_error(self, name: str, now_ms: int) -> _PartitionError | None:
+        if topic_name_error(name) is not None:
+            return ErrorCode.INVALID_TOPIC_NAME, f"invalid topic name {name!r}"
+        if name in self._context.logs.topics():
+            return None
+        if not self._context.config.auto_create_topics:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}"
+        return self._auto_create(name, now_ms)
+
+    # --- fetch -----------------------------------------------------------------------------
+
+    def fetch(self, request: Fetch) -> FetchResponse | Pending:
+        """Read what is there; long-poll when it is less than ``min_bytes``. Never blocks."""
+        response, total_bytes, done = self._read(request)
+        if done or total_bytes >= request.min_bytes or request.max_wait_ms == 0:
+            return response
+        return Pending(lambda: self._long_poll(request))
+
+    async def _long_poll(self, request: Fetch) -> FetchResponse:
+        context = self._context
+        wait_ms = min(request.max_wait_ms, limits.fetch_wait_ms_max)
+        keys = [(t.name, p.partition) for t in request.topics for p in t.partitions]
+        with trio.move_on_after(wait_ms / 1000):
+            while True:
+                # Read, then register, with no checkpoint in between: a poke cannot fall
+                # into the gap (this task may start after the reader's first read).
+                response, total_bytes, done = self._read(request)
+                if done or total_bytes >= request.min_bytes:
+                    return response
+                event = trio.Event()
+                context.waker.register(event, keys)
+                try:
+                    undurable = self._first_undurable(keys)
+                    if undurable is not None:
+                        await context.sync_worker.wait_durable(
+                            undurable, undurable.log_end_offset - 1
+                        )
+                    else:
+                        await event.wait()
+                finally:
+                    context.waker.unregister(event, keys)
+        return self._read(request)[0]
+
+    def _first_undurable(self, keys: Iterable[tuple[str, int]]) -> PartitionLog | None:
+        """A log with appended data not yet visible (sync=always only), or None."""
+        context = self._context
+        if context.policy.mode != "always":
+            return None
+        for topic, partition in keys:
+            try:
+                plog = context.logs.get_log(topic, partition)
+            except UnknownTopicOrPartitionError:
+                continue
+            if plog.durable_offset < plog.log_end_offset:
+                return plog
+        return None
+
+    def _read(self, request: Fetch) -> tuple[FetchResponse, int, bool]:
+        """The response, its record bytes, and whether a partition error ends the wait."""
+        remaining = min(request.max_bytes, limits.fetch_bytes_max)
+        total_bytes = 0
+        failed = False
+        topics = []
+        for topic in request.topics:
+            partitions = []
+            for part in topic.partitions:
+                result = self._read_partition(topic.name, part, remaining, total_bytes == 0)
+                failed = failed or result.error_code != ErrorCode.NONE
+                size = len(result.records)
+                total_bytes += size
+                remaining = max(remaining - size, 0)
+                partitions.append(result)
+            topics.append(FetchTopicResponse(topic.name, tuple(partitions)))
+        return FetchResponse(ErrorCode.NONE, tuple(topics)), total_bytes, failed
+
+    def _read_partition(
+        self, name: str, part: FetchPartition, remaining: int, first_with_data: bool
+    ) -> FetchPartitionResponse:
+        context = self._context
+        partition = part.partition
+        if topic_name_error(name) is not None:
+            return FetchPartitionResponse(partition, ErrorCode.INVALID_TOPIC_NAME)
+        try:
+            plog = context.logs.get_log(name, partition)
+            high_watermark = context.high_watermark(plog)
+            budget = min(part.partition_max_bytes, remaining, limits.fetch_partition_bytes_max)
+            offset = part.fetch_offset
+            if budget > 0:
+                records = plog.read(offset, budget, max_offset=high_watermark).records
+                if len(records) > budget and not first_with_data:
+                    records = b""  # only the first partition with data may exceed its budget
+            elif plog.log_start_offset <= offset <= plog.log_end_offset:
+                records = b""
+            else:
+                return FetchPartitionResponse(partition, ErrorCode.OFFSET_OUT_OF_RANGE)
+        except (StorageError, OSError) as exc:
+            return FetchPartitionResponse(partition, _error_of(exc)[0])
+        return FetchPartitionResponse(
+            partition,
+            ErrorCode.NONE,
+            high_watermark,
+            high_watermark,
+            plog.log_start_offset,
+            records,
+        )
+
+    # --- offsets ---------------------------------------------------------------------------
+
+    def list_offsets(self, request: ListOffsets) -> ListOffsetsResponse:
+        """Offsets by time (see the module docstring). Never blocks (reads index files)."""
+        topics = []
+        for topic in request.topics:
+            partitions = []
+            for part in topic.partitions:
+                partitions.append(self._list_offset(topic.name, part.partition, part.timestamp))
+            topics.append(ListOffsetsTopicResponse(topic.name, tuple(partitions)))
+        return ListOffsetsResponse(tuple(topics))
+
+    def _list_offset(
+        self, name: str, partition: int, timestamp: int
+    ) -> ListOffsetsPartitionResponse:
+        if topic_name_error(name) is not None:
+            return ListOffsetsPartitionResponse(partition, ErrorCode.INVALID_TOPIC_NAME)
+        try:
+            plog = self._context.logs.get_log(name, partition)
+            high_watermark = self._context.high_watermark(plog)
+            if timestamp == EARLIEST_TIMESTAMP:
+                offset = plog.log_start_offset
+            elif timestamp == LATEST_TIMESTAMP:
+                offset = high_watermark
+            else:
+                found = plog.offset_for_timestamp(timestamp)
+                offset = -1 if found is None or found >= high_watermark else found
+        except (StorageError, OSError) as exc:
+            return ListOffsetsPartitionResponse(partition, _error_of(exc)[0])
+        return ListOffsetsPartitionResponse(partition, ErrorCode.NONE, offset, -1)
+
+    def delete_records(self, request: DeleteRecords) -> DeleteRecordsResponse:
+        """Advance log start offsets. Blocks on the checkpoint's fsync (rare, administrative)."""
+        topics = []
+        for topic in request.topics:
+            partitions = []
+            for part in topic.partitions:
+                partitions.append(self._delete_records(topic.name, part.partition, part.offset))
+            topics.append(DeleteRecordsTopicResponse(topic.name, tuple(partitions)))
+        return DeleteRecordsResponse(tuple(topics))
+
+    def _delete_records(
+        self, name: str, partition: int, offset: int
+    ) -> DeleteRecordsPartitionResponse:
+        if topic_name_error(name) is not None:
+            return DeleteRecordsPartitionResponse(partition, ErrorCode.INVALID_TOPIC_NAME)
+        try:
+            plog = self._context.logs.get_log(name, partition)
+            high_watermark = self._context.high_watermark(plog)
+            target = high_watermark if offset == -1 else offset
+            if target > high_watermark:
+                return DeleteRecordsPartitionResponse(
+                    partition, ErrorCode.OFFSET_OUT_OF_RANGE, plog.log_start_offset
+                )
+            if target <= plog.log_start_offset:
+                start = plog.log_start_offset
+                return DeleteRecordsPartitionResponse(partition, ErrorCode.NONE, start)
+            low_watermark = plog.delete_records(target)
+        except (StorageError, OSError) as exc:
+            return DeleteRecordsPartitionResponse(partition, _error_of(exc)[0])
+        return DeleteRecordsPartitionResponse(partition, ErrorCode.NONE, low_watermark)
+
+
+def _produce_error(partition: int, error: _PartitionError) -> ProducePartitionResponse:
+    code, message = error
+    clipped = message.encode()[: limits.error_message_bytes_max].decode("utf-8", "ignore")
+    return ProducePartitionResponse(partition, code, error_message=clipped)
+
+
+def _produce_response(
+    request: Produce, outcome: dict[tuple[str, int], ProducePartitionResponse]
+) -> ProduceResponse:
+    return ProduceResponse(
+        tuple(
+            ProduceTopicResponse(
+                topic.name, tuple(outcome[(topic.name, p.partition)] for p in topic.partitions)
+            )
+            for topic in request.topics
+        )
+    )
+

@@ -1,0 +1,330 @@
+"""Request dispatch and the administrative handlers of a single-node broker.
+
+Theory of operation
+-------------------
+``Handlers.begin(request, now_ms)`` is called by a connection's reader for each request, in
+request order, and returns one of: a response (ready now), ``None`` (acks=0 produce: no
+answer), or a ``Pending`` (see ``context.py``). Everything that changes state happens inside
+``begin`` itself or, for the one change that must first wait for the sync worker to let go of
+a topic's files (DeleteTopic), inside a *serial* pending that the reader awaits before it reads
+on. AlterTopicConfig changes the logs' settings in place (they apply from the next append,
+roll or retention pass). Produce, Fetch, ListOffsets and DeleteRecords live in
+``data_path.py``; the rest is here.
+
+This node leads every partition: Metadata lists one broker (itself, at the address clients
+reached), leader = this node, leader epoch 0, replicas = isr = [node id]. A replication factor
+other than 1 is ``INVALID_REPLICATION_FACTOR`` (-1 means "the default", 1). A partition count
+of -1 means the broker's ``default_partitions``. Names are checked per topic
+(``INVALID_TOPIC_NAME``); unknown topics and partitions are ``UNKNOWN_TOPIC_OR_PARTITION``.
+Topic creation and deletion fsync the registry on the event loop: they are rare, and the
+``LogManager`` is not shared with threads.
+
+Requests of apis this broker does not handle yet (consumer groups, transactions: later
+milestones) are answered with ``UNSUPPORTED_VERSION``, and the handshake advertises only the
+apis handled.
+
+``gate(request)`` names the event a request must wait for when it touches a topic that is in
+the middle of being deleted (see ``TopicGates``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import trio
+
+from rivven_broker.protocol import limits
+from rivven_broker.protocol.errors import ErrorCode
+from rivven_broker.protocol.message_base import Request, Response
+from rivven_broker.protocol.messages import (
+    PROTOCOL_VERSION,
+    AlterTopicConfig,
+    AlterTopicConfigResponse,
+    BrokerMetadata,
+    ConfigEntry,
+    CreateTopic,
+    CreateTopicResponse,
+    DeleteRecords,
+    DeleteTopic,
+    DeleteTopicResponse,
+    DescribeTopic,
+    DescribeTopicResponse,
+    ErrorResponse,
+    Fetch,
+    Handshake,
+    HandshakeResponse,
+    ListOffsets,
+    ListTopics,
+    ListTopicsResponse,
+    Metadata,
+    MetadataResponse,
+    REQUEST_TYPES,
+    PartitionMetadata,
+    Ping,
+    Pong,
+    Produce,
+    TopicListing,
+    TopicMetadata,
+    supported_api_versions,
+)
+from rivven_broker.protocol.names import topic_name_error
+from rivven_broker.server.context import Pending, ServerContext
+from rivven_broker.server.data_path import DataPath
+from rivven_broker.storage.errors import StorageError, SyncFailedError, TopicExistsError
+from rivven_broker.storage.topic_config import TopicConfig
+
+__all__ = ["Handlers"]
+
+log = logging.getLogger(__name__)
+
+_TOPIC_LIST_REQUESTS = (Produce, Fetch, ListOffsets, DeleteRecords)
+_NAMED_REQUESTS = (CreateTopic, DeleteTopic, DescribeTopic, AlterTopicConfig)
+#: Leaves room in a topic error message for the name.
+_MESSAGE_BYTES_MAX = limits.error_message_bytes_max
+
+
+def _clip(message: str) -> str:
+    return message.encode()[:_MESSAGE_BYTES_MAX].decode("utf-8", "ignore")
+
+
+def _failure(exc: Exception) -> tuple[ErrorCode, str]:
+    """The wire code and message of an operating error of an administrative request."""
+    if isinstance(exc, SyncFailedError):
+        raise exc  # the broker must stop
+    if isinstance(exc, StorageError):
+        return exc.code, _clip(str(exc))
+    if isinstance(exc, OSError):
+        log.error("storage I/O failed: %s", exc)
+        return ErrorCode.KAFKA_STORAGE_ERROR, _clip(f"storage I/O failed: {exc.strerror or exc}")
+    raise exc
+
+
+class Handlers:
+    """Every request handler of one broker (see the module docstring)."""
+
+    def __init__(self, context: ServerContext) -> None:
+        self._context = context
+        self.data = DataPath(context, self._auto_create)
+        self._table: dict[type[Request], Callable[[Any, int], Response | Pending | None]] = {
+            Handshake: self._handshake,
+            Ping: lambda request, now_ms: Pong(),
+            Metadata: self._metadata,
+            CreateTopic: self._create_topic,
+            DeleteTopic: self._delete_topic,
+            ListTopics: self._list_topics,
+            DescribeTopic: self._describe_topic,
+            AlterTopicConfig: self._alter_topic_config,
+            Produce: self.data.produce,
+            Fetch: lambda request, now_ms: self.data.fetch(request),
+            ListOffsets: lambda request, now_ms: self.data.list_offsets(request),
+            DeleteRecords: lambda request, now_ms: self.data.delete_records(request),
+        }
+
+    def gate(self, request: Request) -> trio.Event | None:
+        """The event to await before ``begin`` when ``request`` touches a gated topic."""
+        gates = self._context.gates
+        if not gates:
+            return None
+        if isinstance(request, _TOPIC_LIST_REQUESTS):
+            names = [topic.name for topic in request.topics]
+        elif isinstance(request, _NAMED_REQUESTS):
+            names = [request.name]
+        elif isinstance(request, Metadata) and request.topics is not None:
+            names = list(request.topics)
+        else:
+            return None
+        for name in names:
+            event = gates.get(name)
+            if event is not None:
+                return event
+        return None
+
+    def begin(self, request: Request, now_ms: int) -> Response | Pending | None:
+        """Handle ``request`` up to its first wait (see the module docstring). Never blocks.
+
+        Raises:
+            SyncFailedError: an fsync failed; the broker must stop.
+        """
+        handler = self._table.get(type(request))
+        if handler is None:  # an api of a later milestone (groups, transactions ...)
+            return ErrorResponse(
+                ErrorCode.UNSUPPORTED_VERSION,
+                f"{type(request).__name__} is not supported by this broker yet",
+            )
+        return handler(request, now_ms)
+
+    def api_versions(self) -> dict[int, tuple[int, int]]:
+        """The (min, max) version of every api this broker handles, by api key."""
+        return {
+            key: versions
+            for key, versions in supported_api_versions().items()
+            if REQUEST_TYPES[key] in self._table
+        }
+
+    # --- core ------------------------------------------------------------------------------
+
+    def _handshake(self, request: Handshake, now_ms: int) -> HandshakeResponse:
+        if request.protocol_version < 1:
+            return HandshakeResponse(
+                ErrorCode.UNSUPPORTED_VERSION,
+                compatible=False,
+                message=f"protocol version {request.protocol_version} is not supported",
+                api_versions=self.api_versions(),
+            )
+        return HandshakeResponse(
+            ErrorCode.NONE,
+            PROTOCOL_VERSION,
+            True,
+            f"rivven-broker node {self._context.config.node_id}",
+            self.api_versions(),
+        )
+
+    def _metadata(self, request: Metadata, now_ms: int) -> MetadataResponse:
+        context = self._context
+        node_id = context.config.node_id
+        broker = BrokerMetadata(
+            node_id, context.advertised_host, context.advertised_port, context.config.rack
+        )
+        topics = context.logs.topics()
+        names = sorted(topics) if request.topics is None else request.topics
+        described = []
+        for name in names:
+            code: ErrorCode | None = topic_name_error(name)
+            if code is None and name not in topics:
+                if request.allow_auto_topic_creation and context.config.auto_create_topics:
+                    error = self._auto_create(name, now_ms)
+                    code = None if error is None else error[0]
+                else:
+                    code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            if code is not None:
+                described.append(TopicMetadata(name, code))
+                continue
+            partitions = tuple(
+                PartitionMetadata(p, ErrorCode.NONE, node_id, 0, (node_id,), (node_id,))
+                for p in range(topics[name].partitions)
+            )
+            described.append(TopicMetadata(name, ErrorCode.NONE, False, partitions))
+        return MetadataResponse((broker,), node_id, f"rivven-node-{node_id}", tuple(described))
+
+    def _auto_create(self, name: str, now_ms: int) -> tuple[ErrorCode, str] | None:
+        """Create ``name`` with the default layout; None when it exists afterwards."""
+        try:
+            self._context.logs.create_topic(
+                name, self._context.config.default_partitions, 1, {}, now_ms
+            )
+        except TopicExistsError:
+            return None
+        except (StorageError, OSError) as exc:
+            return _failure(exc)
+        log.info("auto-created topic %s (%d partitions)", name,
+                 self._context.config.default_partitions)
+        return None
+
+    # --- topics ----------------------------------------------------------------------------
+
+    def _create_problem(
+        self, request: CreateTopic, partitions: int
+    ) -> tuple[ErrorCode, str] | None:
+        if topic_name_error(request.name) is not None:
+            return ErrorCode.INVALID_TOPIC_NAME, "invalid topic name"
+        if not 1 <= partitions <= limits.partitions_per_topic_max:
+            return (ErrorCode.INVALID_PARTITIONS,
+                    f"partitions must be 1..{limits.partitions_per_topic_max}")
+        if request.replication_factor not in (1, -1):
+            return (ErrorCode.INVALID_REPLICATION_FACTOR,
+                    "a single-node broker keeps exactly one replica (replication factor 1)")
+        if request.name in self._context.logs.topics():
+            return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {request.name!r} already exists"
+        return None
+
+    def _create_topic(self, request: CreateTopic, now_ms: int) -> CreateTopicResponse:
+        name = request.name
+        partitions = request.partitions
+        if partitions == -1:
+            partitions = self._context.config.default_partitions
+        problem = self._create_problem(request, partitions)
+        if problem is not None:
+            code, message = problem
+            return CreateTopicResponse(
+                name, code, _clip(message), partitions, request.replication_factor
+            )
+        try:
+            if request.validate_only:
+                TopicConfig.parse(request.configs)
+            else:
+                self._context.logs.create_topic(name, partitions, 1, request.configs, now_ms)
+                log.info("created topic %s with %d partitions", name, partitions)
+        except (StorageError, OSError) as exc:
+            code, message = _failure(exc)
+            return CreateTopicResponse(name, code, message, partitions, 1)
+        return CreateTopicResponse(name, ErrorCode.NONE, None, partitions, 1)
+
+    def _topic_problem(self, name: str) -> tuple[ErrorCode, str] | None:
+        if topic_name_error(name) is not None:
+            return ErrorCode.INVALID_TOPIC_NAME, "invalid topic name"
+        if name not in self._context.logs.topics():
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}"
+        return None
+
+    def _delete_topic(self, request: DeleteTopic, now_ms: int) -> DeleteTopicResponse | Pending:
+        problem = self._topic_problem(request.name)
+        if problem is not None:
+            return DeleteTopicResponse(request.name, *problem)
+        name = request.name
+        context = self._context
+        context.gates.close(name)
+
+        async def run() -> DeleteTopicResponse:
+            try:
+                partitions = context.logs.topics()[name].partitions
+                for partition in range(partitions):
+                    await context.sync_worker.detach(context.logs.get_log(name, partition))
+                context.logs.delete_topic(name)
+            except (StorageError, OSError) as exc:
+                return DeleteTopicResponse(name, *_failure(exc))
+            finally:
+                context.gates.open(name)
+                context.waker.poke_topic(name)
+            log.info("deleted topic %s", name)
+            return DeleteTopicResponse(name, ErrorCode.NONE)
+
+        return Pending(run, serial=True)
+
+    def _list_topics(self, request: ListTopics, now_ms: int) -> ListTopicsResponse:
+        topics = self._context.logs.topics()
+        return ListTopicsResponse(
+            tuple(TopicListing(name, topics[name].partitions, False) for name in sorted(topics))
+        )
+
+    def _describe_topic(self, request: DescribeTopic, now_ms: int) -> DescribeTopicResponse:
+        problem = self._topic_problem(request.name)
+        if problem is not None:
+            return DescribeTopicResponse(request.name, *problem)
+        info = self._context.logs.topics()[request.name]
+        configs = tuple(
+            ConfigEntry(entry.name, entry.value, entry.is_default)
+            for entry in info.config.describe()
+        )
+        return DescribeTopicResponse(
+            request.name, ErrorCode.NONE, None, info.partitions, info.replication_factor, configs
+        )
+
+    def _alter_topic_config(
+        self, request: AlterTopicConfig, now_ms: int
+    ) -> AlterTopicConfigResponse:
+        problem = self._topic_problem(request.name)
+        if problem is not None:
+            return AlterTopicConfigResponse(request.name, *problem)
+        name = request.name
+        logs = self._context.logs
+        try:
+            if request.validate_only:
+                logs.topics()[name].config.alter(request.configs)
+            else:
+                logs.alter_topic_config(name, request.configs)
+        except (StorageError, OSError) as exc:
+            return AlterTopicConfigResponse(name, *_failure(exc))
+        if not request.validate_only:
+            log.info("altered topic %s: %s", name, dict(request.configs))
+        return AlterTopicConfigResponse(name, ErrorCode.NONE)

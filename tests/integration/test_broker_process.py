@@ -1,0 +1,163 @@
+"""The real ``rivven-broker`` process: graceful SIGTERM, restart on the same data, kill -9.
+
+Method: run the installed executable as a subprocess on free loopback ports with a data
+directory in ``tmp_path`` (``broker_process`` fixture), drive it with a blocking raw-protocol
+client, stop it with SIGTERM or SIGKILL, start it again on the same directory and read back.
+The kill -9 test pipelines acks=all produces under ``--sync-policy always``, records every
+acknowledged (partition, offset, payload), kills the process while requests are still in
+flight, restarts, and checks that every acknowledged batch is there at its offset.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+import pytest
+
+from rivven_broker.protocol.errors import ErrorCode
+from rivven_broker.protocol.messages import (
+    CreateTopic,
+    DescribeTopic,
+    Fetch,
+    FetchPartition,
+    FetchTopic,
+    Metadata,
+    Produce,
+    ProducePartition,
+    ProduceTopic,
+)
+from rivven_broker.records import BatchBuilder, decode_records
+
+
+def batch(*values: bytes) -> bytes:
+    builder = BatchBuilder(batch_bytes_max=1 << 20)
+    for value in values:
+        builder.append(1_000, None, value)
+    return builder.build()
+
+
+def produce(topic: str, partition: int, records: bytes, acks: int = -1) -> Produce:
+    return Produce(acks=acks, timeout_ms=30_000,
+                   topics=(ProduceTopic(topic, (ProducePartition(partition, records),)),))
+
+
+def read_all(client, topic: str, partition: int) -> list:
+    records, offset = [], 0
+    while True:
+        request = Fetch(max_wait_ms=0, max_bytes=1 << 22,
+                        topics=(FetchTopic(topic, (FetchPartition(partition, offset, 1 << 22),)),))
+        answer = client.call(request).topics[0].partitions[0]
+        assert answer.error_code == ErrorCode.NONE
+        batch_records = [r for r in decode_records(answer.records) if r.offset >= offset]
+        if not batch_records:
+            return records
+        records.extend(batch_records)
+        offset = batch_records[-1].offset + 1
+
+
+def test_sigterm_finishes_in_flight_requests_exits_zero_and_restart_finds_the_data(
+    broker_process, connect_blocking
+):
+    first = broker_process()
+    client = connect_blocking(first.port)
+    assert client.call(CreateTopic("kept", 2)).error_code == ErrorCode.NONE
+    for index in range(20):
+        answer = client.call(produce("kept", index % 2, batch(b"r%d" % index), acks=1))
+        assert answer.topics[0].partitions[0].error_code == ErrorCode.NONE
+    # A long poll in flight when the signal arrives is still answered before the exit.
+    waiting = connect_blocking(first.port)
+    waiting.send(Fetch(max_wait_ms=1_000, min_bytes=1 << 30,
+                       topics=(FetchTopic("kept", (FetchPartition(0, 0),)),)))
+    with urllib.request.urlopen(f"http://127.0.0.1:{first.http_port}/health", timeout=10) as page:
+        assert page.status == 200
+    assert first.terminate() == 0
+    answered = waiting.receive().response.topics[0].partitions[0]
+    assert answered.error_code == ErrorCode.NONE and answered.high_watermark == 10
+
+    second = broker_process(data_dir=first.data_dir)
+    client = connect_blocking(second.port)
+    assert client.call(DescribeTopic("kept")).partitions == 2
+    for partition in (0, 1):
+        values = [r.value for r in read_all(client, "kept", partition)]
+        assert values == [b"r%d" % i for i in range(20) if i % 2 == partition]
+    assert second.terminate() == 0
+
+
+def test_a_second_broker_on_the_same_data_dir_is_refused(broker_process):
+    first = broker_process()
+    with pytest.raises(RuntimeError, match="exited early with code 1"):
+        broker_process(data_dir=first.data_dir)
+    assert first.terminate() == 0
+
+
+@pytest.mark.slow
+def test_kill_9_loses_no_acknowledged_batch(broker_process, connect_blocking):
+    broker = broker_process("--sync-policy", "always")
+    client = connect_blocking(broker.port)
+    assert client.call(CreateTopic("durable", 2)).error_code == ErrorCode.NONE
+    acknowledged: list[tuple[int, int, bytes]] = []  # (partition, offset, payload)
+    in_flight: dict[int, tuple[int, bytes]] = {}
+    kill_after, pipeline_depth, sent = 300, 16, 0
+    killed = False
+    while not killed:
+        while len(in_flight) < pipeline_depth:
+            partition = sent % 2
+            payload = b"payload-%06d-" % sent + b"x" * (sent % 97)
+            correlation_id = client.send(produce("durable", partition, batch(payload)))
+            in_flight[correlation_id] = (partition, payload)
+            sent += 1
+        event = client.receive()
+        partition, payload = in_flight.pop(event.correlation_id)
+        answer = event.response.topics[0].partitions[0]
+        assert answer.error_code == ErrorCode.NONE
+        acknowledged.append((partition, answer.base_offset, payload))
+        if len(acknowledged) == kill_after:
+            assert in_flight  # mid-stream: requests still on their way
+            broker.kill()
+            killed = True
+    # Answers that were already on the wire count as acknowledged too.
+    try:
+        while in_flight:
+            event = client.receive()
+            partition, payload = in_flight.pop(event.correlation_id)
+            answer = event.response.topics[0].partitions[0]
+            if answer.error_code == ErrorCode.NONE:
+                acknowledged.append((partition, answer.base_offset, payload))
+    except (EOFError, ConnectionError):
+        pass
+
+    restarted = broker_process(data_dir=broker.data_dir)
+    reader = connect_blocking(restarted.port)
+    stored = {
+        partition: {r.offset: r.value for r in read_all(reader, "durable", partition)}
+        for partition in (0, 1)
+    }
+    for partition, offset, payload in acknowledged:
+        assert stored[partition].get(offset) == payload, (partition, offset)
+    # Offsets are dense from 0 and nothing unacknowledged sits in the middle of the log.
+    for partition in (0, 1):
+        assert sorted(stored[partition]) == list(range(len(stored[partition])))
+    assert restarted.terminate() == 0
+
+
+def test_health_answers_on_the_real_process(broker_process):
+    process = broker_process()
+    with urllib.request.urlopen(f"http://127.0.0.1:{process.http_port}/health", timeout=10) as page:
+        assert page.status == 200
+        assert b'"serving"' in page.read()
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(f"http://127.0.0.1:{process.http_port}/missing", timeout=10)
+    assert info.value.code == 404
+    assert process.terminate() == 0
+
+
+def test_peers_are_accepted_with_a_warning_and_the_broker_runs_single_node(
+    broker_process, connect_blocking, capfd
+):
+    process = broker_process("--peers", "2@127.0.0.1:19093,3@127.0.0.1:29093")
+    client = connect_blocking(process.port)
+    metadata = client.call(Metadata())
+    assert [broker.node_id for broker in metadata.brokers] == [1]
+    assert process.terminate() == 0
+    assert "clustering is not yet available" in capfd.readouterr().err

@@ -1,0 +1,118 @@
+"""The ``rivven`` command line against a real broker subprocess.
+
+Method: most commands run in-process through ``main(argv)`` (fast; stdout captured by
+``capsys``) with ``--json``, and the JSON documents are checked field by field; producing
+from stdin and the exit codes are checked by running the real ``rivven`` executable as a
+subprocess. Exit codes: 0 success, 1 broker error or bad usage, 2 nothing listening.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from rivven_broker.cli.rivven_main import encode_bytes, main
+
+
+def rivven_command() -> list[str]:
+    script = pathlib.Path(sys.executable).parent / "rivven"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "rivven_broker.cli.rivven_main"]
+
+
+def run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*rivven_command(), *args], input=stdin, capture_output=True,
+                          timeout=60)
+
+
+def call(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+def proc(broker_process):
+    return broker_process("--sync-policy", "none")
+
+
+def test_topic_commands_round_trip(proc, capsys):
+    b = ("--bootstrap", proc.address, "--json")
+    code, out, _ = call(capsys, *b, "topic", "create", "orders", "--partitions", "2",
+                        "--config", "retention.ms=3600000")
+    assert code == 0 and json.loads(out)["created"] is True
+    code, out, _ = call(capsys, *b, "topic", "list")
+    assert code == 0
+    assert json.loads(out)["topics"] == [{"name": "orders", "partitions": 2, "is_internal": False}]
+    code, out, _ = call(capsys, *b, "topic", "describe", "orders")
+    doc = json.loads(out)
+    assert code == 0 and doc["partitions"] == 2 and doc["replication_factor"] == 1
+    assert doc["configs"]["retention.ms"]["value"] == "3600000"
+    assert [p["partition"] for p in doc["partition_info"]] == [0, 1]
+    code, out, _ = call(capsys, *b, "topic", "alter", "orders", "--config", "retention.ms=60000")
+    assert code == 0
+    code, out, _ = call(capsys, *b, "topic", "describe", "orders")
+    assert json.loads(out)["configs"]["retention.ms"]["value"] == "60000"
+    code, out, err = call(capsys, *b, "topic", "create", "orders")
+    assert code == 1 and "TOPIC_ALREADY_EXISTS" in err
+    code, out, _ = call(capsys, *b, "cluster", "status")
+    assert code == 0 and json.loads(out)["partitions"] == 2
+    code, out, _ = call(capsys, *b, "ping")
+    assert code == 0 and json.loads(out)["rtt_ms"] >= 0
+    code, out, _ = call(capsys, *b, "topic", "delete", "orders")
+    assert code == 0
+    code, out, _ = call(capsys, *b, "topic", "list")
+    assert json.loads(out)["topics"] == []
+
+
+def test_produce_from_stdin_then_consume(proc, capsys):
+    created = run("--bootstrap", proc.address, "topic", "create", "lines", "--partitions", "1")
+    assert created.returncode == 0
+    lines = b"alpha\nbeta\n\xff\xfe\ngamma\n"
+    result = run("--bootstrap", proc.address, "--json", "produce", "lines", "--key", "k",
+                 stdin=lines)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["count"] == 4 and doc["partitions"]["0"] == {
+        "count": 4, "first_offset": 0, "last_offset": 3}
+    code, out, _ = call(capsys, "--bootstrap", proc.address, "--json", "consume", "lines",
+                        "--from-beginning", "--max", "3")
+    records = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and [r["offset"] for r in records] == [0, 1, 2]
+    assert [r["value"] for r in records] == ["alpha", "beta", encode_bytes(b"\xff\xfe")]
+    assert records[2]["value"] == {"base64": "//4="}
+    assert all(r["key"] == "k" and r["topic"] == "lines" for r in records)
+    # without --follow, consume stops at the end offsets seen when it started
+    code, out, _ = call(capsys, "--bootstrap", proc.address, "consume", "lines",
+                        "--from-beginning")
+    assert code == 0 and out.splitlines() == [
+        "0\t0\tk\talpha", "0\t1\tk\tbeta", "0\t2\tk\tbase64://4=", "0\t3\tk\tgamma"]
+    code, out, _ = call(capsys, "--bootstrap", proc.address, "--json", "consume", "lines",
+                        "--partition", "0", "--offset", "3")
+    assert code == 0 and [json.loads(line)["value"] for line in out.splitlines()] == ["gamma"]
+
+
+def test_broker_errors_exit_1(proc, capsys):
+    code, _, err = call(capsys, "--bootstrap", proc.address, "topic", "describe", "missing")
+    assert code == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in err
+    code, _, err = call(capsys, "--bootstrap", proc.address, "group", "list")
+    assert code == 1 and "FEATURE_NOT_AVAILABLE" in err
+
+
+def test_exit_codes_of_the_executable(proc):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{sock.getsockname()[1]}"
+    result = run("--bootstrap", dead, "topic", "list")
+    assert result.returncode == 2 and b"cannot" in result.stderr
+    result = run("--bootstrap", proc.address, "topic", "describe", "nope")
+    assert result.returncode == 1
+    result = run("--bootstrap", proc.address, "topic", "frobnicate")
+    assert result.returncode == 1 and b"usage" in result.stderr
+    assert run("--help").returncode == 0

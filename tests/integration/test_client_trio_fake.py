@@ -1,0 +1,118 @@
+"""The trio client driver over real loopback sockets, against the fault-injecting fake broker.
+
+Method: the fake broker (tests/unit/client/fake_broker.py) runs on its own threads; the trio
+clients run in the test's trio run. Each test checks one behaviour of the trio driver: round
+trip and key partitioning, retries after injected errors and dropped connections, non-retriable
+failures, fast failure when nothing listens, consumer positions. Waits are bounded with
+``trio.fail_after``; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import trio
+
+from rivven_broker.client import (
+    ConnectionFailedError,
+    FeatureNotAvailableError,
+    InvalidTopicNameError,
+    TopicAlreadyExistsError,
+    TopicPartition,
+)
+from rivven_broker.client.trio import open_admin, open_consumer, open_producer
+from rivven_broker.protocol.errors import ErrorCode
+from rivven_broker.records import partition_for_key
+from tests.unit.client.fake_broker import FakeBroker, drop_connection, produce_error
+
+FAST = dict(retry_backoff_ms=5, retry_backoff_max_ms=20, reconnect_backoff_ms=5,
+            reconnect_backoff_max_ms=20)
+
+
+@pytest.fixture
+def fake():
+    broker = FakeBroker().start()
+    yield broker
+    broker.stop()
+
+
+async def test_round_trip(fake):
+    async with open_admin(fake.bootstrap) as admin:
+        await admin.create_topic("t", partitions=3)
+        with pytest.raises(TopicAlreadyExistsError):
+            await admin.create_topic("t")
+        assert [t.name for t in await admin.list_topics()] == ["t"]
+    with trio.fail_after(20):
+        async with open_producer(fake.bootstrap, linger_ms=1) as producer:
+            first = await producer.send("t", value=b"first", key=b"k")
+            handles = [await producer.enqueue("t", value=b"%d" % i, key=b"k%d" % (i % 5))
+                       for i in range(500)]
+            await producer.flush()
+            metas = [await handle for handle in handles]
+        assert first.partition == partition_for_key(b"k", 3)
+        for i, meta in enumerate(metas):
+            assert meta.partition == partition_for_key(b"k%d" % (i % 5), 3)
+        async with open_consumer(fake.bootstrap, auto_offset_reset="earliest") as consumer:
+            consumer.assign([TopicPartition("t", p) for p in range(3)])
+            records = []
+            while len(records) < 501:
+                records += await consumer.poll(timeout_ms=1000)
+            with pytest.raises(FeatureNotAvailableError):
+                consumer.subscribe(["t"])
+    by_value = {r.value: r for r in records}
+    for i, meta in enumerate(metas):
+        record = by_value[b"%d" % i]
+        assert (record.partition, record.offset) == (meta.partition, meta.offset)
+
+
+async def test_retries_after_errors_and_dropped_connections(fake):
+    fake.create_topic("t", 1)
+    fake.inject("Produce", produce_error(ErrorCode.NOT_LEADER))
+    fake.inject("Produce", drop_connection)
+    with trio.fail_after(20):
+        async with open_producer(fake.bootstrap, **FAST) as producer:
+            meta = await producer.send("t", value=b"x")
+    assert meta.offset == 0 and fake.requests.count("Produce") == 3
+
+
+async def test_non_retriable_error_is_raised(fake):
+    fake.create_topic("t", 1)
+    fake.inject("Produce", produce_error(ErrorCode.INVALID_TOPIC_NAME))
+    with trio.fail_after(20):
+        async with open_producer(fake.bootstrap, **FAST) as producer:
+            with pytest.raises(InvalidTopicNameError):
+                await producer.send("t", value=b"x")
+    assert fake.requests.count("Produce") == 1
+
+
+async def test_nothing_listening():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+    with trio.fail_after(20):
+        async with open_admin(address, **FAST) as admin:
+            with pytest.raises(ConnectionFailedError):
+                await admin.list_topics()
+        async with open_producer(address, max_block_ms=200, **FAST) as producer:
+            with pytest.raises(ConnectionFailedError):
+                await producer.send("t", value=b"x")
+
+
+async def test_consumer_seek_and_latest(fake):
+    fake.create_topic("t", 1)
+    tp = TopicPartition("t", 0)
+    with trio.fail_after(20):
+        async with open_producer(fake.bootstrap) as producer:
+            for i in range(10):
+                await producer.enqueue("t", value=b"%d" % i)
+        async with open_consumer(fake.bootstrap) as consumer:
+            consumer.assign([tp])
+            assert await consumer.position(tp) == 10
+            assert await consumer.end_offsets([tp]) == {tp: 10}
+            consumer.seek(tp, 7)
+            records = []
+            while len(records) < 3:
+                records += await consumer.poll(timeout_ms=1000)
+            assert [r.offset for r in records] == [7, 8, 9]
+            assert await consumer.position(tp) == 10

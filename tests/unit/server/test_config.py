@@ -1,0 +1,144 @@
+"""BrokerConfig parsing: defaults, the TOML file, flags over the file, and clear errors.
+
+Method: call ``load_config`` with argument lists and an injected file reader (no real files),
+and check the resulting frozen config or the ``ConfigError`` message for each bad input.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rivven_broker.protocol import limits
+from rivven_broker.server.config import (
+    BrokerConfig,
+    ConfigError,
+    HostPort,
+    Peer,
+    config_as_dict,
+    load_config,
+)
+
+
+def _reader(text: str):
+    def read(path: str) -> bytes:
+        assert path == "broker.toml"
+        return text.encode()
+
+    return read
+
+
+def test_no_arguments_is_the_single_node_default():
+    config = load_config([])
+    assert config == BrokerConfig()
+    assert config.node_id == 1
+    assert config.data_dir == "./data"
+    assert config.listen == HostPort("127.0.0.1", 9092)
+    assert config.http == HostPort("127.0.0.1", 9094)
+    assert config.sync_policy == "always"
+    assert config.auto_create_topics is True
+    assert config.default_partitions == 3
+    assert config.peers == ()
+
+
+def test_every_contract_flag_is_parsed():
+    config = load_config([
+        "--node-id", "7", "--data-dir", "/tmp/x", "--listen", "0.0.0.0:1234",
+        "--http", "[::1]:0", "--peers", "2@10.0.0.2:9093,3@b.example:9093", "--rack", "r1",
+        "--sync-policy", "interval_ms=50", "--log-level", "debug",
+    ])
+    assert config.node_id == 7
+    assert config.data_dir == "/tmp/x"
+    assert config.listen == HostPort("0.0.0.0", 1234)
+    assert config.http == HostPort("::1", 0)
+    assert config.peers == (
+        Peer(2, HostPort("10.0.0.2", 9093)), Peer(3, HostPort("b.example", 9093)),
+    )
+    assert config.rack == "r1"
+    assert config.sync_policy == "interval_ms=50"
+    assert config.log_level == "DEBUG"
+
+
+def test_the_file_sets_values_and_flags_win_over_it():
+    text = """
+    [broker]
+    node-id = 4
+    data_dir = "/srv/rivven"
+    listen = "127.0.0.1:9500"
+    sync-policy = "none"
+    auto_create_topics = false
+    default-partitions = 6
+    idle_timeout_ms = 5000
+    peers = ["2@h2:9093", "3@h3:9093"]
+    """
+    config = load_config(["--config", "broker.toml", "--node-id", "9", "--listen", "h:1"],
+                         read_file=_reader(text))
+    assert config.node_id == 9  # the flag wins
+    assert config.listen == HostPort("h", 1)  # the flag wins
+    assert config.data_dir == "/srv/rivven"  # from the file
+    assert config.sync_policy == "none"
+    assert config.auto_create_topics is False
+    assert config.default_partitions == 6
+    assert config.idle_timeout_ms == 5000
+    assert [peer.node_id for peer in config.peers] == [2, 3]
+
+
+def test_http_off_disables_the_http_server():
+    assert load_config(["--http", "off"]).http is None
+
+
+@pytest.mark.parametrize(
+    "argv,fragment",
+    [
+        (["--node-id", "x"], "--node-id"),
+        (["--node-id", "-1"], "--node-id"),
+        (["--listen", "nohost"], "HOST:PORT"),
+        (["--listen", "h:70000"], "0..65535"),
+        (["--peers", "2@h:1,2@h:2"], "distinct"),
+        (["--peers", "h:1"], "ID@HOST:PORT"),
+        (["--rack", "bad rack"], "--rack"),
+        (["--sync-policy", "sometimes"], "always, interval_ms=N or none"),
+        (["--sync-policy", "interval_ms=0"], "N > 0"),
+        (["--log-level", "LOUD"], "--log-level"),
+        (["--default-partitions", "0"], "--default-partitions"),
+        (["--default-partitions", str(limits.partitions_per_topic_max + 1)], "--default-partitions"),
+        (["--idle-timeout-ms", str(limits.idle_timeout_ms + 1)], "--idle-timeout-ms"),
+        (["--connections-max", str(limits.connections_max + 1)], "--connections-max"),
+        (["--auto-create-topics", "maybe"], "true or false"),
+        (["--no-such-flag"], "unrecognized"),
+        (["--node"], "unrecognized"),  # no abbreviations
+    ],
+)
+def test_bad_flags_raise_a_clear_error(argv, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_config(argv)
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text,fragment",
+    [
+        ("[broker]\nnode_id = 'seven'\n", "--node-id"),
+        ("[broker]\nnode_id = true\n", "--node-id"),
+        ("[broker]\nlisten = 9092\n", "HOST:PORT"),
+        ("[broker]\nsurprise = 1\n", "unknown key 'surprise'"),
+        ("[broker]\nnode-id = 1\nnode_id = 2\n", "given twice"),
+        ("[other]\nx = 1\n", "unknown table"),
+        ("broker = 3\n", "must be a table"),
+        ("[broker\n", "not valid TOML"),
+    ],
+)
+def test_bad_files_raise_a_clear_error(text, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_config(["--config", "broker.toml"], read_file=_reader(text))
+    assert fragment in str(info.value)
+
+
+def test_an_unreadable_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(["--config", str(tmp_path / "missing.toml")])
+
+
+def test_config_as_dict_is_plain():
+    shown = config_as_dict(load_config(["--peers", "2@h:1"]))
+    assert shown["listen"] == "127.0.0.1:9092"
+    assert shown["peers"] == "2@h:1"
