@@ -30,6 +30,7 @@ from rivven_broker.protocol.message_base import (
     Response,
     Struct,
     blob,
+    boolean,
     choice,
     error_code,
     i32,
@@ -113,6 +114,7 @@ class Produce(Request):
     in-sync replicas. ``transactional_id`` is set by transactional producers."""
 
     API_KEY: ClassVar[ApiKey] = ApiKey.PRODUCE
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 1)  # v1: responses may say ``duplicate``
     CARRIES_RECORDS: ClassVar[bool] = True
     acks: int = choice((ACKS_NONE, ACKS_LEADER, ACKS_ALL), ACKS_ALL)
     timeout_ms: int = i32(30_000, lo=0)
@@ -126,7 +128,9 @@ class Produce(Request):
 
 @attrs.frozen
 class ProducePartitionResponse(Struct):
-    """Where one partition's batches landed (``base_offset`` of the first), or why not."""
+    """Where one partition's batches landed (``base_offset`` of the first), or why not.
+    ``duplicate`` (v1): the batch was a retry of one already written; ``base_offset`` is where
+    the original landed and nothing new was written."""
 
     partition: int = i32()
     error_code: ErrorCode = error_code()
@@ -134,6 +138,7 @@ class ProducePartitionResponse(Struct):
     log_append_time_ms: int = i64(-1)
     log_start_offset: int = i64(-1)
     error_message: str | None = text(_MESSAGE, None, nullable=True)
+    duplicate: bool = boolean(False, since=1)
 
 
 @attrs.frozen
@@ -149,6 +154,7 @@ class ProduceResponse(Response):
     """The answer to ``Produce`` (acks 1 or -1)."""
 
     API_KEY: ClassVar[ApiKey] = ApiKey.PRODUCE
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 1)
     topics: tuple[ProduceTopicResponse, ...] = structs(ProduceTopicResponse)
     throttle_time_ms: int = i32(0, lo=0)
 

@@ -88,6 +88,7 @@ class ErrorCode(enum.IntEnum):
     FENCED_LEADER_EPOCH = (74, True, "The leader epoch in the request is older than current.")
     UNKNOWN_LEADER_EPOCH = (75, True, "The leader epoch in the request is newer than current.")
     MEMBER_ID_REQUIRED = (79, False, "Rejoin with the member id the broker assigned.")
+    GROUP_MAX_SIZE_REACHED = (81, False, "The group already has the maximum number of members.")
     FENCED_INSTANCE_ID = (82, False, "Another member took this group instance id.")
     PRODUCER_FENCED = (90, False, "A newer producer with the same transactional id exists.")
     TRANSACTIONAL_ID_NOT_FOUND = (105, False, "The transactional id is not known.")

@@ -63,6 +63,31 @@ segment_ms_default = 7 * 24 * 3600 * 1000
 retention_ms_default = 7 * 24 * 3600 * 1000
 sync_group_bytes_max = 4 * 1024 * 1024  # one group commit covers at most this much new data
 
+# --- consumer groups (protocol/group_messages.py, coordinator/) ------------------------------
+#: Member ids are chosen by the broker (client id prefix + 32 hex digits); the bound is loose.
+member_id_bytes_max = 512
+group_instance_id_bytes_max = 256
+#: Protocol type ("consumer") and assignor names ("range", "cooperative-sticky", ...).
+group_protocol_name_bytes_max = 256
+#: Assignors a member may offer in one JoinGroup.
+group_protocols_max = 32
+#: Members of one group (Kafka's group.max.size); more joins get GROUP_MAX_SIZE_REACHED.
+group_members_max = 1000
+session_timeout_ms_min = 1_000  # Kafka's group.min.session.timeout.ms is 6 s; ours is lower
+session_timeout_ms_max = 300_000
+session_timeout_ms_default = 10_000
+rebalance_timeout_ms_default = 30_000
+rebalance_timeout_ms_max = 300_000
+#: How long a round that starts from an empty group waits for more members before it closes.
+initial_rebalance_delay_ms_default = 3_000
+#: Metadata string of one committed offset (Kafka's offset.metadata.max.bytes).
+offset_metadata_bytes_max = 4096
+offsets_retention_ms_default = 7 * 24 * 3600 * 1000  # offsets.retention.minutes = 10080
+offsets_retention_check_interval_ms = 600_000
+#: Distinct keys one compaction run remembers (Kafka bounds its offset map by memory); a
+#: partition with more keys is cleaned in several runs, oldest segments first.
+compaction_keys_max = 1_000_000
+
 assert frame_header_bytes == 4 + 1 + 4
 assert batch_bytes_max < frame_bytes_max
 assert fetch_partition_bytes_max <= fetch_bytes_max
@@ -74,3 +99,38 @@ assert group_id_bytes_max <= wire_name_bytes_max
 assert config_value_bytes_max <= frame_bytes_max
 assert index_interval_bytes > 0
 assert segment_bytes_min <= segment_bytes_default
+
+# --- idempotent producers and transactions (coordinator/producer_state.py, transactions) ---
+#: Batches remembered per producer per partition for duplicate detection (Kafka's 5; a
+#: producer keeps at most this many requests in flight per partition).
+producer_batches_retained = 5
+#: Producer epochs are i16 on disk; a transactional id whose epoch would pass this gets a
+#: new producer id at epoch 0.
+producer_epoch_max = 2**15 - 1
+#: A producer with no open transaction and no write for this long is forgotten by a partition.
+producer_id_expiration_ms = 7 * 24 * 3600 * 1000
+#: Producer ids reserved per durable allocation record in ``__transaction_state``.
+producer_id_block_size = 1000
+#: InitProducerId requests parked while a new producer-id block is being made durable.
+producer_id_waiters_max = 1000
+transaction_timeout_ms_default = 60_000
+transaction_timeout_ms_max = 900_000  # Kafka's transaction.max.timeout.ms default
+#: A transactional id idle (no open transaction) for this long is expired (tombstoned).
+transactional_id_expiration_ms = 7 * 24 * 3600 * 1000
+#: Transactional ids one coordinator keeps.
+transactional_ids_max = 100_000
+#: Open (begun, not completed) transactions per producer. KIP-98 allows one; the issue's
+#: bound is 5, and one is within it (see docs/exactly-once.md).
+transactions_open_per_producer_max = 1
+#: Partitions, and committed consumer offsets, one transaction may hold.
+partitions_per_transaction_max = 10_000
+
+assert 1 <= producer_batches_retained <= 64
+assert 1 <= transactions_open_per_producer_max <= 5
+assert 0 < transaction_timeout_ms_default <= transaction_timeout_ms_max
+assert partitions_per_transaction_max <= list_length_max
+assert session_timeout_ms_min <= session_timeout_ms_default <= session_timeout_ms_max
+assert rebalance_timeout_ms_default <= rebalance_timeout_ms_max
+assert offset_metadata_bytes_max <= config_value_bytes_max  # the codec's string bound covers it
+assert member_id_bytes_max <= config_value_bytes_max
+assert group_members_max <= list_length_max

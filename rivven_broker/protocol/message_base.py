@@ -78,6 +78,23 @@ class ApiKey(enum.IntEnum):
     LIST_OFFSETS = 10
     DELETE_RECORDS = 11
     ERROR = 19  # responses only: the generic frame-level error answer
+    # 20-39: consumer groups (group_messages.py)
+    JOIN_GROUP = 20
+    SYNC_GROUP = 21
+    HEARTBEAT = 22
+    LEAVE_GROUP = 23
+    OFFSET_COMMIT = 24
+    OFFSET_FETCH = 25
+    LIST_GROUPS = 26
+    DESCRIBE_GROUP = 27
+    DELETE_GROUP = 28
+    FIND_COORDINATOR = 29
+    # 40-59: producer ids and transactions (txn_messages.py)
+    INIT_PRODUCER_ID = 40
+    ADD_PARTITIONS_TO_TXN = 41
+    ADD_OFFSETS_TO_TXN = 42
+    TXN_OFFSET_COMMIT = 43
+    END_TXN = 44
 
 
 class FieldKind(NamedTuple):

@@ -69,7 +69,8 @@ def test_pipelined_requests_pair_with_their_responses():
     server.receive_data(wire)
     received = _events(server)
     assert [e.request for e in received] == requests
-    assert all(isinstance(e, RequestReceived) and e.api_version == 0 for e in received)
+    assert all(isinstance(e, RequestReceived) for e in received)
+    assert [e.api_version for e in received] == [type(r).VERSIONS[1] for r in requests]
     assert server.pending_responses == 4
     answers = [Pong(), DeleteTopicResponse("a"), MetadataResponse(), ProduceResponse()]
     back = b"".join(server.send_response(e.correlation_id, a) for e, a in zip(received, answers))
