@@ -93,6 +93,10 @@ class Signal:
         self._event.set()
         self._event = trio.Event()
 
+    def current(self) -> trio.Event:
+        """The event the next ``fire()`` sets: capture it before a check to never miss a fire."""
+        return self._event
+
     async def wait(self, timeout_ms: int | None = None) -> None:
         event = self._event
         if timeout_ms is None:

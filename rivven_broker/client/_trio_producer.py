@@ -236,11 +236,12 @@ class TrioProducer:
                     self._config.max_in_flight_requests_per_connection
                 )
 
+            metadata_changed = self._cluster.changed.current()
             step = self._core.step(now, node_ready)
             self._finish(step.failed)
+            wait_ms = _IDLE_WAIT_MS if step.wake_at_ms is None else step.wake_at_ms - now
             if step.metadata_due:
                 self._cluster.refresh_soon()
-            wait_ms = _IDLE_WAIT_MS if step.wake_at_ms is None else step.wake_at_ms - now
             for node_id in dict.fromkeys(want):
                 address = self._metadata.address_of(node_id)
                 if self._cluster.can_dial(address, now):
@@ -253,6 +254,12 @@ class TrioProducer:
                     batch.seal()
                 self._in_flight[address] = self._in_flight.get(address, 0) + 1
                 self._nursery.start_soon(self._send_plan, plan, address)
+            if step.metadata_due and wait_ms <= 0 and not step.plans:
+                # A metadata refresh is in flight and nothing else can move: wait for its
+                # outcome (bounded) instead of stepping again at once, which would spin.
+                with trio.move_on_after(_IDLE_WAIT_MS / 1000):
+                    await metadata_changed.wait()
+                continue
             await self._wake.wait(max(0, min(wait_ms, _IDLE_WAIT_MS)))
 
     async def _dial(self, address: Address) -> None:

@@ -130,10 +130,15 @@ class RealEnv:
         self.net = RealNet()
         self.disk: FileStore = OsFileStore(data_dir)
         self._seed = int.from_bytes(os.urandom(16), "big")
+        self._streams: dict[str, random.Random] = {}
         self._sync_limiter = trio.CapacityLimiter(1)
 
     def rng(self, name: str) -> random.Random:
-        return random.Random(f"{self._seed}/{name}")
+        # One stream per name: two callers asking for "ids" share one sequence, never repeat it.
+        stream = self._streams.get(name)
+        if stream is None:
+            stream = self._streams[name] = random.Random(f"{self._seed}/{name}")
+        return stream
 
     async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
         # One worker thread at a time: group commit wants fsyncs back to back, not in parallel.

@@ -1,0 +1,179 @@
+"""Workload processes on the REAL trio client (``rivven_broker.client.trio``), over ``SimNet``.
+
+Theory of operation
+-------------------
+``client = "rivven"`` in a ``[[workload.producers]]`` or ``[[workload.consumers]]`` table runs
+the project's own trio client, handed a small simulated env (a ``SimClock`` without skew, the
+process's ``SimNet``, seeded streams), instead of the thin protocol client of
+``workload.py``. The broker and the client are then tested together, faults and all.
+
+The history is recorded at the client's API, as a user would see it:
+
+- a producer task invokes ``send`` with one unique value, then ``await``s its delivery: ``ok``
+  with the offset, or ``info`` on any error. The client retries on its own, so a value may be
+  written twice (``"resends": true`` in the invocation tells the checkers duplicates of
+  non-idempotent sends are allowed), and any error may follow an attempt that was appended.
+- a consumer ``assign``s its partitions and polls; each poll's records are recorded per
+  partition with ``from`` = the position the process expected (the offset after the last
+  record it saw). A first offset below it (a re-read after a reset) is noted and accepted; a
+  first offset above it is a skipped offset for the gap checker. Control records are not
+  visible at this API, so transactional topics need the thin client.
+
+When the client raises out of its ``async with`` (a dead connection pool, a closed client),
+the process notes it and starts a fresh client after a backoff.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import trio
+
+from rivven_broker.client.errors import RivvenError
+from rivven_broker.client.trio import open_consumer, open_producer
+from rivven_broker.client.types import TopicPartition
+from sim.clock import SimClock
+from sim.history import INFO, OK, History
+from sim.net import SimNet
+from sim.scenario import ConsumerSpec, ProducerSpec
+from sim.trace import Trace
+from sim.workload import PollObserver, Target
+
+__all__ = ["ClientProducerProcess", "ClientConsumerProcess"]
+
+_BACKOFF_S = 0.5
+
+
+class _ClientEnv:
+    """What the trio client asks of its env: a clock, a net and named random streams."""
+
+    def __init__(self, seed_prefix: str, net: SimNet) -> None:
+        self.clock = SimClock()
+        self.net = net
+        self._prefix = seed_prefix
+        self._streams: dict[str, random.Random] = {}
+
+    def rng(self, name: str) -> random.Random:
+        stream = self._streams.get(name)
+        if stream is None:
+            stream = self._streams[name] = random.Random(f"{self._prefix}/{name}")
+        return stream
+
+
+class _ClientProcess:
+    def __init__(self, name: str, net: SimNet, target: Target, history: History,
+                 rng: random.Random, trace: Trace, seed: int) -> None:
+        self.name = name
+        self.target = target
+        self.history = history
+        self.rng = rng
+        self.trace = trace
+        self.env = _ClientEnv(f"{seed}/{name}/client", net)
+        self.bootstrap = f"{target.host}:{target.port}"
+
+    async def run(self) -> None:
+        """Run a client, start a new one whenever it fails. Runs until cancelled."""
+        while True:
+            try:
+                await self.session()
+            except* (RivvenError, OSError, trio.BrokenResourceError) as group:
+                first = group.exceptions[0]
+                self.history.note(self.name, "client_failed", {"error": type(first).__name__})
+            await trio.sleep(_BACKOFF_S * self.rng.uniform(0.5, 1.5))
+
+    async def session(self) -> None:
+        raise NotImplementedError
+
+
+class ClientProducerProcess(_ClientProcess):
+    """Sends unique values through ``TrioProducer``; one task per in-flight send."""
+
+    def __init__(self, name: str, spec: ProducerSpec, partitions: int, **kwargs: Any) -> None:
+        super().__init__(name, **kwargs)
+        self.spec = spec
+        self.partitions = partitions
+        self._sequence = 0
+
+    async def session(self) -> None:
+        spec = self.spec
+        async with open_producer(self.bootstrap, env=self.env, acks=spec.acks, linger_ms=2,
+                                 request_timeout_ms=spec.request_timeout_ms,
+                                 delivery_timeout_ms=4 * spec.request_timeout_ms,
+                                 allow_auto_topic_creation=False) as producer:
+            async with trio.open_nursery() as nursery:
+                for _ in range(spec.in_flight):
+                    nursery.start_soon(self._sender, producer)
+
+    async def _sender(self, producer: Any) -> None:
+        interval_s = self.spec.in_flight / self.spec.rate_per_s
+        while True:
+            await trio.sleep(interval_s * self.rng.uniform(0.5, 1.5))
+            await self._send_one(producer)
+
+    async def _send_one(self, producer: Any) -> None:
+        partition = self.rng.randrange(self.partitions)
+        self._sequence += 1
+        value = f"{self.name}-{self._sequence}"
+        invocation = self.history.invoke(self.name, "send", {
+            "topic": self.spec.topic, "partition": partition, "values": [value],
+            "acks": self.spec.acks, "idempotent": self.spec.idempotent, "resends": True,
+        })
+        outcome: tuple[str, dict[str, Any]] = (INFO, {"error": "cancelled"})
+        try:
+            meta = await producer.send(self.spec.topic, value=value.encode(), partition=partition)
+            outcome = (INFO, {"error": "acks=0"}) if self.spec.acks == 0 else (OK, {"offset": meta.offset})
+        except RivvenError as exc:
+            outcome = (INFO, {"error": type(exc).__name__})
+        finally:
+            self.history.complete(invocation, *outcome)
+
+
+class ClientConsumerProcess(_ClientProcess):
+    """Polls assigned partitions through ``TrioConsumer`` and records what it returns."""
+
+    def __init__(self, name: str, spec: ConsumerSpec, partitions: tuple[int, ...],
+                 skip_probability: float = 0.0, *, observer: PollObserver | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(name, **kwargs)
+        self.spec = spec
+        self.positions = {p: 0 for p in partitions}
+        self.observer = observer
+        self.skip_probability = skip_probability
+
+    async def session(self) -> None:
+        spec = self.spec
+        async with open_consumer(self.bootstrap, env=self.env, group_id=None,
+                                 auto_offset_reset="earliest", enable_auto_commit=False,
+                                 isolation_level=spec.isolation, fetch_max_wait_ms=spec.max_wait_ms,
+                                 request_timeout_ms=spec.request_timeout_ms) as consumer:
+            consumer.assign([TopicPartition(spec.topic, p) for p in self.positions])
+            for partition, position in self.positions.items():
+                consumer.seek(TopicPartition(spec.topic, partition), position)
+            while True:
+                invoke_ms = trio.current_time() * 1000
+                records = await consumer.poll(timeout_ms=spec.max_wait_ms)
+                by_partition: dict[int, list[list[Any]]] = {}
+                for record in records:
+                    value = None if record.value is None else record.value.decode("utf-8", "replace")
+                    by_partition.setdefault(record.partition, []).append([record.offset, value])
+                for partition in sorted(by_partition):
+                    self._record(partition, by_partition[partition], invoke_ms)
+
+    def _record(self, partition: int, records: list[list[Any]], invoke_ms: float) -> None:
+        expected = self.positions[partition]
+        first = records[0][0]
+        if first < expected:
+            self.history.note(self.name, "reread", {"partition": partition, "from": first,
+                                                    "expected": expected})
+            expected = first
+        if self.skip_probability and len(records) > 1 and self.rng.random() < self.skip_probability:
+            del records[self.rng.randrange(len(records))]  # test-only: a fetch that skips one
+        end = max(offset for offset, _ in records) + 1
+        _, done = self.history.record(self.name, "poll", {
+            "topic": self.spec.topic, "partition": partition, "from": expected, "to": end,
+            "records": records, "control": [], "isolation": self.spec.isolation,
+        }, invoke_ms=invoke_ms)
+        self.positions[partition] = end
+        if self.observer is not None:
+            self.observer(self.name, self.spec.topic, partition, end - 1, done.index)

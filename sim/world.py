@@ -1,0 +1,492 @@
+"""``World``: one deterministic run of a scenario, from a seed to a verdict.
+
+Theory of operation
+-------------------
+Everything runs in ONE ``trio.run`` on ``trio.testing.MockClock(autojump_threshold=0)``:
+virtual time jumps whenever every task is blocked. Trio shuffles its run queue on purpose; the
+private switch ``trio._core._run._ALLOW_DETERMINISTIC_SCHEDULING`` plus seeding its private
+``_r`` (``seeded_trio_scheduler``) makes that shuffle a function of the seed. trio is pinned
+(0.35.0) for this; a test fails if the switch disappears. With no threads, no real I/O and
+every random draw from a named ``random.Random`` stream, a seed fixes the whole run, and the
+``Trace`` digest proves it.
+
+A run:
+
+1. realise the fault schedule (``nemesis.realise_schedule``) unless a replay supplies one;
+2. start the network, every node (``NodeHost``: the REAL ``rivven_broker.server.broker.Broker``
+   on a ``SimEnv``) and the nemesis;
+3. create the topics, then run producers and consumers until ``duration``;
+4. stop the workload (open operations become ``info``); with ``[checks] final_crash``, crash
+   every node (dropping unsynced data) and restart it, so the final state is what survives a
+   power loss; read every partition; run the checkers.
+
+Online checks while it runs: every ``[checks] invariants_every`` the storage cores'
+``check_invariants`` run on each serving node (``storage_invariants``), and every record a
+consumer reads must already be below the node's durable offset (``reads_durable``: a broker
+that serves data a crash could take back is caught even if no crash follows).
+
+Node lifecycle. ``crash`` is a power loss: the incarnation's disk view and network are revoked
+first (its unwinding ``finally`` blocks can make nothing durable), unsynced data is dropped,
+then its cancel scope is cancelled. A restart is a new ``Broker`` on the same ``SimDisk`` and
+``SimClock``. An incarnation that ends by itself is judged: after an injected fsync failure,
+stopping is required (``node_stops_after_fsync_failure`` if it is still serving
+``fsync_stop_within`` later); any other exception, or ``serve`` returning unasked, is
+``no_unexpected_node_failure``. Either way the node is then treated as crashed and a supervisor
+restarts it after ``restart_after_failure``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import random
+import traceback
+from typing import Any, Callable, Iterator
+
+import attrs
+import trio
+import trio.testing
+
+from rivven_broker.server.broker import Broker, BrokerState
+from rivven_broker.server.config import BrokerConfig, HostPort
+from rivven_broker.storage.errors import LogFailedError, StorageError, SyncFailedError
+from sim.checkers import RunFacts, Violation, check
+from sim.clients import ClientConsumerProcess, ClientProducerProcess
+from sim.clock import SimClock
+from sim.disk import SimDisk
+from sim.env import SimEnv
+from sim.history import History
+from sim.nemesis import Nemesis, realise_schedule
+from sim.net import SimNetwork
+from sim.scenario import Fault, Scenario
+from sim.trace import Trace
+from sim.workload import (
+    ConsumerProcess,
+    PartitionLog,
+    ProducerProcess,
+    ReadFailed,
+    Target,
+    create_topics,
+    read_logs,
+)
+
+__all__ = ["World", "RunResult", "seeded_trio_scheduler", "run_scenario"]
+
+_FINAL_READ_TIMEOUT_S = 60.0
+_ACK_BEFORE_FSYNC_POLICY = "interval_ms=1000"  # test switch: acks no longer wait for fsync
+
+
+@contextlib.contextmanager
+def seeded_trio_scheduler(seed: int | str) -> Iterator[None]:
+    """Make trio's scheduler deterministic and seeded for the duration. Never blocks.
+
+    Raises ``RuntimeError`` when trio no longer has the private switch (pin trio==0.35.0).
+    """
+    run_module = getattr(getattr(trio, "_core", None), "_run", None)
+    if (
+        run_module is None
+        or not hasattr(run_module, "_ALLOW_DETERMINISTIC_SCHEDULING")
+        or not isinstance(getattr(run_module, "_r", None), random.Random)
+    ):
+        raise RuntimeError(
+            "trio._core._run._ALLOW_DETERMINISTIC_SCHEDULING/_r are gone: the simulator "
+            f"needs trio==0.35.0 (installed: {trio.__version__})"
+        )
+    previous = run_module._ALLOW_DETERMINISTIC_SCHEDULING
+    state = run_module._r.getstate()
+    run_module._ALLOW_DETERMINISTIC_SCHEDULING = True
+    run_module._r.seed(f"{seed}/trio-scheduler")
+    try:
+        yield
+    finally:
+        run_module._ALLOW_DETERMINISTIC_SCHEDULING = previous
+        run_module._r.setstate(state)
+
+
+class LivelockGuard(trio.abc.Instrument):
+    """Stops a run whose virtual time no longer advances while tasks keep running.
+
+    Under autojump a busy loop (a task that waits 0 ms, forever) freezes virtual time, and the
+    run would spin for ever in real time. After ``steps_max`` task steps at one instant the
+    guard records which tasks were running and cancels the whole run.
+    """
+
+    def __init__(self, steps_max: int = 200_000) -> None:
+        self.steps_max = steps_max
+        self._now = -1.0
+        self._steps = 0
+        self._busy: dict[str, int] = {}
+        self.report: str | None = None
+        self.scope: trio.CancelScope | None = None
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        now = trio.current_time()
+        if now != self._now:
+            self._now, self._steps = now, 0
+            self._busy.clear()
+            return
+        self._steps += 1
+        if self._steps > self.steps_max - 1000:
+            self._busy[task.name] = self._busy.get(task.name, 0) + 1
+        if self._steps >= self.steps_max and self.report is None:
+            busiest = sorted(self._busy.items(), key=lambda item: (-item[1], item[0]))[:3]
+            self.report = (f"virtual time stuck at {now:.3f}s for {self._steps} task steps "
+                           f"(a busy loop); busiest tasks: "
+                           + ", ".join(f"{name} x{count}" for name, count in busiest))
+            if self.scope is not None:
+                self.scope.cancel()
+
+
+@attrs.frozen
+class RunResult:
+    """The verdict of one run."""
+
+    scenario: Scenario
+    seed: int
+    trace_digest: str
+    violations: tuple[Violation, ...]
+    history: History
+    schedule: tuple[Fault, ...]
+    stats: dict[str, Any]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+class NodeHost:
+    """One simulated machine: its clock and disk persist; broker incarnations come and go."""
+
+    def __init__(self, world: World, name: str, index: int) -> None:
+        self.world = world
+        self.name = name
+        self.node_id = index + 1
+        spec = world.scenario.nodes
+        rng = random.Random(f"{world.seed}/sim/node/{name}")
+        offset = rng.randint(-spec.clock_offset_max_ms, spec.clock_offset_max_ms)
+        rate = 1.0 + rng.uniform(-spec.clock_drift_max, spec.clock_drift_max)
+        self.clock = SimClock(offset_ms=offset, rate=rate)
+        self.disk = SimDisk(name, world.scenario.disk, random.Random(f"{world.seed}/sim/disk/{name}"),
+                            world.trace)
+        self.disk.on_fsync_failure = self._fsync_failed
+        self.incarnation = -1
+        self.up = False
+        self.broker: Broker | None = None
+        self._invariants_reported = False
+        self._scope: trio.CancelScope | None = None
+        self._killed = False
+        self._errors_at_start = 0
+
+    def config(self) -> BrokerConfig:
+        policy = self.world.scenario.nodes.sync_policy
+        if self.world.scenario.test.ack_before_fsync:
+            policy = _ACK_BEFORE_FSYNC_POLICY
+        return BrokerConfig(
+            node_id=self.node_id, data_dir=".", listen=HostPort(self.name, self.world.scenario.nodes.port),
+            http=None, sync_policy=policy, auto_create_topics=False,
+        )
+
+    def ensure_up(self) -> bool:
+        """Start a new incarnation if none is running. Returns whether it did."""
+        if self.up:
+            return False
+        self.incarnation += 1
+        self.up = True
+        self._killed = False
+        self._errors_at_start = self.disk.errors_raised
+        self.world.nursery.start_soon(self._run, self.incarnation)
+        return True
+
+    def crash(self, *, tear: bool | None = None, reason: str) -> None:
+        """Power loss now (if up): revoke disk and network, drop unsynced data, cancel."""
+        if not self.up:
+            return
+        self.up = False
+        self._killed = True
+        torn = self.disk.crash(tear)
+        self.world.network.crash(self.name)
+        self.world.history.note(self.name, "crash", {"reason": reason, "incarnation": self.incarnation,
+                                                     "torn": torn})
+        assert self._scope is not None
+        self._scope.cancel()
+
+    async def _run(self, incarnation: int) -> None:
+        identity = self.name if incarnation == 0 else f"{self.name}@{incarnation}"
+        env = SimEnv(seed=self.world.seed, identity=identity, clock=self.clock,
+                     net=self.world.network.endpoint(self.name), disk=self.disk)
+        self.world.history.note(self.name, "start", {"incarnation": incarnation})
+        failure: BaseException | None = None
+        broker = self.broker = Broker(env, self.config())
+        with trio.CancelScope() as scope:
+            self._scope = scope
+            try:
+                await broker.serve()
+            except Exception as exc:  # judged below: the node died by itself
+                failure = exc
+        if self._killed or incarnation != self.incarnation:
+            return  # we crashed it; whatever its unwinding raised is moot
+        self._judge(failure)
+
+    def _judge(self, failure: BaseException | None) -> None:
+        world = self.world
+        injected = self.disk.errors_raised > self._errors_at_start
+        if failure is None:
+            world.online(Violation("no_unexpected_node_failure",
+                                   f"{self.name}: Broker.serve returned without a shutdown request"))
+            why = "returned"
+        elif injected and all(_is_disk_failure(leaf) for leaf in _leaves(failure)):
+            why = "stopped on an injected disk error"
+        else:
+            world.online(Violation("no_unexpected_node_failure",
+                                   f"{self.name} incarnation {self.incarnation} died: "
+                                   f"{_describe_failure(failure)}"))
+            why = f"died: {type(failure).__name__}"
+        # Treat the dead process as a crash: its unsynced pages are not to be trusted.
+        self.up = False
+        self.disk.crash(False)
+        world.network.crash(self.name)
+        world.history.note(self.name, "stopped", {"why": why, "incarnation": self.incarnation})
+        world.nursery.start_soon(self._supervise, self.incarnation)
+
+    async def _supervise(self, incarnation: int) -> None:
+        await trio.sleep(self.world.scenario.nodes.restart_after_failure_ms / 1000)
+        if self.incarnation == incarnation and self.ensure_up():
+            self.world.nemesis.healed()
+
+    def _serving_context(self) -> Any:
+        broker = self.broker
+        if not self.up or broker is None or broker.state != BrokerState.SERVING:
+            return None
+        return broker.context
+
+    def durable_offset(self, topic: str, partition: int) -> int | None:
+        """The serving incarnation's durable offset of a partition (None when not serving)."""
+        context = self._serving_context()
+        if context is None:
+            return None
+        try:
+            return context.logs.get_log(topic, partition).durable_offset
+        except StorageError:
+            return None
+
+    def check_storage(self) -> None:
+        """Run the storage cores' own ``check_invariants`` (first failure per node reported)."""
+        context = self._serving_context()
+        if context is None or self._invariants_reported:
+            return
+        try:
+            context.logs.check_invariants()
+        except AssertionError as exc:
+            self._invariants_reported = True
+            self.world.online(Violation("storage_invariants",
+                                        f"{self.name}: {_describe_failure(exc)}"))
+
+    def _fsync_failed(self) -> None:
+        incarnation = self.incarnation
+        self.world.history.note(self.name, "fsync_failed", {"incarnation": incarnation})
+
+        async def watchdog() -> None:
+            await trio.sleep(self.world.scenario.checks.fsync_stop_within_ms / 1000)
+            if self.up and self.incarnation == incarnation:
+                self.world.online(Violation(
+                    "node_stops_after_fsync_failure",
+                    f"{self.name} still serving {self.world.scenario.checks.fsync_stop_within_ms}"
+                    " ms after an fsync failed"))
+                self.crash(reason="kept serving after fsync failure")
+                self.world.nursery.start_soon(self._supervise, self.incarnation)
+
+        self.world.nursery.start_soon(watchdog)
+
+
+def _is_disk_failure(exc: BaseException) -> bool:
+    """A fail-stop on a disk error: acceptable when the simulator injected one."""
+    while isinstance(exc, (SyncFailedError, LogFailedError)) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    if isinstance(exc, (SyncFailedError, LogFailedError)):
+        return True
+    return isinstance(exc, OSError) and exc.errno in (errno.EIO, errno.ENOSPC)
+
+
+def _describe_failure(failure: BaseException, frames: int = 6) -> str:
+    """Each leaf exception with the last few frames of its traceback (the full group is long)."""
+    parts = []
+    for leaf in _leaves(failure):
+        lines = traceback.format_exception(leaf)
+        parts.append("".join([*lines[-frames - 1:-1], lines[-1]]).rstrip())
+    return "\n".join(parts)
+
+
+class World:
+    """Builds and runs one scenario at one seed. ``run()`` is the entry point."""
+
+    def __init__(self, scenario: Scenario, seed: int, *, schedule: list[Fault] | None = None,
+                 trace_sink: Callable[[str], None] | None = None) -> None:
+        self.scenario = scenario
+        self.seed = seed
+        self._given_schedule = schedule
+        self._trace_sink = trace_sink
+        self._online: list[Violation] = []
+        self.guard = LivelockGuard()
+        producers = [f"p{i + 1}" for i in range(sum(p.count for p in scenario.producers))]
+        consumers = [f"c{i + 1}" for i in range(sum(c.count for c in scenario.consumers))]
+        self.producer_names = tuple(producers)
+        self.consumer_names = tuple(consumers)
+        self.clients = (*self.producer_names, *self.consumer_names, "admin")
+        if schedule is None:
+            self.schedule = realise_schedule(scenario, seed, self.clients)
+        else:
+            self.schedule = sorted(schedule, key=lambda fault: fault.at_ms)
+
+    def online(self, violation: Violation) -> None:
+        self.history.note("checker", "violation", {"invariant": violation.invariant})
+        self._online.append(violation)
+
+    def run(self) -> RunResult:
+        """Run the scenario to its verdict. Blocks (in real time) for the run's CPU time."""
+        with seeded_trio_scheduler(self.seed), _quiet_broker_logs():
+            clock = trio.testing.MockClock(autojump_threshold=0)
+            return trio.run(self._main, clock=clock, instruments=[self.guard])
+
+    async def _main(self) -> RunResult:
+        scenario = self.scenario
+        self.trace = Trace(self._trace_sink)
+        self.history = History(self.trace)
+        self.network = SimNetwork(scenario.network, random.Random(f"{self.seed}/sim/net"), self.trace)
+        self.nemesis = Nemesis(self, list(self.schedule), self.history)
+        final: dict[tuple[str, int], PartitionLog] | None = None
+        read_error = None
+        end_ms = 0.0
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            self.guard.scope = nursery.cancel_scope
+            await nursery.start(self.network.run)
+            self.nodes = {name: NodeHost(self, name, i) for i, name in enumerate(scenario.nodes.names)}
+            for host in self.nodes.values():
+                host.ensure_up()
+            nursery.start_soon(self.nemesis.run, scenario.faults_end_ms)
+            nursery.start_soon(self._check_storage_loop)
+            await self._workload(scenario.duration_ms / 1000)
+            self.history.close_open()
+            self.nemesis.heal_all()
+            if scenario.checks.final_crash:
+                for host in self.nodes.values():
+                    host.crash(reason="final")
+                    host.ensure_up()
+            try:
+                final = await read_logs(self.network.endpoint("audit"), self._target(),
+                                        scenario.topics, trio.current_time() + _FINAL_READ_TIMEOUT_S)
+            except ReadFailed as exc:
+                read_error = str(exc)
+            for host in self.nodes.values():
+                host.check_storage()
+            end_ms = trio.current_time() * 1000
+            nursery.cancel_scope.cancel()
+        if self.guard.report is not None:
+            self._online.append(Violation("liveness", self.guard.report))
+            end_ms = trio.current_time() * 1000
+        facts = RunFacts(final, self.producer_names, self.consumer_names, self.nemesis.last_heal_ms,
+                         scenario.duration_ms, tuple(self._online), read_error,
+                         stopped=self.guard.report is not None)
+        violations = check(scenario, self.history, facts)
+        return RunResult(scenario, self.seed, self.trace.digest(), tuple(violations), self.history,
+                         tuple(self.schedule), self._stats(end_ms))
+
+    async def _check_storage_loop(self) -> None:
+        every_s = self.scenario.checks.invariants_every_ms / 1000
+        while True:
+            await trio.sleep(every_s)
+            for host in self.nodes.values():
+                host.check_storage()
+
+    def observe_poll(self, process: str, topic: str, partition: int, last_offset: int,
+                     entry: int) -> None:
+        """Online ``reads_durable``: what a consumer just read must already be durable."""
+        durable = self.nodes[self._target().host].durable_offset(topic, partition)
+        if durable is not None and last_offset >= durable:
+            self.online(Violation(
+                "reads_durable",
+                f"{process} read {topic}/{partition}@{last_offset} while the node had made only "
+                f"offsets below {durable} durable", (entry,)))
+
+    def _target(self) -> Target:
+        return Target(self.scenario.nodes.names[0], self.scenario.nodes.port)
+
+    async def _workload(self, until_s: float) -> None:
+        scenario = self.scenario
+        topics = {t.name: t for t in scenario.topics}
+        with trio.move_on_at(until_s):
+            async with trio.open_nursery() as nursery:
+                await create_topics(self.network.endpoint("admin"), self._target(), scenario.topics,
+                                    self.history, random.Random(f"{self.seed}/sim/admin"))
+                names = iter(self.producer_names)
+                for spec in scenario.producers:
+                    for _ in range(spec.count):
+                        name = next(names)
+                        kind = ClientProducerProcess if spec.client == "rivven" else ProducerProcess
+                        process = kind(name, spec, topics[spec.topic].partitions,
+                                       **self._process_kwargs(name, spec.client))
+                        nursery.start_soon(process.run)
+                names = iter(self.consumer_names)
+                for cspec in scenario.consumers:
+                    partitions = cspec.partitions or tuple(range(topics[cspec.topic].partitions))
+                    for _ in range(cspec.count):
+                        name = next(names)
+                        reader = ClientConsumerProcess if cspec.client == "rivven" else ConsumerProcess
+                        consumer = reader(
+                            name, cspec, partitions, scenario.test.fetch_skip_probability,
+                            observer=self.observe_poll, **self._process_kwargs(name, cspec.client))
+                        nursery.start_soon(consumer.run)
+                await trio.sleep_forever()
+
+    def _process_kwargs(self, name: str, client: str) -> dict[str, Any]:
+        kwargs = {"net": self.network.endpoint(name), "target": self._target(),
+                  "history": self.history, "rng": random.Random(f"{self.seed}/{name}/workload"),
+                  "trace": self.trace}
+        if client == "rivven":
+            kwargs["seed"] = self.seed
+        return kwargs
+
+    def _stats(self, end_ms: float) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for entry in self.history:
+            if entry.type != "invoke":
+                key = f"{entry.f}.{entry.type}"
+                counts[key] = counts.get(key, 0) + 1
+        return {
+            "virtual_s": round(end_ms / 1000, 3),
+            "history_entries": len(self.history),
+            "trace_events": self.trace.events,
+            "faults": len(self.schedule),
+            "resets": self.network.resets,
+            "fsyncs": sum(h.disk.store.stats.fsyncs for h in self.nodes.values()),
+            **dict(sorted(counts.items())),
+        }
+
+
+@contextlib.contextmanager
+def _quiet_broker_logs() -> Iterator[None]:
+    """Broker logs (recovery reports after every crash) are noise in a simulation."""
+    logger = logging.getLogger("rivven_broker")
+    previous = logger.level
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
+
+
+def run_scenario(scenario: Scenario, seed: int, *, schedule: list[Fault] | None = None,
+                 trace_sink: Callable[[str], None] | None = None) -> RunResult:
+    """Run one seed of ``scenario`` (or replay ``schedule``). Blocks; never raises for a
+    violation (see ``RunResult.violations``)."""
+    return World(scenario, seed, schedule=schedule, trace_sink=trace_sink).run()
