@@ -43,8 +43,6 @@ import contextlib
 from bisect import bisect_right
 from typing import Iterator
 
-import attrs
-
 from rivven_broker.protocol import limits
 from rivven_broker.records.header import (
     HEADER_BYTES,
@@ -69,63 +67,15 @@ from rivven_broker.storage.errors import (
 )
 from rivven_broker.storage.file_store import FileStore
 from rivven_broker.storage.log_config import LogConfig
+from rivven_broker.storage.log_results import AppendInfo, LogStatistics, ReadResult, SyncTicket
 from rivven_broker.storage.recovery import RecoveryReport, recover
-from rivven_broker.storage.segment import IndexCursor, Segment
+from rivven_broker.storage.segment import Segment
 
 __all__ = ["PartitionLog", "AppendInfo", "ReadResult", "SyncTicket", "LogStatistics"]
 
 _STAMP_BYTES = 16  # base_offset, batch_length, partition_leader_epoch
 #: Offsets and positions in the index are u32; Kafka keeps both below 2**31.
 _RELATIVE_MAX = 2**31 - 1
-
-
-@attrs.frozen
-class AppendInfo:
-    """Where an append landed. ``log_append_time_ms`` is the broker clock at the append
-    (record timestamps are the producer's and are never rewritten)."""
-
-    base_offset: int
-    last_offset: int
-    log_append_time_ms: int
-    batch_count: int
-    size_bytes: int
-
-
-@attrs.frozen
-class ReadResult:
-    """Whole stored batches, concatenated, and the offset to read next."""
-
-    records: bytes
-    next_offset: int
-    batch_count: int = 0
-
-
-@attrs.frozen(eq=False)
-class SyncTicket:
-    """One group-commit step: fsync every handle, then ``complete_sync``."""
-
-    handles: tuple[int, ...]
-    end_offset: int
-    ticket_id: int
-    segment_versions: tuple[tuple[int, int], ...] = ()  # (base, version) of rolled segments
-
-
-@attrs.frozen
-class LogStatistics:
-    log_start_offset: int
-    log_end_offset: int
-    durable_offset: int
-    recovery_point: int
-    size_bytes: int
-    segments: int
-    appends: int
-    appended_batches: int
-    appended_bytes: int
-    rolls: int
-    syncs_completed: int
-    syncs_outstanding: int
-    segments_deleted: int
-    failed: bool
 
 
 class PartitionLog:
@@ -146,7 +96,6 @@ class PartitionLog:
         self._recovery_point = recovery_point
         self._durable_offset = segments[-1].next_offset
         self._size_bytes = sum(segment.size for segment in segments)
-        self._active_dirty = False
         self._tickets: dict[int, int] = {}  # ticket id -> end offset it may still claim
         self._next_ticket_id = 1
         self._doomed: list[Segment] = []  # removed while a ticket was out; close later
@@ -217,9 +166,11 @@ class PartitionLog:
 
     @property
     def dirty(self) -> bool:
-        """True when ``begin_sync`` would hand out a ticket."""
+        """True when something is not known durable yet (``begin_sync`` will hand out a
+        ticket, unless the only such data is covered by a ticket still out)."""
         return self._failed is None and (
-            self._active_dirty or any(not s.synced for s in self._segments[:-1])
+            self._durable_offset < self.log_end_offset
+            or any(not s.synced for s in self._segments[:-1])
         )
 
     # --- appending -------------------------------------------------------------------------------
@@ -268,7 +219,6 @@ class PartitionLog:
         if size_before == 0:
             active.first_append_ms = now_ms
         self._size_bytes += total
-        self._active_dirty = True
         self._appends += 1
         self._appended_batches += len(batches)
         self._appended_bytes += total
@@ -331,7 +281,8 @@ class PartitionLog:
             self._bases.append(new.base_offset)
             old.synced = False
             self._rolls += 1
-            while len(self._segments) > 1 and self._segments[0].next_offset <= self._log_start_offset:
+            start = self._log_start_offset
+            while len(self._segments) > 1 and self._segments[0].next_offset <= start:
                 self._delete_first_segment()  # delete_records reached the end of it
             recovery_point = self._synced_prefix_end()
             if recovery_point > self._recovery_point:
@@ -339,7 +290,6 @@ class PartitionLog:
                 self._recovery_point = recovery_point
             else:
                 self._store.fsync_dir(self._directory)
-        self._active_dirty = False
 
     def _synced_prefix_end(self) -> int:
         end = self._recovery_point
@@ -385,6 +335,29 @@ class PartitionLog:
         assert count >= 1
         return ReadResult(data if end == len(data) else data[:end], next_offset, count)
 
+    def iter_headers(self, from_offset: int) -> Iterator[BatchHeader]:
+        """The stored header of every batch from the one holding ``max(from_offset, log start)``
+        to the log end, in order. Reads headers only (batch bodies are skipped), for rebuilding
+        state derived from the log (producer state). Do not append while iterating. Blocks.
+
+        Raises:
+            StorageError: the store failed.
+        """
+        assert not self._closed
+        start = max(from_offset, self._log_start_offset)
+        if start >= self.log_end_offset:
+            return
+        first = bisect_right(self._bases, start) - 1
+        try:
+            for index, segment in enumerate(self._segments[first:]):
+                if segment.size == 0:
+                    continue
+                position = segment.find_batch(start)[0] if index == 0 else 0
+                for _, header in segment.iter_headers(position):
+                    yield header
+        except OSError as exc:
+            raise StorageError(f"reading batch headers of {self._directory} failed: {exc}") from exc
+
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
         """The first offset (at or above the log start) whose batch's max timestamp is
         ``>= timestamp_ms``, or None. Blocks on reads.
@@ -427,7 +400,7 @@ class PartitionLog:
             return self._log_start_offset
         with self._mutation():
             self._write_checkpoint(LOG_START_OFFSET_FILE, before_offset)
-            self._log_start_offset = before_offset
+            self._raise_log_start(before_offset)
             while len(self._segments) > 1 and self._segments[0].next_offset <= before_offset:
                 self._delete_first_segment()
         return self._log_start_offset
@@ -436,27 +409,41 @@ class PartitionLog:
         """Delete the oldest segments (never the active one) that are past ``retention.ms`` by
         their max timestamp, or not needed to keep ``retention.bytes``. Returns how many.
 
-        The log start offset moves up to the first remaining segment (not checkpointed: after a
-        crash a deleted segment may come back and be deleted again). Blocks on file removals.
+        The log start offset moves up to the first remaining segment and is checkpointed
+        before any file goes: a deleted segment that a crash brings back (its removal is not
+        dir-synced; its data may never have been synced) is then deleted again by recovery
+        instead of being scanned and cut, which would take the later segments with it.
+        Blocks on file I/O (a checkpoint write when something is deleted).
 
         Raises:
             LogFailedError: the store failed.
         """
         self._check_writable()
         retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
-        deleted = 0
+        doomed, remaining_bytes = 0, self._size_bytes
+        for oldest in self._segments[:-1]:
+            assert oldest.max_timestamp is not None
+            expired = retention_ms >= 0 and now_ms - oldest.max_timestamp > retention_ms
+            too_big = retention_bytes >= 0 and remaining_bytes - oldest.size >= retention_bytes
+            if not (expired or too_big):
+                break
+            doomed += 1
+            remaining_bytes -= oldest.size
+        if doomed == 0:
+            return 0
+        start = max(self._log_start_offset, self._segments[doomed].base_offset)
         with self._mutation():
-            while len(self._segments) > 1:
-                oldest = self._segments[0]
-                assert oldest.max_timestamp is not None
-                expired = retention_ms >= 0 and now_ms - oldest.max_timestamp > retention_ms
-                too_big = retention_bytes >= 0 and self._size_bytes - oldest.size >= retention_bytes
-                if not (expired or too_big):
-                    break
+            if start > self._log_start_offset:
+                self._write_checkpoint(LOG_START_OFFSET_FILE, start)
+                self._raise_log_start(start)
+            for _ in range(doomed):
                 self._delete_first_segment()
-                deleted += 1
-        self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
-        return deleted
+        return doomed
+
+    def _raise_log_start(self, start: int) -> None:
+        """Offsets below the (checkpointed) log start are gone for good, synced or not."""
+        self._log_start_offset = start
+        self._durable_offset = max(self._durable_offset, start)
 
     def _delete_first_segment(self) -> None:
         segment = self._segments.pop(0)
@@ -543,8 +530,37 @@ class PartitionLog:
             self._durable_offset = min(self._durable_offset, cut)
         for ticket_id, end in self._tickets.items():
             self._tickets[ticket_id] = min(end, cut)
-        self._active_dirty = False
         self._segments[-1].synced = True
+
+    # --- compaction (storage/cleaner.py) ----------------------------------------------------------
+
+    def sealed_segments(self) -> tuple[Segment, ...]:
+        """The segments below the active one, oldest first, for the cleaner to read (one
+        atomic snapshot; their bytes never change in place). Never blocks."""
+        return tuple(self._segments[:-1])
+
+    def replace_sealed_segment(self, old: Segment, new: Segment) -> bool:
+        """Put the cleaned segment ``new`` (already durable, same offset range, files already
+        swapped in by the cleaner) in place of the sealed segment ``old``. False, changing
+        nothing, when ``old`` is not a sealed segment of this log any more. The old segment's
+        handles close once no sync ticket can hold them. Never blocks on fsync.
+
+        Raises:
+            LogFailedError: the log failed earlier.
+        """
+        self._check_writable()
+        index = next((i for i, s in enumerate(self._segments[:-1]) if s is old), None)
+        if index is None:
+            return False
+        assert (new.base_offset, new.next_offset) == (old.base_offset, old.next_offset)
+        assert new.synced and new.size > 0
+        self._segments[index] = new
+        self._size_bytes += new.size - old.size
+        if self._tickets:
+            self._doomed.append(old)
+        else:
+            old.close()
+        return True
 
     # --- group commit ----------------------------------------------------------------------------
 
@@ -564,16 +580,20 @@ class PartitionLog:
             if not segment.synced:
                 handles.extend(segment.handles)
                 versions.append((segment.base_offset, segment.version))
-        if self._active_dirty:
-            handles.append(self._segments[-1].log_handle)
+        active = self._segments[-1]
+        if self._durable_offset < self.log_end_offset and active.size:
+            # Always the active log when anything in it may be unsynced, even if a ticket
+            # still out covers it: this ticket must not rely on that one finishing first.
+            handles.append(active.log_handle)
         if not handles:
             if not self._tickets:  # everything is synced (or was deleted unsynced)
                 self._durable_offset = self.log_end_offset
             return None
-        ticket = SyncTicket(tuple(handles), self.log_end_offset, self._next_ticket_id, tuple(versions))
+        ticket = SyncTicket(
+            tuple(handles), self.log_end_offset, self._next_ticket_id, tuple(versions)
+        )
         self._next_ticket_id += 1
         self._tickets[ticket.ticket_id] = ticket.end_offset
-        self._active_dirty = False
         return ticket
 
     def complete_sync(self, ticket: SyncTicket) -> None:
@@ -629,12 +649,10 @@ class PartitionLog:
             if self._failed is None and not self._tickets:
                 active = self._segments[-1]
                 with self._mutation():
-                    version = active.version
                     active.trim()
-                    self._active_dirty |= active.version != version
                 self.flush()
                 with self._mutation():
-                    for handle in active.handles[1:]:
+                    for handle in active.handles:  # the trim and the indexes
                         self._store.fsync(handle)
                     if self._recovery_point != self.log_end_offset:
                         self._write_checkpoint(RECOVERY_POINT_FILE, self.log_end_offset)
@@ -713,7 +731,7 @@ class PartitionLog:
             assert previous.size > 0, "only the active segment may be empty"
         assert segments[0].base_offset <= self._log_start_offset <= self.log_end_offset
         assert len(segments) == 1 or self._log_start_offset < segments[1].base_offset
-        assert self._durable_offset <= self.log_end_offset
+        assert self._log_start_offset <= self._durable_offset <= self.log_end_offset
         assert self._recovery_point <= self.log_end_offset or self._failed is not None
         assert self._size_bytes == sum(s.size for s in segments)
         assert all(end <= self.log_end_offset for end in self._tickets.values())
@@ -721,40 +739,5 @@ class PartitionLog:
         if self._closed:
             return
         for segment in segments:
-            _check_segment(segment, deep=deep)
+            segment.check_invariants(deep=deep)
 
-
-def _check_segment(segment: Segment, *, deep: bool) -> None:
-    assert segment.allocated >= segment.size
-    assert segment.store.size(segment.log_handle) >= segment.size
-    index, times = segment.offset_index, segment.time_index
-    span = segment.next_offset - segment.base_offset
-    assert len(index.positions) == len(index.relative_offsets)
-    assert not index.positions or (index.positions[-1] < segment.size and index.last()[0] < span)
-    assert len(times) <= len(index), "a time entry is only made with an offset entry"
-    assert not times or times.last()[1] <= index.last()[0]
-    assert (segment.max_timestamp is not None) == (segment.size > 0)
-    if not deep:
-        return
-    cursor = IndexCursor(segment.cursor.interval_bytes)
-    rebuilt: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])
-    expected, seen = segment.base_offset, 0
-    data = segment.read(0, segment.size)
-    for position, header in iter_batches(data):
-        assert header.base_offset == expected, (segment.log_path, position)
-        validate(data, position, header.size, dense=False)
-        relative = header.base_offset - segment.base_offset
-        for entries, entry in zip(
-            rebuilt, cursor.step(position, relative, header.size, header.max_timestamp)
-        ):
-            if entry is not None:
-                entries.append(entry)
-        expected = header.next_offset
-        seen = position + header.size
-    assert seen == segment.size and expected == segment.next_offset, segment.log_path
-    assert cursor == segment.cursor, (cursor, segment.cursor)
-    assert rebuilt[0] == list(zip(index.relative_offsets, index.positions)), segment.log_path
-    assert rebuilt[1] == list(zip(times.timestamps, times.relative_offsets)), segment.log_path
-    for mirrored in (index, times):
-        on_disk = segment.store.pread(mirrored.handle, segment.store.size(mirrored.handle) + 1, 0)
-        assert on_disk == mirrored.to_bytes(), mirrored.path

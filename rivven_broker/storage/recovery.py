@@ -57,6 +57,7 @@ from rivven_broker.storage.checkpoint import (
     read_checkpoint,
     write_checkpoint,
 )
+from rivven_broker.storage.cleaner import recover_swaps
 from rivven_broker.storage.errors import CorruptLogError
 from rivven_broker.storage.file_store import FileStore
 from rivven_broker.storage.log_config import LogConfig
@@ -74,6 +75,7 @@ __all__ = [
     "RecoveryReport",
     "RecoveredLog",
     "recover",
+    "walk_batches",
     "PREALLOCATED_TAIL",
     "TORN_HEADER",
     "TORN_BATCH",
@@ -260,6 +262,8 @@ class _Recovery:
         if not store.exists(directory):
             store.makedirs(directory)
             store.fsync_dir(posixpath.dirname(directory.rstrip("/")))
+        # An interrupted compaction swap: completed or rolled back (cleaner.py), then listed.
+        self.removed.extend(posixpath.join(directory, n) for n in recover_swaps(store, directory))
         bases = self.list_segments()
         log_start = read_checkpoint(store, directory, LOG_START_OFFSET_FILE)
         found_recovery_point = read_checkpoint(store, directory, RECOVERY_POINT_FILE)
@@ -277,14 +281,14 @@ class _Recovery:
             if not self.segments or self.segments[-1].next_offset < start:
                 self.restart_at(start)
             self.finish()
+            log_end = self.segments[-1].next_offset
+            if self.scanned or self.rebuilt or self.cuts or recovery_point != log_end:
+                write_checkpoint(store, directory, RECOVERY_POINT_FILE, log_end)
+                recovery_point = log_end
         except BaseException:
             for segment in self.segments:
                 segment.close()
             raise
-        log_end = self.segments[-1].next_offset
-        if self.scanned or self.rebuilt or self.cuts or recovery_point != log_end:
-            write_checkpoint(store, directory, RECOVERY_POINT_FILE, log_end)
-            recovery_point = log_end
         report = RecoveryReport(
             cuts=tuple(self.cuts),
             batches_kept=self.batches_kept,
@@ -382,7 +386,8 @@ class _Recovery:
             if positions[-1] + HEADER_BYTES > file_size:
                 return False
             header = parse_header(store.pread(segment.log_handle, HEADER_BYTES, positions[-1]))
-            if header.magic != MAGIC or header.base_offset != base_plus(segment, relative_offsets[-1]):
+            expected = _base_plus(segment, relative_offsets[-1])
+            if header.magic != MAGIC or header.base_offset != expected:
                 return False
             if not timestamps or len(timestamps) > len(positions):
                 return False
@@ -403,7 +408,7 @@ class _Recovery:
         file_size = store.size(segment.log_handle)
         if self.load_indexes(segment, file_size):
             start = segment.offset_index.last()[1]
-            expected = base_plus(segment, segment.offset_index.last()[0])
+            expected = _base_plus(segment, segment.offset_index.last()[0])
             rebuilding = False
         else:
             start, expected, rebuilding = 0, segment.base_offset, True
@@ -475,10 +480,9 @@ class _Recovery:
     def install_indexes(self, segment: Segment, entries: _Entries) -> None:
         """Put rebuilt entries in memory; rewrite (and report) files that differ."""
         store = self.store
-        for index, built in (
-            (segment.offset_index, offset_index.encode_entries(entries.relative_offsets, entries.positions)),
-            (segment.time_index, time_index.encode_entries(entries.timestamps, entries.time_offsets)),
-        ):
+        offset_bytes = offset_index.encode_entries(entries.relative_offsets, entries.positions)
+        time_bytes = time_index.encode_entries(entries.timestamps, entries.time_offsets)
+        for index, built in ((segment.offset_index, offset_bytes), (segment.time_index, time_bytes)):
             on_disk = store.pread(index.handle, store.size(index.handle) + 1, 0)
             if on_disk != built:
                 store.truncate(index.handle, 0)
@@ -515,7 +519,7 @@ class _Recovery:
             self.store.fsync_dir(self.directory)
 
 
-def base_plus(segment: Segment, relative_offset: int) -> int:
+def _base_plus(segment: Segment, relative_offset: int) -> int:
     return segment.base_offset + relative_offset
 
 

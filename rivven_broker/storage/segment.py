@@ -33,7 +33,9 @@ from rivven_broker.records.header import (
     HEADER_BYTES,
     LOG_OVERHEAD_BYTES,
     BatchHeader,
+    iter_batches,
     parse_header,
+    validate,
 )
 from rivven_broker.storage.file_store import Buffer, FileStore
 from rivven_broker.storage.offset_index import OffsetIndex
@@ -58,7 +60,7 @@ _DIGITS = 20
 #: Most buffers one ``pwritev`` may carry (Linux ``IOV_MAX``).
 IOV_MAX = 1024
 #: Bytes read at a time when walking batch headers.
-WALK_CHUNK_BYTES = 64 * 1024
+WALK_CHUNK_BYTES = 16 * 1024
 _MIN_BATCH_LENGTH = HEADER_BYTES - LOG_OVERHEAD_BYTES
 
 
@@ -343,3 +345,43 @@ class Segment:
                 cursor.max_timestamp = header.max_timestamp
                 cursor.relative_offset_of_max = header.base_offset - self.base_offset
         self.cursor = cursor
+
+    # --- checking --------------------------------------------------------------------------------
+
+    def check_invariants(self, *, deep: bool = False) -> None:
+        """Assert the segment's invariants; ``deep`` reads every batch, checks its CRC and
+        offset, and checks both indexes (memory and file) against a rebuild. Blocks on reads."""
+        assert self.allocated >= self.size
+        assert self.store.size(self.log_handle) >= self.size
+        index, times = self.offset_index, self.time_index
+        span = self.next_offset - self.base_offset
+        assert len(index.positions) == len(index.relative_offsets)
+        assert not index.positions or index.positions[-1] < self.size
+        assert not index.positions or index.last()[0] < span
+        assert len(times) <= len(index), "a time entry is only made with an offset entry"
+        assert not times or times.last()[1] <= index.last()[0]
+        assert (self.max_timestamp is not None) == (self.size > 0)
+        if not deep:
+            return
+        cursor = IndexCursor(self.cursor.interval_bytes)
+        rebuilt: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])
+        expected, seen = self.base_offset, 0
+        data = self.read(0, self.size)
+        for position, header in iter_batches(data):
+            assert header.base_offset == expected, (self.log_path, position)
+            validate(data, position, header.size, dense=False)
+            relative = header.base_offset - self.base_offset
+            for entries, entry in zip(
+                rebuilt, cursor.step(position, relative, header.size, header.max_timestamp)
+            ):
+                if entry is not None:
+                    entries.append(entry)
+            expected = header.next_offset
+            seen = position + header.size
+        assert seen == self.size and expected == self.next_offset, self.log_path
+        assert cursor == self.cursor, (cursor, self.cursor)
+        assert rebuilt[0] == list(zip(index.relative_offsets, index.positions)), self.log_path
+        assert rebuilt[1] == list(zip(times.timestamps, times.relative_offsets)), self.log_path
+        for mirrored in (index, times):
+            size = self.store.size(mirrored.handle)
+            assert self.store.pread(mirrored.handle, size, 0) == mirrored.to_bytes(), mirrored.path

@@ -18,7 +18,10 @@ starts at the beginning of the segment.
 
 At every offset index entry, the last time index entry carries the running maximum up to and
 including the batch that entry points at; recovery uses that to restore the segment's max
-timestamp by scanning only the batches after the last offset index entry. Like the offset index,
+timestamp by scanning only the batches after the last offset index entry. A time entry belongs
+to the first offset entry at or after its offset (the one that created it), so truncating a
+segment keeps exactly the time entries at or below the last remaining offset entry: the same
+entries a rebuild from the remaining batches makes. Like the offset index,
 the file is not fsynced with the data and is rebuilt by recovery when it cannot be trusted.
 """
 

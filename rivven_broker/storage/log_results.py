@@ -1,0 +1,65 @@
+"""The values ``PartitionLog`` hands out: append receipts, read results, sync tickets, counters.
+
+Theory of operation
+-------------------
+Frozen, self-describing records with no behaviour, kept apart from ``partition_log.py`` so
+that module holds only the log's logic. ``partition_log`` re-exports them; import them from
+there.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["AppendInfo", "ReadResult", "SyncTicket", "LogStatistics"]
+
+
+@attrs.frozen
+class AppendInfo:
+    """Where an append landed. ``log_append_time_ms`` is the broker clock at the append
+    (record timestamps are the producer's and are never rewritten)."""
+
+    base_offset: int
+    last_offset: int
+    log_append_time_ms: int
+    batch_count: int
+    size_bytes: int
+
+
+@attrs.frozen
+class ReadResult:
+    """Whole stored batches, concatenated, and the offset to read next."""
+
+    records: bytes
+    next_offset: int
+    batch_count: int = 0
+
+
+@attrs.frozen(eq=False)
+class SyncTicket:
+    """One group-commit step: fsync every handle, then ``complete_sync``."""
+
+    handles: tuple[int, ...]
+    end_offset: int
+    ticket_id: int
+    segment_versions: tuple[tuple[int, int], ...] = ()  # (base, version) of rolled segments
+
+
+@attrs.frozen
+class LogStatistics:
+    """Offsets and cumulative counters of one log, for metrics."""
+
+    log_start_offset: int
+    log_end_offset: int
+    durable_offset: int
+    recovery_point: int
+    size_bytes: int
+    segments: int
+    appends: int
+    appended_batches: int
+    appended_bytes: int
+    rolls: int
+    syncs_completed: int
+    syncs_outstanding: int
+    segments_deleted: int
+    failed: bool
