@@ -10,16 +10,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 from rivven_broker.bench import storage
 from rivven_broker.bench.options import MODES, OptionsError, add_arguments, options_from_args
 
 
+_DESCRIPTION = (
+    "Benchmarks (see docs/performance.md). produce, consume, e2e: a broker this tool starts "
+    "(or --bootstrap), optionally side by side with --peer redis|nats; suite: the standard "
+    "suite of `make bench`, which rewrites docs/performance.md; storage: the partition log alone."
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, run the suite, print its result. Returns the exit code. Blocks."""
-    parser = argparse.ArgumentParser(prog="rivven bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="rivven bench", description=_DESCRIPTION)
     suites = parser.add_subparsers(dest="suite", required=True)
     for mode in MODES:
         add_arguments(suites.add_parser(mode, help=f"{mode} throughput and latency"))
@@ -28,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     suite.add_arguments(suites.add_parser("suite", help=suite.HELP, description=suite.HELP))
     storage.add_arguments(suites.add_parser("storage", help=storage.HELP, description=storage.HELP))
     args = parser.parse_args(argv)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        # SIGTERM unwinds like Ctrl-C, so every server is stopped and every directory removed.
+        signal.signal(signal.SIGTERM, _terminate)
     if args.suite == "storage":
         return storage.main(args)
     if args.suite == "suite":
@@ -46,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         print(report.format_summary(summary))
     failed = summary["lost"] or summary["duplicated"] or summary["rivven"]["unknown"]
     return 1 if failed else 0
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -107,6 +107,7 @@ class BenchOptions:
     pin: bool = True
     data_dir: str | None = None  # parent of temporary server directories
     broker_flags: tuple[str, ...] = ()
+    broker_env: tuple[str, ...] = ()  # KEY=VALUE added to the broker's environment
     topic: str = "bench"
     verify: bool = True
 
@@ -154,6 +155,9 @@ class BenchOptions:
             peer_sync_for(self.peer, self.sync, self.peer_sync)
             need(self.bootstrap is None, "--peer starts its own servers: drop --bootstrap")
         need(len(self.topic.encode()) <= limits.topic_name_bytes_max, "--topic is too long")
+        need(all("=" in item and not item.startswith("=") for item in self.broker_env),
+             "--broker-env must be KEY=VALUE")
+        need(self.mode != "e2e" or self.peer is None, "--peer compares produce and consume only")
 
     @property
     def batch_bytes(self) -> int:
@@ -183,6 +187,7 @@ class BenchOptions:
     def to_json(self) -> dict[str, Any]:
         data = attrs.asdict(self)
         data["broker_flags"] = list(self.broker_flags)
+        data["broker_env"] = list(self.broker_env)
         return data
 
 
@@ -216,6 +221,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--no-pin", action="store_true", help="do not pin the server and load to CPUs")
     add("--dir", default=None, help="parent of the temporary server data directories")
     add("--broker-flag", action="append", default=[], help="extra rivven-broker flag (repeat)")
+    add("--broker-env", action="append", default=[], help="KEY=VALUE for the broker's environment")
     add("--topic", default="bench", help="topic name (default bench)")
     add("--no-verify", action="store_true", help="skip the final loss/duplicate read")
     add("--json", action="store_true", help="print one JSON summary")
@@ -248,6 +254,7 @@ def options_from_args(mode: str, args: argparse.Namespace) -> BenchOptions:
         pin=not args.no_pin,
         data_dir=args.dir,
         broker_flags=tuple(args.broker_flag),
+        broker_env=tuple(args.broker_env),
         topic=args.topic,
         verify=not args.no_verify,
     )

@@ -252,8 +252,9 @@ class RedisReader:
 class NatsReader:
     """Reads a JetStream stream from its start through a pull consumer (AckNone)."""
 
-    def __init__(self, sock: socket.socket, stream: str, inbox: str) -> None:
+    def __init__(self, sock: socket.socket, stream: str, inbox: str, name: str) -> None:
         self.sock = sock
+        self.name = name  # prefix of this reader's durable consumers (unique per stream)
         self.stream = stream
         self.inbox = inbox
         self.passes = 0
@@ -266,7 +267,7 @@ class NatsReader:
     def restart(self, total: int) -> None:
         """Start a pass over ``total`` messages with a fresh durable consumer. Blocks."""
         self.passes += 1
-        self.durable = f"c{self.passes}"
+        self.durable = f"{self.name}-{self.passes}"
         nats_request(
             self.sock,
             f"$JS.API.CONSUMER.DURABLE.CREATE.{self.stream}.{self.durable}",
@@ -288,37 +289,50 @@ class NatsReader:
             self.requested += count
 
     def read(self) -> list[bytes]:
-        """The next payloads; [] once the pass has read ``total``. Blocks."""
+        """The next payloads; [] once the pass has read ``total``. Blocks (at most 30 s
+        without data: ``NatsError``)."""
         if self.received >= self.total:
             return []
         self._pull()
-        while True:
-            chunk = self.sock.recv(_RECEIVE_BYTES)
-            if not chunk:
-                raise ConnectionError("nats-server closed the connection")
-            self.buf += chunk
-            pos, payloads, statuses, pings = parse_nats_messages(self.buf)
-            self.buf = self.buf[pos:]
-            if pings:
-                self.sock.sendall(b"PONG\r\n" * pings)
-            if statuses and not payloads:
-                status = statuses[0].decode(errors="replace").strip()
-                if " 503" not in status or self.retries >= 100:
-                    raise NatsError(f"pull status {status!r} after {self.received} of {self.total}")
-                # No responders: the new consumer is not serving pulls yet. Pull again.
-                self.retries += 1
-                time.sleep(0.01)
-                self.requested = self.received
+        self.sock.settimeout(_REPLY_TIMEOUT_S)
+        try:
+            while True:
+                try:
+                    chunk = self.sock.recv(_RECEIVE_BYTES)
+                except socket.timeout:
+                    raise NatsError(f"no message for {_REPLY_TIMEOUT_S} s after "
+                                    f"{self.received} of {self.total}") from None
+                if not chunk:
+                    raise ConnectionError("nats-server closed the connection")
+                self.buf += chunk
+                pos, payloads, statuses, pings = parse_nats_messages(self.buf)
+                self.buf = self.buf[pos:]
+                if pings:
+                    self.sock.sendall(b"PONG\r\n" * pings)
+                for status in statuses:
+                    self._on_status(status.decode(errors="replace").strip())
+                if payloads:
+                    self.received += len(payloads)
+                    return payloads
                 self._pull()
-            if payloads:
-                self.received += len(payloads)
-                return payloads
+        finally:
+            self.sock.settimeout(None)
+
+    def _on_status(self, status: str) -> None:
+        """A pull answered with a status. ``503`` (no responders: a consumer just created is
+        not serving pulls yet) means the pull was lost: forget it and pull again. Counting a
+        lost pull as 1000 may over-request, which is harmless (the pass stops at ``total``)."""
+        if " 503" not in status or self.retries >= 100:
+            raise NatsError(f"pull status {status!r} after {self.received} of {self.total}")
+        self.retries += 1
+        time.sleep(0.01)
+        self.requested = max(self.received, self.requested - _READ_COUNT)
 
 
 def _nats_reader(spec: WorkerSpec, address: tuple[str, int]) -> NatsReader:
     inbox = f"_INBOX.pull.{spec.index}"
     sock = nats_open(address, {"_INBOX.admin": 1, inbox: 2})
-    return NatsReader(sock, spec.topic, inbox)
+    return NatsReader(sock, spec.topic, inbox, f"w{spec.index}")
 
 
 def _consume_loop(
@@ -376,7 +390,7 @@ def verify_stream(peer: str, address: tuple[str, int], stream: str, ledger: Ledg
     else:
         spec_inbox = "_INBOX.verify"
         sock = nats_open(address, {"_INBOX.admin": 1, spec_inbox: 2})
-        nats = NatsReader(sock, stream, spec_inbox)
+        nats = NatsReader(sock, stream, spec_inbox, "verify")
         nats.restart(jetstream_message_count(address, stream))
         read = nats.read
     try:

@@ -40,9 +40,10 @@ def line_summary(lines: Sequence[LineResult]) -> dict[str, Any]:
         "records_per_s": round(statistics.median(rates)),
         "records_per_s_best": round(max(rates)),
         "rounds_records_per_s": [round(rate) for rate in rates],
-        "mb_per_s": round(middle.mb_per_s, 1),
-        "wire_mb_per_s": round(middle.wire_mb_per_s, 1),
-        "requests_per_s": round(middle.requests / middle.seconds) if middle.seconds else 0,
+        "mb_per_s": round(statistics.median(line.mb_per_s for line in lines), 1),
+        "wire_mb_per_s": round(statistics.median(line.wire_mb_per_s for line in lines), 1),
+        "requests_per_s": round(statistics.median(
+            line.requests / line.seconds if line.seconds else 0.0 for line in lines)),
         "latency_ms": latency.summary_ms(),
         "latency_count": latency.count,
         "lost": sum(line.lost for line in lines),

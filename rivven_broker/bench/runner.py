@@ -31,17 +31,23 @@ from typing import Any
 
 import attrs
 
-from rivven_broker.bench import peer_load, rivven_load, servers
+from rivven_broker.bench import peer_load, rivven_load, servers, storage
 from rivven_broker.bench.ledger import Ledger
 from rivven_broker.bench.options import BenchOptions, peer_sync_for
-from rivven_broker.bench.stats import Buckets, Latency, spread
+from rivven_broker.bench.stats import Buckets, Latency
+from rivven_broker.bench.workers import (
+    DRAIN_S,
+    Channel,
+    WorkerResult,
+    WorkerSpec,
+    connect,
+    worker_main,
+)
 from rivven_broker.client import Admin
-from rivven_broker.bench.workers import DRAIN_S, Channel, WorkerResult, WorkerSpec, connect, worker_main
 
-__all__ = ["LineResult", "run_bench", "run_line", "summarize", "fill"]
+__all__ = ["LineResult", "run_bench", "run_line", "fill"]
 
 _START_DELAY_S = 0.5
-_SPREAD_FLAG = 0.25
 
 
 @attrs.define
@@ -96,7 +102,7 @@ def _spawn_workers(specs: list[WorkerSpec], server: servers.ServerProcess | None
             child.close()
             running.append((process, parent))
         for process, pipe in running:
-            if not pipe.poll(120.0) or pipe.recv() != "ready":
+            if not pipe.poll(120.0) or _receive(pipe) != "ready":
                 raise RuntimeError(f"worker {process.pid} did not get ready")
         options = specs[0].options
         t0 = time.monotonic() + _START_DELAY_S
@@ -113,7 +119,10 @@ def _spawn_workers(specs: list[WorkerSpec], server: servers.ServerProcess | None
         for process, pipe in running:
             if not pipe.poll(timeout):
                 raise RuntimeError(f"worker {process.pid} sent no result")
-            results.append(pipe.recv())
+            result = _receive(pipe)
+            if not isinstance(result, WorkerResult):
+                raise RuntimeError(f"worker {process.pid} sent {result!r} instead of a result")
+            results.append(result)
         return results, cpu
     finally:
         for process, pipe in running:
@@ -122,6 +131,13 @@ def _spawn_workers(specs: list[WorkerSpec], server: servers.ServerProcess | None
             if process.is_alive():
                 process.kill()
                 process.join(5.0)
+
+
+def _receive(pipe: Any) -> object:
+    try:
+        return pipe.recv()
+    except EOFError:
+        raise RuntimeError("a worker process died (see its traceback above)") from None
 
 
 def _sleep_until(at: float) -> None:
@@ -238,7 +254,9 @@ def _rivven_line(options: BenchOptions, round_index: int, cpus: tuple[int | None
     server_cpu, load_cpu = cpus
     server = None
     if options.bootstrap is None:
-        server = servers.start_rivven(options.sync, server_cpu, options.data_dir, options.broker_flags)
+        env = dict(item.split("=", 1) for item in options.broker_env)
+        server = servers.start_rivven(options.sync, server_cpu, options.data_dir,
+                                      options.broker_flags, env)
         address = server.address
     else:
         host, _, port = options.bootstrap.partition(",")[0].rpartition(":")
@@ -359,6 +377,7 @@ def run_line(target: str, options: BenchOptions, round_index: int = 0) -> LineRe
 
 def run_bench(options: BenchOptions) -> list[dict[str, LineResult]]:
     """Every round: Rivven, then the client line (``--client``), then the peer. Blocks."""
+    storage.tune_malloc()  # the verification read allocates MiB buffers (see storage.py)
     rounds = []
     for round_index in range(options.rounds):
         lines = {"rivven": run_line("rivven", options, round_index)}

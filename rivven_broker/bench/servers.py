@@ -129,10 +129,12 @@ def _pinned(cpu: int | None):
     return lambda: os.sched_setaffinity(0, {cpu})
 
 
-def _spawn(name: str, argv: Sequence[str], cpu: int | None, directory: str) -> subprocess.Popen:
+def _spawn(name: str, argv: Sequence[str], cpu: int | None, directory: str,
+           env: dict[str, str] | None = None) -> subprocess.Popen:
     try:
         return subprocess.Popen(
             list(argv),
+            env={**os.environ, **env} if env else None,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=open(os.path.join(directory, f"{name}.log"), "wb"),
@@ -178,9 +180,14 @@ def _wait_answer(server: ServerProcess, hello: bytes, expect: bytes) -> None:
 
 
 def start_rivven(
-    sync: str, cpu: int | None, parent: str | None, flags: Sequence[str] = ()
+    sync: str,
+    cpu: int | None,
+    parent: str | None,
+    flags: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> ServerProcess:
-    """Start ``rivven-broker`` (this interpreter) on a free port with a fresh data directory.
+    """Start ``rivven-broker`` (this interpreter) on a free port with a fresh data directory,
+    with ``env`` added to its environment.
 
     Raises:
         ServerError: it exited or did not report ready within 30 s.
@@ -191,7 +198,7 @@ def start_rivven(
         "--listen", "127.0.0.1:0", "--http", "off", "--data-dir", os.path.join(directory, "data"),
         "--sync-policy", sync, "--log-level", "WARNING", *flags,
     ]
-    popen = _spawn("rivven-broker", argv, cpu, directory)
+    popen = _spawn("rivven-broker", argv, cpu, directory, env)
     assert popen.stdout is not None
     line = b""
     deadline = time.monotonic() + _START_TIMEOUT_S

@@ -256,12 +256,14 @@ def worker_main(spec: WorkerSpec, pipe: Any) -> None:
     Every exception is reported on the pipe as a ``WorkerResult`` with ``errors`` set.
     """
     from rivven_broker.bench.kinds import KINDS  # the registry imports this module
+    from rivven_broker.bench.storage import tune_malloc
 
     result = WorkerResult(spec.kind, spec.index)
     ready = False
     try:
         if spec.cpu is not None and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {spec.cpu})
+        tune_malloc()  # fresh MiB buffers per fetch must not page-fault in (storage.py)
         prepare = KINDS[spec.kind]
         run = prepare(spec)  # connects; returns the function that runs the load
         pipe.send("ready")

@@ -12,8 +12,11 @@ other bytes as ``{"base64": "..."}``; null as ``null`` (docs/client.md).
 
 ``consume`` without ``--follow`` reads the end offsets of its partitions when it starts and
 stops once it has reached them (or after ``--max`` records); with ``--follow`` it runs until
-interrupted. ``bench`` hands its arguments to ``rivven_broker.bench.main``, imported only then.
-Consumer-group commands answer with a clear error (exit 1) until groups exist.
+interrupted. ``consume --group G`` joins group G (committing what it printed when it stops)
+and, without ``--follow``, stops once every partition it was assigned has reached the end
+offset it had when the command started. ``group list|describe|delete|reset-offsets`` are the
+group administration of docs/consumer-groups.md. ``bench`` hands its arguments to
+``rivven_broker.bench.main``, imported only then.
 """
 
 from __future__ import annotations
@@ -35,12 +38,10 @@ from rivven_broker.client import (
     RivvenError,
     TopicPartition,
 )
-from rivven_broker.client.errors import FeatureNotAvailableError
 
 __all__ = ["main", "build_parser", "encode_bytes"]
 
 EXIT_OK, EXIT_ERROR, EXIT_UNREACHABLE = 0, 1, 2
-GROUPS_PENDING = "consumer groups arrive with the consumer-groups milestone"
 
 
 class UsageError(Exception):
@@ -99,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     consume = commands.add_parser("consume", help="print records of a topic")
     consume.add_argument("topic")
-    consume.add_argument("--group", help="consume as a member of group G (not yet available)")
+    consume.add_argument("--group", help="consume as a member of group G (commits on exit)")
     consume.add_argument("--from-beginning", action="store_true")
     consume.add_argument("--follow", action="store_true", help="keep waiting for new records")
     consume.add_argument("--max", type=int, help="stop after N records")
@@ -108,9 +109,16 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--isolation", default="read_uncommitted",
                          choices=["read_uncommitted", "read_committed"])
 
-    group = commands.add_parser("group", help="consumer groups (not yet available)")
-    group.add_argument("action", choices=["list", "describe", "delete", "reset-offsets"])
-    group.add_argument("rest", nargs=argparse.REMAINDER)
+    group = commands.add_parser("group", help="list, describe, delete, reset consumer groups")
+    groups = group.add_subparsers(dest="action", required=True, metavar="ACTION")
+    groups.add_parser("list", help="list consumer groups")
+    groups.add_parser("describe", help="members, assignments, offsets and lag").add_argument(
+        "group")
+    groups.add_parser("delete", help="delete a group without members").add_argument("group")
+    reset = groups.add_parser("reset-offsets", help="move a stopped group's committed offsets")
+    reset.add_argument("group")
+    reset.add_argument("--topic", required=True)
+    reset.add_argument("--to", required=True, metavar="earliest|latest|OFFSET|timestamp=MS")
 
     cluster = commands.add_parser("cluster", help="cluster status")
     cluster.add_argument("action", choices=["status"])
@@ -257,9 +265,7 @@ def cmd_produce(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_consume(args: argparse.Namespace, out: Output) -> int:
     if args.group is not None:
-        raise FeatureNotAvailableError(
-            f"consume --group: {GROUPS_PENDING}; consume without --group"
-        )
+        return _consume_group(args, out)
     if args.offset is not None and args.partition is None:
         raise UsageError("--offset needs --partition")
     reset = "earliest" if args.from_beginning else "latest"
@@ -301,6 +307,37 @@ def _consume_loop(consumer: Consumer, tps: list[TopicPartition], ends: dict | No
             consumer.pause(done)  # nothing more to read there
             pending -= done
         out.out.flush()
+
+
+def _consume_group(args: argparse.Namespace, out: Output) -> int:
+    if args.partition is not None or args.offset is not None:
+        raise UsageError("--group takes no --partition or --offset (the group assigns)")
+    reset = "earliest" if args.from_beginning else "latest"
+    with _admin(args) as admin:
+        admin.ping()  # fail fast (exit 2) when nothing listens
+        ends = None
+        if not args.follow:
+            partitions = admin.describe_topic(args.topic).partitions
+            specs = {TopicPartition(args.topic, p): -1 for p in range(partitions)}
+            ends = {tp: found.offset for tp, found in admin.list_offsets(specs).items()}
+    with Consumer(args.bootstrap, group_id=args.group, auto_offset_reset=reset,
+                  isolation_level=args.isolation, request_timeout_ms=args.timeout_ms,
+                  client_id="rivven-cli") as consumer:
+        consumer.subscribe([args.topic])
+        seen = 0
+        while args.max is None or seen < args.max:
+            records = consumer.poll(timeout_ms=500, max_records=(
+                None if args.max is None else min(args.max - seen, 500)))
+            for record in records:
+                _print_record(record, out)
+            seen += len(records)
+            out.out.flush()
+            assigned = consumer.assignment()
+            if ends is not None and assigned and not records and all(
+                consumer.position(tp) >= ends.get(tp, 0) for tp in assigned
+            ):
+                break
+    return EXIT_OK
 
 
 def _print_record(record: Any, out: Output) -> None:
@@ -346,7 +383,53 @@ def cmd_ping(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_group(args: argparse.Namespace, out: Output) -> int:
-    raise FeatureNotAvailableError(f"group {args.action}: {GROUPS_PENDING}")
+    with _admin(args) as admin:
+        if args.action == "list":
+            listing = admin.list_groups()
+            rows = [(g.group_id, g.state, g.protocol_type or "-") for g in listing]
+            out.document({"groups": [g._asdict() for g in listing]},
+                         lambda o: _table(o, ["GROUP", "STATE", "PROTOCOL TYPE"], rows))
+        elif args.action == "describe":
+            _describe_group(admin.describe_group(args.group), out)
+        elif args.action == "delete":
+            admin.delete_group(args.group)
+            out.document({"group": args.group, "deleted": True},
+                         lambda o: o.write(f"deleted group {args.group}\n"))
+        else:  # reset-offsets
+            offsets = admin.reset_offsets(args.group, args.topic, args.to)
+            doc = {"group": args.group, "topic": args.topic,
+                   "offsets": {str(tp.partition): o for tp, o in sorted(offsets.items())}}
+            out.document(doc, lambda o: _table(
+                o, ["TOPIC", "PARTITION", "NEW OFFSET"],
+                [(tp.topic, tp.partition, offset) for tp, offset in sorted(offsets.items())]))
+    return EXIT_OK
+
+
+def _describe_group(description: Any, out: Output) -> None:
+    doc = {
+        "group": description.group_id, "state": description.state,
+        "protocol_type": description.protocol_type, "protocol": description.protocol,
+        "members": [
+            dict(m._asdict(), assignment=[list(tp) for tp in m.assignment])
+            for m in description.members
+        ],
+        "partitions": [p._asdict() for p in description.partitions],
+    }
+
+    def human(o: TextIO) -> None:
+        o.write(f"group {description.group_id}: {description.state}, protocol "
+                f"{description.protocol or '-'}, {len(description.members)} members\n\n")
+        _table(o, ["TOPIC", "PARTITION", "COMMITTED", "LOG END", "LAG", "MEMBER"],
+               [(p.topic, p.partition, p.committed_offset, p.log_end_offset, p.lag,
+                 p.member_id or None) for p in description.partitions])
+        if description.members:
+            o.write("\n")
+            _table(o, ["MEMBER", "INSTANCE", "CLIENT", "HOST", "PARTITIONS"],
+                   [(m.member_id, m.group_instance_id, m.client_id, m.client_host,
+                     ",".join(f"{tp.topic}-{tp.partition}" for tp in m.assignment) or None)
+                    for m in description.members])
+
+    out.document(doc, human)
 
 
 def cmd_bench(args: argparse.Namespace, out: Output) -> int:

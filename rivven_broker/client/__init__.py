@@ -22,6 +22,11 @@ from rivven_broker.client.errors import (
     DeliveryTimeoutError,
     FeatureNotAvailableError,
     InvalidConfigError,
+    InvalidTxnStateError,
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+    TransactionAbortedError,
+    UnknownProducerIdError,
     InvalidPartitionsError,
     InvalidReplicationFactorError,
     InvalidRequestError,
@@ -36,6 +41,12 @@ from rivven_broker.client.errors import (
     UnknownTopicOrPartitionError,
     UnsupportedVersionError,
     error_for,
+)
+from rivven_broker.client.group_admin import (
+    GroupDescription,
+    GroupListing,
+    GroupMemberInfo,
+    GroupPartitionOffset,
 )
 from rivven_broker.client.types import (
     BrokerInfo,
@@ -66,6 +77,10 @@ __all__ = [
     "ConfigValue",
     "BrokerInfo",
     "ClusterStatus",
+    "GroupListing",
+    "GroupDescription",
+    "GroupMemberInfo",
+    "GroupPartitionOffset",
     "RivvenError",
     "BrokerError",
     "UnknownTopicOrPartitionError",
@@ -88,5 +103,10 @@ __all__ = [
     "BufferExhaustedError",
     "ClosedError",
     "FeatureNotAvailableError",
+    "ProducerFencedError",
+    "OutOfOrderSequenceError",
+    "UnknownProducerIdError",
+    "InvalidTxnStateError",
+    "TransactionAbortedError",
     "error_for",
 ]

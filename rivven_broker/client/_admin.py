@@ -6,8 +6,8 @@ Each method builds one or two requests with ``requests.py``, sends them through 
 ``SyncClient`` (any broker for topic administration, the partition leader for offsets and
 record deletion) and turns the answers into the plain result types of ``types.py`` or a typed
 ``BrokerError``. Every method blocks until the answer (bounded by ``request_timeout_ms``, with
-retries of retriable failures inside it). Group administration raises
-``FeatureNotAvailableError`` until consumer groups exist.
+retries of retriable failures inside it). Group administration goes to the group's
+coordinator (found with FindCoordinator); ``group_admin.py`` reads the answers.
 """
 
 from __future__ import annotations
@@ -16,7 +16,16 @@ from typing import Any, Mapping
 
 from rivven_broker.client._sync import SyncClient
 from rivven_broker.client.config import ConnectionConfig, build_configs
-from rivven_broker.client.errors import FeatureNotAvailableError
+from rivven_broker.client.errors import RivvenError, error_for
+from rivven_broker.client.group_admin import (
+    GroupDescription,
+    GroupListing,
+    group_description,
+    group_listings,
+    group_members,
+    parse_reset_target,
+)
+from rivven_broker.client.group_core import committed_offsets
 from rivven_broker.client.requests import (
     check_response,
     cluster_status,
@@ -36,10 +45,9 @@ from rivven_broker.client.types import (
     TopicPartition,
 )
 from rivven_broker.protocol import messages as m
+from rivven_broker.protocol.errors import ErrorCode
 
-__all__ = ["Admin", "GROUPS_PENDING"]
-
-GROUPS_PENDING = "consumer groups arrive with the consumer-groups milestone"
+__all__ = ["Admin"]
 
 
 class Admin:
@@ -176,18 +184,105 @@ class Admin:
         check_response(self._client.call(m.Ping()), m.Pong)
         return m.PROTOCOL_VERSION
 
-    # --- groups (later milestone) --------------------------------------------------------------
-    def list_groups(self) -> list[Any]:
-        """Raises ``FeatureNotAvailableError`` until consumer groups exist."""
-        raise FeatureNotAvailableError(GROUPS_PENDING)
+    # --- groups -------------------------------------------------------------------------------
+    def _coordinator_call(self, group_id: str, request: Any) -> Any:
+        answer = self._client.call(m.FindCoordinator(group_id, 0))
+        raise_for(answer.error_code, None, f"find the coordinator of {group_id!r}")
+        if self._client.metadata.address_of(answer.node_id) is None:
+            self._client.fetch_metadata([])
+        return self._client.call(request, node_id=answer.node_id)
 
-    def describe_group(self, group_id: str) -> Any:
-        """Raises ``FeatureNotAvailableError`` until consumer groups exist."""
-        raise FeatureNotAvailableError(GROUPS_PENDING)
+    def list_groups(self) -> list[GroupListing]:
+        """Every consumer group: (group_id, protocol_type, state), sorted."""
+        return group_listings(self._client.call(m.ListGroups()))
+
+    def describe_group(self, group_id: str) -> GroupDescription:
+        """State, protocol, members with their assignments, and per partition the committed
+        offset, log end offset (high watermark) and lag.
+
+        Raises:
+            BrokerError (GROUP_ID_NOT_FOUND): no such group.
+        """
+        describe = self._coordinator_call(group_id, m.DescribeGroup(group_id))
+        group_members(describe)  # raises the group's error
+        committed = self._committed(group_id)
+        wanted = set(committed) | {tp for mem in group_members(describe) for tp in mem.assignment}
+        ends: dict[TopicPartition, int] = {}
+        if wanted:
+            for tp, found in self._list_offsets_lenient({tp: -1 for tp in wanted}).items():
+                ends[tp] = found.offset
+        return group_description(describe, committed, ends)
+
+    def _committed(self, group_id: str) -> dict[TopicPartition, int | None]:
+        answer = self._coordinator_call(group_id, m.OffsetFetch(group_id, all_topics=True))
+        return committed_offsets(answer)
+
+    def _list_offsets_lenient(self, specs: Mapping[TopicPartition, int]) -> dict:
+        """``list_offsets`` that leaves out partitions that fail (a deleted topic)."""
+        out = {}
+        for tp, spec in specs.items():
+            try:
+                out.update(self.list_offsets({tp: spec}))
+            except RivvenError:
+                continue
+        return out
+
+    def _partitions(self, topic: str) -> list[TopicPartition]:
+        answer = self._client.fetch_metadata([topic])
+        for entry in answer.topics:
+            if entry.name == topic:
+                raise_for(entry.error_code, None, f"topic {topic!r}")
+                return [TopicPartition(topic, p.partition) for p in entry.partitions]
+        raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic!r}")
 
     def delete_group(self, group_id: str) -> None:
-        """Raises ``FeatureNotAvailableError`` until consumer groups exist."""
-        raise FeatureNotAvailableError(GROUPS_PENDING)
+        """Delete a group without members, and its committed offsets.
+
+        Raises:
+            BrokerError: NON_EMPTY_GROUP (members are connected), GROUP_ID_NOT_FOUND.
+        """
+        answer = self._coordinator_call(group_id, m.DeleteGroup(group_id))
+        raise_for(answer.error_code, None, f"delete group {group_id!r}")
+
+    def reset_offsets(self, group_id: str, topic: str, to: Any) -> dict[TopicPartition, int]:
+        """Move the committed offsets of ``group_id`` in every partition of ``topic`` to
+        ``to``: "earliest", "latest", an offset, or "timestamp=MS" (the first offset at or
+        after it; the log end when there is none). The group must have no members.
+        Returns the new offsets.
+
+        Raises:
+            BrokerError: NON_EMPTY_GROUP (stop the consumers first), UNKNOWN_TOPIC_OR_PARTITION,
+                OFFSET_OUT_OF_RANGE (an offset past a partition's end).
+            ValueError: a bad ``to``.
+        """
+        target = parse_reset_target(to)
+        try:
+            describe = self._coordinator_call(group_id, m.DescribeGroup(group_id))
+            members = group_members(describe)
+        except RivvenError as error:
+            if error.error_code != ErrorCode.GROUP_ID_NOT_FOUND:
+                raise
+            members = ()
+        if members:
+            raise error_for(ErrorCode.NON_EMPTY_GROUP,
+                            f"group {group_id!r} has {len(members)} members; stop them first")
+        tps = self._partitions(topic)
+        spec = target.list_offsets_spec
+        if spec is None:
+            offsets = {tp: target.value for tp in tps}
+        else:
+            found = self.list_offsets({tp: spec for tp in tps})
+            latest = self.list_offsets({tp: -1 for tp in tps}) if target.kind == "timestamp" else {}
+            offsets = {
+                tp: found[tp].offset if found[tp].offset >= 0 else latest[tp].offset for tp in tps
+            }
+        commit = m.OffsetCommit(group_id, topics=(m.OffsetCommitTopic(topic, tuple(
+            m.OffsetCommitPartition(tp.partition, offset) for tp, offset in sorted(offsets.items())
+        )),))
+        answer = self._coordinator_call(group_id, commit)
+        for part in answer.topics[0].partitions:
+            raise_for(part.error_code, None, f"reset {topic}-{part.partition} of {group_id!r}")
+        return offsets
 
     # --- lifecycle -----------------------------------------------------------------------------
     def close(self) -> None:

@@ -17,25 +17,28 @@ The consumer is not thread-safe (like Kafka's): one thread calls its methods; on
 thread runs beside it. ``seek``/``assign``/``pause`` drop what was prefetched for the partitions
 they touch (stale answers are recognised by epoch and dropped).
 
-Consumer groups (``subscribe``, ``commit``, ``committed``) arrive with the consumer-groups
-milestone; until then they raise ``FeatureNotAvailableError``. ``group_id`` and
-``enable_auto_commit`` are accepted and kept so code written for groups constructs today.
+Consumer groups: with a ``group_id``, ``subscribe`` (topics or a regex ``pattern``) makes the
+consumer a group member; the group's work (rebalances, rebalance callbacks, auto-commit) runs
+inside ``poll`` on the user's thread and heartbeats run on a thread of their own
+(``_group.py``). ``commit``/``commit_async``/``committed`` work for subscribed and for
+consumers that ``assign`` partitions (those commit outside membership). See docs/consumer-groups.md.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import threading
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from rivven_broker.client._cluster import ClusterIO
+from rivven_broker.client._group import CommitCallback, GroupMember, RebalanceCallbacks
 from rivven_broker.client._network import NetworkClient, monotonic_ms
 from rivven_broker.client._sync import SyncClient
 from rivven_broker.client.config import ConnectionConfig, ConsumerConfig, build_configs
 from rivven_broker.client.errors import (
     ClientTimeoutError,
     ClosedError,
-    FeatureNotAvailableError,
     RivvenError,
     error_for,
 )
@@ -58,9 +61,8 @@ from rivven_broker.client.requests import (
 from rivven_broker.client.types import Record, TopicPartition
 from rivven_broker.protocol.errors import ErrorCode
 
-__all__ = ["Consumer", "GROUPS_PENDING"]
+__all__ = ["Consumer"]
 
-GROUPS_PENDING = "consumer groups (subscribe/commit) arrive with the consumer-groups milestone"
 _IDLE_WAIT_MS = 1000
 
 
@@ -105,6 +107,9 @@ class Consumer:
         self._sync: SyncClient | None = None
         self._closed = False
         self._fatal: BaseException | None = None
+        self._group: GroupMember | None = None
+        if self._config.group_id is not None:
+            self._group = GroupMember(bootstrap, self._config, self._conn_config, self._cond, self)
         self._thread = threading.Thread(target=self._run, name="rivven-consumer", daemon=True)
         self._thread.start()
 
@@ -124,20 +129,110 @@ class Consumer:
         with self._cond:
             return self._state.assignment()
 
-    def subscribe(self, topics: Iterable[str], **_: Any) -> None:
-        """Raises ``FeatureNotAvailableError`` until consumer groups exist; use ``assign``."""
-        raise FeatureNotAvailableError(GROUPS_PENDING)
+    def subscribe(
+        self,
+        topics: Iterable[str] | str | re.Pattern[str] = (),
+        pattern: str | re.Pattern[str] | None = None,
+        *,
+        listener: Any = None,
+        on_assign: Callable[[set[TopicPartition]], None] | None = None,
+        on_revoke: Callable[[set[TopicPartition]], None] | None = None,
+        on_lost: Callable[[set[TopicPartition]], None] | None = None,
+    ) -> None:
+        """Join the group of ``group_id`` for ``topics`` (or every topic whose whole name
+        matches the regex ``pattern``; a compiled pattern may also be passed as ``topics``).
+        The partitions arrive through rebalances inside ``poll``; the callbacks (or a
+        ``listener`` with ``on_partitions_assigned``/``_revoked``/``_lost``) run there, on
+        this thread. Never blocks.
+
+        Raises:
+            BrokerError (INVALID_GROUP_ID): the consumer has no ``group_id``.
+            ValueError: neither topics nor a pattern.
+        """
+        if isinstance(topics, re.Pattern):
+            topics, pattern = (), topics
+        names = [topics] if isinstance(topics, str) else list(topics)
+        compiled = re.compile(pattern) if isinstance(pattern, str) else pattern
+        if not names and compiled is None:
+            raise ValueError("subscribe needs topics or a pattern")
+        group = self._require_group("subscribe")
+        callbacks = RebalanceCallbacks(listener, on_assign, on_revoke, on_lost)
+        with self._cond:
+            self._check_open()
+            group.subscribe(names, compiled, callbacks)
+            self._cond.notify_all()
 
     def unsubscribe(self) -> None:
+        """Leave the group (revoking, committing as ``close`` does) or drop the manual
+        assignment. Blocks on the coordinator when subscribed."""
+        if self._group is not None and self._group.core.subscribed:
+            group, self._group = self._group, None
+            group.close()
+            self._group = GroupMember(
+                self._bootstrap, self._config, self._conn_config, self._cond, self
+            )
         self.assign([])
 
-    def commit(self, offsets: Any = None) -> None:
-        """Raises ``FeatureNotAvailableError`` until consumer groups exist."""
-        raise FeatureNotAvailableError(GROUPS_PENDING)
+    def commit(self, offsets: Any = None, *, timeout_ms: int | None = None) -> None:
+        """Commit ``offsets`` (``{tp: offset}`` or ``{tp: (offset, metadata)}``; the offset is
+        the next one to read) or, by default, the current position of every assigned
+        partition. Blocks until the commit is durable.
 
-    def committed(self, partitions: Any) -> Any:
-        """Raises ``FeatureNotAvailableError`` until consumer groups exist."""
-        raise FeatureNotAvailableError(GROUPS_PENDING)
+        Raises:
+            BrokerError: refused (REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION,
+                UNKNOWN_MEMBER_ID: the group moved on; OFFSET_OUT_OF_RANGE ...).
+            ClientTimeoutError: no answer within ``timeout_ms`` (default request_timeout_ms).
+        """
+        self._require_group("commit").commit(offsets, timeout_ms)
+
+    def commit_async(
+        self, offsets: Any = None, callback: CommitCallback | None = None
+    ) -> None:
+        """Like ``commit`` without waiting: a background thread sends it; ``callback(offsets,
+        error)`` runs on this thread at the next ``poll``/``commit``/``close``. Never blocks."""
+        self._require_group("commit_async").commit_async(offsets, callback)
+
+    def committed(
+        self, partitions: Any, *, timeout_ms: int | None = None
+    ) -> dict[TopicPartition, int | None] | int | None:
+        """The group's committed offset (None: nothing committed) of one ``TopicPartition``,
+        or a dict for an iterable of them. Blocks on the coordinator."""
+        group = self._require_group("committed")
+        if isinstance(partitions, TopicPartition):
+            return group.committed([partitions], timeout_ms)[partitions]
+        return group.committed(partitions, timeout_ms)
+
+    def _require_group(self, what: str) -> GroupMember:
+        self._check_open()
+        if self._group is None:
+            raise error_for(ErrorCode.INVALID_GROUP_ID, f"{what}() needs a consumer group_id")
+        return self._group
+
+    # --- called by the group member, under the lock ---------------------------------------------
+    def _positions(self, partitions: set[TopicPartition] | None) -> dict:
+        """``{tp: (position, None)}`` of assigned partitions (all, or these) with a position."""
+        out = {}
+        for tp in self._state.assignment() if partitions is None else partitions:
+            if tp in self._state.assignment():
+                position = self._state.position(tp)
+                if position is not None:
+                    out[tp] = (position, None)
+        return out
+
+    def _set_assignment(
+        self, partitions: Iterable[TopicPartition], seeks: dict[TopicPartition, int]
+    ) -> None:
+        tps = list(partitions)
+        self._state.assign(tps)
+        for tp, offset in seeks.items():
+            if tp in self._state.assignment():
+                self._state.seek(tp, offset)
+        self._metadata.add_topics(tp.topic for tp in tps)
+        if self._inline is not None and (
+            self._inline[0].tp not in self._state.assignment() or self._inline[0].tp in seeks
+        ):
+            self._inline = None
+        self._net.wakeup()
 
     def seek(self, partition: TopicPartition, offset: int) -> None:
         """The next ``poll`` returns ``partition`` from ``offset``.
@@ -285,13 +380,19 @@ class Consumer:
         assert limit > 0
         out: list[Record] = []
         deadline = monotonic_ms() + timeout_ms
+        group = self._group
         while len(out) < limit:
+            if group is not None and not out:
+                self._check_open()
+                group.maintain()  # rebalance, callbacks, auto-commit: between two batches
             if self._inline is not None:
                 self._take_inline(out, limit)
                 continue
             completed = self._next_completed(deadline if not out else 0)
             if completed is None:
-                break
+                if out or group is None or monotonic_ms() >= deadline:
+                    break
+                continue  # the group wants attention: maintain, then wait on
             records = decode_completed(completed, check_crc=self._config.check_crcs)
             if records:
                 self._inline = [completed, records, 0]
@@ -311,7 +412,7 @@ class Consumer:
                 if completed is not None:
                     break
                 remaining = deadline - monotonic_ms()
-                if remaining <= 0:
+                if remaining <= 0 or (self._group is not None and self._group.wants_attention()):
                     return None
                 self._cond.wait(remaining / 1000)
         self._net.wakeup()  # its partition is fetchable again: prefetch the next chunk
@@ -347,7 +448,20 @@ class Consumer:
             raise ClosedError("the consumer is closed")
 
     def close(self) -> None:
-        """Stop fetching and close connections. Idempotent; blocks until the thread exits."""
+        """Commit (with auto-commit), leave the group (dynamic members), stop fetching and
+        close connections. Idempotent; blocks until the threads exit."""
+        if self._group is not None and not self._closed and self._fatal is None:
+            self._group.close()
+        self._shutdown()
+
+    def _abandon(self) -> None:
+        """Stop everything without committing or leaving: what a crashed process leaves
+        behind (its group session simply runs out). For tests."""
+        if self._group is not None:
+            self._group.abandon()
+        self._shutdown()
+
+    def _shutdown(self) -> None:
         with self._cond:
             if self._closed:
                 return

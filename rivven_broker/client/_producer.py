@@ -18,6 +18,14 @@ for buffer space.
 
 ``close`` stops taking records, delivers what is buffered (bounded by its ``timeout``), then
 fails anything left with ``ClosedError`` and joins the thread.
+
+Exactly-once: the producer is idempotent by default. The sender thread also carries the
+core's coordinator requests (``InitProducerId``, ``AddPartitionsToTxn``, ``AddOffsetsToTxn``,
+``TxnOffsetCommit``, ``EndTxn``: one at a time, to any broker) and feeds their answers back.
+The transactional methods run on the user's thread: each asks the core for a ``TxnResult``
+under the lock, wakes the sender and waits (at most ``max_block_ms``, or ``timeout``) until it
+is done. ``commit_transaction`` flushes first; ``abort_transaction`` fails the queued records
+of the transaction (``TransactionAbortedError``) and waits for those in flight first.
 """
 
 from __future__ import annotations
@@ -43,14 +51,21 @@ from rivven_broker.client.errors import (
     ClientTimeoutError,
     ClosedError,
     ConnectionFailedError,
-    FeatureNotAvailableError,
+    InvalidTxnStateError,
     MessageTooLargeError,
     RivvenError,
+    TransactionAbortedError,
     UnknownTopicOrPartitionError,
     error_for,
 )
 from rivven_broker.client.metadata import MetadataCache, parse_bootstrap
 from rivven_broker.client.producer_core import BatchOutcome, ProducerCore
+from rivven_broker.client.transaction_manager import (
+    CoordinatorCall,
+    TransactionManager,
+    TxnResult,
+    offsets_of,
+)
 from rivven_broker.client.types import RecordMetadata
 from rivven_broker.records.batch import RecordTooLargeError
 
@@ -59,14 +74,15 @@ __all__ = ["Producer", "DeliveryCallback"]
 #: ``on_delivery(error, metadata)``: exactly one of the two is None.
 DeliveryCallback = Callable[["RivvenError | None", "RecordMetadata | None"], None]
 _IDLE_WAIT_MS = 1000
-TRANSACTIONS_PENDING = "transactions arrive with the exactly-once milestone"
+_ABORT_POLL_S = 0.05
 
 
 class Producer:
     """Sends records to Rivven; thread-safe. See docs/client.md for every option.
 
     ``Producer(bootstrap, acks="all", linger_ms=5, batch_size_bytes=1 MiB, compression="none",
-    idempotent=False, transactional_id=None, delivery_timeout_ms=120000,
+    idempotent=None (on unless acks or in-flight settings forbid it), transactional_id=None,
+    transaction_timeout_ms=60000, delivery_timeout_ms=120000,
     max_in_flight_requests_per_connection=5, buffer_memory_bytes=32 MiB, max_block_ms=60000,
     client_id=..., request_timeout_ms=30000, retry_backoff_ms=100, ...)``.
 
@@ -92,6 +108,8 @@ class Producer:
         self._core = ProducerCore(self._config, self._conn_config, self._metadata, rng)
         self._acc = self._core.accumulator
         self._append = self._acc.append  # bound once: the hot path calls it per record
+        txn = self._core.txn
+        self._txn_check = txn.check_send if txn is not None and txn.transactional else None
         self._partition_counts = self._metadata.partition_counts
         self._buffer_memory_bytes = self._config.buffer_memory_bytes
         self._net = NetworkClient(
@@ -142,6 +160,8 @@ class Producer:
         if timestamp_ms is None:
             timestamp_ms = time.time_ns() // 1_000_000
         with self._lock:
+            if self._txn_check is not None:
+                self._txn_check()
             count = self._partition_counts.get(topic)
             if count is None or partition is not None or self._closed or (
                 self._acc.buffered_bytes >= self._buffer_memory_bytes
@@ -276,22 +296,106 @@ class Producer:
                 count = self._await_partitions(topic)
         return list(range(count))
 
-    # --- transactions (the exactly-once milestone) ------------------------------------------
-    def init_transactions(self) -> None:
-        """Raises ``FeatureNotAvailableError`` until the broker supports transactions."""
-        raise FeatureNotAvailableError(TRANSACTIONS_PENDING)
+    # --- transactions ---------------------------------------------------------------------
+    def init_transactions(self, timeout: float | None = None) -> None:
+        """Get the producer id of ``transactional_id``, fencing older instances (their open
+        transaction is aborted). Call once, first. Blocks up to ``timeout`` seconds (default
+        ``max_block_ms``).
+
+        Raises:
+            InvalidTxnStateError: no ``transactional_id``, or called twice.
+            ProducerFencedError: fatal; a newer instance took over. ClientTimeoutError.
+        """
+        with self._cond:
+            result = self._transactions().init_transactions()
+        self._await(result, timeout)
 
     def begin_transaction(self) -> None:
-        raise FeatureNotAvailableError(TRANSACTIONS_PENDING)
+        """Start a transaction (local; the broker learns it from the first write). Never
+        blocks. Raises ``InvalidTxnStateError`` unless initialised and no transaction is open,
+        or the fatal error (``ProducerFencedError``)."""
+        with self._cond:
+            self._transactions().begin_transaction()
 
-    def send_offsets_to_transaction(self, offsets: Any, group_id: str) -> None:
-        raise FeatureNotAvailableError(TRANSACTIONS_PENDING)
+    def send_offsets_to_transaction(
+        self, offsets: Any, group_id: str, timeout: float | None = None
+    ) -> None:
+        """Commit ``offsets`` (``{TopicPartition: next offset to consume}``; values may
+        also carry ``.offset``) for ``group_id`` if and only if the transaction commits.
+        Blocks until the coordinator recorded them.
 
-    def commit_transaction(self) -> None:
-        raise FeatureNotAvailableError(TRANSACTIONS_PENDING)
+        Raises:
+            InvalidTxnStateError, ProducerFencedError, ClientTimeoutError, BrokerError.
+        """
+        converted = offsets_of(offsets)
+        with self._cond:
+            result = self._transactions().send_offsets(converted, group_id)
+        self._await(result, timeout)
 
-    def abort_transaction(self) -> None:
-        raise FeatureNotAvailableError(TRANSACTIONS_PENDING)
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Flush the transaction's records, then commit it: they (and its offsets) become
+        visible to read_committed consumers together. Blocks until the decision is durable.
+
+        Raises:
+            the error that made the transaction abortable (a record failed): call
+            ``abort_transaction``; ProducerFencedError (fatal); InvalidTxnStateError;
+            ClientTimeoutError (retry ``commit_transaction`` or abort).
+        """
+        self.flush(timeout)
+        with self._cond:
+            result = self._transactions().begin_commit()
+        self._await(result, timeout)
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        """Abort the open transaction: queued records fail with ``TransactionAbortedError``,
+        written ones are never visible to read_committed consumers. Blocks until done.
+
+        Raises:
+            ProducerFencedError (fatal), InvalidTxnStateError, ClientTimeoutError.
+        """
+        deadline = monotonic_ms() + self._timeout_ms(timeout)
+        error = TransactionAbortedError("the transaction was aborted before this was sent")
+        while True:
+            with self._cond:
+                txn = self._transactions()
+                outcomes = self._core.abort_transaction_records(error)
+                idle = txn.in_flight_batches == 0 and not outcomes
+            self._finish(outcomes)
+            if idle:
+                break
+            if monotonic_ms() >= deadline:
+                raise ClientTimeoutError("records of the transaction still in flight")
+            with self._cond:
+                self._cond.wait(_ABORT_POLL_S)
+        with self._cond:
+            result = self._transactions().begin_abort()
+        self._await(result, max(deadline - monotonic_ms(), 1) / 1000)
+
+    def _transactions(self) -> TransactionManager:
+        """The transaction manager (lock held). Raises unless ``transactional_id`` is set."""
+        self._check_alive()
+        txn = self._core.txn
+        if txn is None or not txn.transactional:
+            raise InvalidTxnStateError("the producer has no transactional_id")
+        return txn
+
+    def _timeout_ms(self, timeout: float | None) -> int:
+        return self._config.max_block_ms if timeout is None else int(timeout * 1000)
+
+    def _await(self, result: TxnResult, timeout: float | None) -> None:
+        """Wake the sender, wait until ``result`` is done, raise its error."""
+        self._net.wakeup()
+        deadline = monotonic_ms() + self._timeout_ms(timeout)
+        with self._cond:
+            while not result.done:
+                if self._fatal is not None:
+                    raise ClosedError(f"the sender thread failed: {self._fatal!r}")
+                remaining = deadline - monotonic_ms()
+                if remaining <= 0:
+                    raise ClientTimeoutError("the transaction coordinator did not answer in time")
+                self._cond.wait(min(remaining, _IDLE_WAIT_MS) / 1000)
+        if result.error is not None:
+            raise result.error
 
     def metrics(self) -> dict[str, int]:
         """A few live counters (buffered bytes and batches)."""
@@ -349,8 +453,29 @@ class Producer:
                     wait_ms = min(wait_ms, retry_ms - now)
         for plan in step.plans:
             self._send_plan(plan)
+        with self._cond:
+            call = self._core.next_coordinator_call(monotonic_ms())
+        if call is not None:
+            self._send_call(call, now)
         self._net.poll(0 if dialled else max(0, min(wait_ms, _IDLE_WAIT_MS)))
         return True
+
+    def _send_call(self, call: CoordinatorCall, now: int) -> None:
+        """Send a coordinator request to any broker; its answer goes back to the core."""
+
+        def on_answer(response: Any, error: RivvenError | None) -> None:
+            with self._cond:
+                self._core.on_coordinator_answer(call, response, error, monotonic_ms())
+                self._cond.notify_all()
+
+        address = self._cluster.any_address(now)
+        if address is None:
+            reason = self._cluster.connect_error()
+            on_answer(None, ConnectionFailedError(
+                f"no broker reachable for the coordinator: {reason.message if reason else ''}"
+            ))
+            return
+        self._net.send(address, call.request, on_answer)
 
     def _send_plan(self, plan: ProducePlan) -> None:
         for batch in plan.batches:
@@ -495,3 +620,4 @@ def _delivery_adapter(callback: DeliveryCallback) -> Callable[[Future], None]:
         callback(error, None if error is not None else future.result())
 
     return on_done
+

@@ -8,17 +8,25 @@ and fires a signal when data lands. ``poll`` takes a completed fetch (making its
 fetchable again, so the next Fetch overlaps the caller's work), decodes it and hands out up to
 ``max_poll_records`` records. No locks: state changes happen between awaits.
 
+With a ``group_id``, ``subscribe`` makes the consumer a group member: ``poll`` awaits the
+group's work (rebalances, callbacks, auto-commit) and a heartbeat task keeps the session
+(``_trio_group.py``, the same ``GroupCore`` as the blocking consumer).
+
 ``TrioAdmin`` is the blocking ``Admin`` with ``await``: each method is one or two
-``TrioCluster.call``s and the shared answer readers of ``requests.py``.
+``TrioCluster.call``s and the shared answer readers of ``requests.py`` and
+``group_admin.py``.
 """
 
 from __future__ import annotations
 
+import re
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Iterable, Mapping
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
 import trio
 
+from rivven_broker.client._group import CommitCallback, RebalanceCallbacks
+from rivven_broker.client._trio_group import TrioGroupMember
 from rivven_broker.client._trio_net import ClientEnv, Signal, TrioCluster
 from rivven_broker.client.config import ConnectionConfig, ConsumerConfig, build_configs
 from rivven_broker.client.consumer_core import apply_fetch_answer, apply_reset_answer
@@ -26,8 +34,8 @@ from rivven_broker.client.errors import (
     ClientTimeoutError,
     ClosedError,
     ConnectionFailedError,
-    FeatureNotAvailableError,
     RivvenError,
+    error_for,
 )
 from rivven_broker.client.fetch_state import (
     EARLIEST,
@@ -59,11 +67,20 @@ from rivven_broker.client.types import (
     TopicListing,
     TopicPartition,
 )
+from rivven_broker.client.group_admin import (
+    GroupDescription,
+    GroupListing,
+    group_description,
+    group_listings,
+    group_members,
+    parse_reset_target,
+)
+from rivven_broker.client.group_core import committed_offsets
 from rivven_broker.protocol import messages as m
+from rivven_broker.protocol.errors import ErrorCode
 
 __all__ = ["TrioConsumer", "TrioAdmin", "open_consumer", "open_admin"]
 
-GROUPS_PENDING = "consumer groups arrive with the consumer-groups milestone"
 _IDLE_WAIT_MS = 1000
 
 
@@ -93,6 +110,11 @@ class TrioConsumer:
         self._resetting: set[tuple[TopicPartition, int]] = set()
         self._inline: list | None = None
         self._closed = False
+        self._group: TrioGroupMember | None = None
+        if self._config.group_id is not None:
+            self._group = TrioGroupMember(
+                bootstrap, self._config, conn_config, env, nursery, self, self._arrived
+            )
 
     # --- assignment (same meaning as the blocking Consumer) -------------------------------------
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
@@ -106,11 +128,72 @@ class TrioConsumer:
     def assignment(self) -> set[TopicPartition]:
         return self._state.assignment()
 
-    def subscribe(self, topics: Iterable[str], **_: Any) -> None:
-        raise FeatureNotAvailableError(GROUPS_PENDING)
+    def subscribe(
+        self,
+        topics: Iterable[str] | str | re.Pattern[str] = (),
+        pattern: str | re.Pattern[str] | None = None,
+        *,
+        listener: Any = None,
+        on_assign: Callable[[set[TopicPartition]], None] | None = None,
+        on_revoke: Callable[[set[TopicPartition]], None] | None = None,
+        on_lost: Callable[[set[TopicPartition]], None] | None = None,
+    ) -> None:
+        """As the blocking ``Consumer.subscribe`` (callbacks run inside ``poll``)."""
+        if isinstance(topics, re.Pattern):
+            topics, pattern = (), topics
+        names = [topics] if isinstance(topics, str) else list(topics)
+        compiled = re.compile(pattern) if isinstance(pattern, str) else pattern
+        if not names and compiled is None:
+            raise ValueError("subscribe needs topics or a pattern")
+        group = self._require_group("subscribe")
+        callbacks = RebalanceCallbacks(listener, on_assign, on_revoke, on_lost)
+        group.subscribe(names, compiled, callbacks)
+        self._arrived.fire()
 
-    async def commit(self, offsets: Any = None) -> None:
-        raise FeatureNotAvailableError(GROUPS_PENDING)
+    async def commit(self, offsets: Any = None, *, timeout_ms: int | None = None) -> None:
+        """As the blocking ``Consumer.commit``."""
+        await self._require_group("commit").commit(offsets, timeout_ms)
+
+    def commit_async(self, offsets: Any = None, callback: CommitCallback | None = None) -> None:
+        """Commit in a background task; ``callback(offsets, error)`` is called there."""
+        self._require_group("commit_async").commit_async(offsets, callback)
+
+    async def committed(self, partitions: Any, *, timeout_ms: int | None = None) -> Any:
+        """As the blocking ``Consumer.committed``."""
+        group = self._require_group("committed")
+        if isinstance(partitions, TopicPartition):
+            return (await group.committed([partitions], timeout_ms))[partitions]
+        return await group.committed(partitions, timeout_ms)
+
+    def _require_group(self, what: str) -> TrioGroupMember:
+        self._check_open()
+        if self._group is None:
+            raise error_for(ErrorCode.INVALID_GROUP_ID, f"{what}() needs a consumer group_id")
+        return self._group
+
+    # --- called by the group member ---------------------------------------------------------------
+    def _positions(self, partitions: set[TopicPartition] | None) -> dict:
+        out = {}
+        assigned = self._state.assignment()
+        for tp in assigned if partitions is None else partitions:
+            if tp in assigned and (position := self._state.position(tp)) is not None:
+                out[tp] = (position, None)
+        return out
+
+    def _set_assignment(
+        self, partitions: Iterable[TopicPartition], seeks: dict[TopicPartition, int]
+    ) -> None:
+        tps = list(partitions)
+        self._state.assign(tps)
+        for tp, offset in seeks.items():
+            if tp in self._state.assignment():
+                self._state.seek(tp, offset)
+        self._metadata.add_topics(tp.topic for tp in tps)
+        if self._inline is not None and (
+            self._inline[0].tp not in self._state.assignment() or self._inline[0].tp in seeks
+        ):
+            self._inline = None
+        self._wake.fire()
 
     def seek(self, partition: TopicPartition, offset: int) -> None:
         tp = _tp(partition)
@@ -194,12 +277,17 @@ class TrioConsumer:
         Always a checkpoint. Raises as the blocking ``Consumer.poll``."""
         limit = self._config.max_poll_records if max_records is None else max_records
         out: list[Record] = []
+        group = self._group
         await trio.lowlevel.checkpoint()
         with trio.move_on_after(max(timeout_ms, 0) / 1000):
             while not out:
+                if group is not None:
+                    self._check_open()
+                    await group.maintain()
+                arrived = self._arrived.current()
                 self._fill(out, limit)
-                if not out:
-                    await self._arrived.wait()
+                if not out and not (group is not None and group.wants_attention()):
+                    await arrived.wait()
         if not out:
             self._fill(out, limit)
         return out
@@ -354,7 +442,22 @@ class TrioConsumer:
         self._arrived.fire()
         self._wake.fire()
 
+    async def _leave(self) -> None:
+        """Commit, revoke and leave the group (as the blocking ``close``)."""
+        if self._group is not None and not self._closed:
+            with trio.CancelScope(shield=True):
+                with trio.move_on_after(self._conn_config.request_timeout_ms / 1000):
+                    await self._group.close()
+
+    def _abandon(self) -> None:
+        """Stop without committing or leaving (a crash, as the group sees it). For tests."""
+        if self._group is not None:
+            self._group.abandon()
+        self._shutdown()
+
     def _shutdown(self) -> None:
+        if self._group is not None:
+            self._group.abandon()
         self._closed = True
         self._cluster.close()
         self._arrived.fire()
@@ -432,11 +535,62 @@ class TrioAdmin:
     async def ping(self) -> None:
         check_response(await self._cluster.call(m.Ping()), m.Pong)
 
-    async def list_groups(self) -> list[Any]:
-        raise FeatureNotAvailableError(GROUPS_PENDING)
+    async def _coordinator_call(self, group_id: str, request: Any) -> Any:
+        answer = await self._cluster.call(m.FindCoordinator(group_id, 0))
+        raise_for(answer.error_code, None, f"find the coordinator of {group_id!r}")
+        if self._cluster.metadata.address_of(answer.node_id) is None:
+            metadata = await self._cluster.call(metadata_request([], False))
+            self._cluster.metadata.on_update(metadata, self._cluster.now_ms())
+        return await self._cluster.call(request, node_id=answer.node_id)
 
-    async def describe_group(self, group_id: str) -> Any:
-        raise FeatureNotAvailableError(GROUPS_PENDING)
+    async def list_groups(self) -> list[GroupListing]:
+        return group_listings(await self._cluster.call(m.ListGroups()))
+
+    async def describe_group(self, group_id: str) -> GroupDescription:
+        describe = await self._coordinator_call(group_id, m.DescribeGroup(group_id))
+        members = group_members(describe)
+        answer = await self._coordinator_call(group_id, m.OffsetFetch(group_id, all_topics=True))
+        committed = committed_offsets(answer)
+        wanted = set(committed) | {tp for member in members for tp in member.assignment}
+        ends = {}
+        for tp in sorted(wanted):
+            try:
+                ends[tp] = (await self.list_offsets({tp: -1}))[tp].offset
+            except RivvenError:
+                continue
+        return group_description(describe, committed, ends)
+
+    async def delete_group(self, group_id: str) -> None:
+        answer = await self._coordinator_call(group_id, m.DeleteGroup(group_id))
+        raise_for(answer.error_code, None, f"delete group {group_id!r}")
+
+    async def reset_offsets(self, group_id: str, topic: str, to: Any) -> dict[TopicPartition, int]:
+        """As the blocking ``Admin.reset_offsets``."""
+        target = parse_reset_target(to)
+        describe = await self._coordinator_call(group_id, m.DescribeGroup(group_id))
+        if describe.error_code == ErrorCode.NONE and describe.members:
+            raise error_for(ErrorCode.NON_EMPTY_GROUP, f"group {group_id!r} has members")
+        metadata = check_response(
+            await self._cluster.call(metadata_request([topic], False)), m.MetadataResponse
+        )
+        (entry,) = [t for t in metadata.topics if t.name == topic]
+        raise_for(entry.error_code, None, f"topic {topic!r}")
+        tps = [TopicPartition(topic, p.partition) for p in entry.partitions]
+        spec = target.list_offsets_spec
+        if spec is None:
+            offsets = {tp: target.value for tp in tps}
+        else:
+            found = await self.list_offsets({tp: spec for tp in tps})
+            latest = await self.list_offsets({tp: -1 for tp in tps})
+            offsets = {tp: found[tp].offset if found[tp].offset >= 0 else latest[tp].offset
+                       for tp in tps}
+        parts = tuple(m.OffsetCommitPartition(tp.partition, o) for tp, o in sorted(offsets.items()))
+        answer = await self._coordinator_call(
+            group_id, m.OffsetCommit(group_id, topics=(m.OffsetCommitTopic(topic, parts),))
+        )
+        for part in answer.topics[0].partitions:
+            raise_for(part.error_code, None, f"reset {topic}-{part.partition} of {group_id!r}")
+        return offsets
 
 
 @asynccontextmanager
@@ -450,6 +604,7 @@ async def open_consumer(
         try:
             yield consumer
         finally:
+            await consumer._leave()
             consumer._shutdown()
             nursery.cancel_scope.cancel()
 

@@ -9,6 +9,11 @@ per Produce request (at most ``max_in_flight_requests_per_connection`` per broke
 task feeds the answer back to the core and resolves the deliveries. ``flush`` waits until every
 record buffered when it was called completed; leaving ``open_producer`` flushes, then stops.
 
+Exactly-once: as in the blocking producer, the sender task also starts one task per
+coordinator request the core asks for (``InitProducerId`` and the transaction apis, one at a
+time, to any broker) and feeds the answer back; the transactional methods wait on the
+``TxnResult`` the core returns, woken by the progress signal.
+
 Time is ``env.clock`` (trio's clock by default, a virtual one in the simulator).
 """
 
@@ -32,21 +37,27 @@ from rivven_broker.client.errors import (
     ClientTimeoutError,
     ClosedError,
     ConnectionFailedError,
-    FeatureNotAvailableError,
+    InvalidTxnStateError,
     MessageTooLargeError,
     RivvenError,
+    TransactionAbortedError,
     UnknownTopicOrPartitionError,
     error_for,
 )
 from rivven_broker.client.metadata import Address
 from rivven_broker.client.producer_core import BatchOutcome, ProducerCore
+from rivven_broker.client.transaction_manager import (
+    CoordinatorCall,
+    TransactionManager,
+    TxnResult,
+    offsets_of,
+)
 from rivven_broker.client.types import RecordMetadata
 from rivven_broker.records.batch import RecordTooLargeError
 
 __all__ = ["Delivery", "TrioProducer", "open_producer"]
 
 _IDLE_WAIT_MS = 1000
-TRANSACTIONS_PENDING = "transactions arrive with the exactly-once milestone"
 
 
 class Delivery:
@@ -97,6 +108,8 @@ class TrioProducer:
         rng = env_rng(env, "producer")
         self._core = ProducerCore(self._config, conn_config, self._metadata, rng)
         self._acc = self._core.accumulator
+        txn = self._core.txn
+        self._txn_check = txn.check_send if txn is not None and txn.transactional else None
         self._request_timeout_ms = conn_config.request_timeout_ms
         self._wake = Signal()
         self._progress = Signal()
@@ -143,6 +156,8 @@ class TrioProducer:
         metadata is not known yet or the buffer is full (``enqueue`` waits instead)."""
         if self._closed:
             raise ClosedError("send after the producer closed")
+        if self._txn_check is not None:
+            self._txn_check()
         count = self._metadata.partition_count(topic)
         if count is None:
             code = self._metadata.topic_error(topic)
@@ -203,18 +218,63 @@ class TrioProducer:
         finally:
             self._acc.flushes_in_progress -= 1
 
-    async def init_transactions(self) -> None:
-        """Raises ``FeatureNotAvailableError`` until the broker supports transactions."""
-        raise FeatureNotAvailableError(TRANSACTIONS_PENDING)
+    # --- transactions (as the blocking Producer's; timeouts default to max_block_ms) -------
+    async def init_transactions(self, timeout_ms: int | None = None) -> None:
+        """Get the producer id of ``transactional_id``, fencing older instances.
+
+        Raises:
+            InvalidTxnStateError, ProducerFencedError (fatal), ClientTimeoutError.
+        """
+        await self._await(self._transactions().init_transactions(), timeout_ms)
 
     async def begin_transaction(self) -> None:
-        raise FeatureNotAvailableError(TRANSACTIONS_PENDING)
+        """Start a transaction (local). Raises ``InvalidTxnStateError`` or the fatal error."""
+        self._transactions().begin_transaction()
+        await trio.lowlevel.checkpoint()
 
-    async def commit_transaction(self) -> None:
-        raise FeatureNotAvailableError(TRANSACTIONS_PENDING)
+    async def send_offsets_to_transaction(
+        self, offsets: Any, group_id: str, timeout_ms: int | None = None
+    ) -> None:
+        """Commit ``offsets`` ({TopicPartition: next offset}) of ``group_id`` with the
+        transaction. Raises as the blocking one."""
+        converted = offsets_of(offsets)
+        await self._await(self._transactions().send_offsets(converted, group_id), timeout_ms)
 
-    async def abort_transaction(self) -> None:
-        raise FeatureNotAvailableError(TRANSACTIONS_PENDING)
+    async def commit_transaction(self, timeout_ms: int | None = None) -> None:
+        """Flush the transaction's records, then commit it. Raises as the blocking one."""
+        await self.flush(timeout_ms)
+        await self._await(self._transactions().begin_commit(), timeout_ms)
+
+    async def abort_transaction(self, timeout_ms: int | None = None) -> None:
+        """Abort the open transaction (queued records fail with TransactionAbortedError)."""
+        txn = self._transactions()
+        error = TransactionAbortedError("the transaction was aborted before this was sent")
+        with trio.fail_after(self._timeout_ms(timeout_ms) / 1000):
+            while True:
+                self._finish(self._core.abort_transaction_records(error))
+                if txn.in_flight_batches == 0 and not self._acc.has_queued():
+                    break
+                await self._progress.wait(_IDLE_WAIT_MS)
+        await self._await(txn.begin_abort(), timeout_ms)
+
+    def _transactions(self) -> TransactionManager:
+        txn = self._core.txn
+        if txn is None or not txn.transactional:
+            raise InvalidTxnStateError("the producer has no transactional_id")
+        return txn
+
+    def _timeout_ms(self, timeout_ms: int | None) -> int:
+        return self._config.max_block_ms if timeout_ms is None else timeout_ms
+
+    async def _await(self, result: TxnResult, timeout_ms: int | None) -> None:
+        self._wake.fire()
+        with trio.move_on_after(self._timeout_ms(timeout_ms) / 1000):
+            while not result.done:
+                await self._progress.wait(_IDLE_WAIT_MS)
+        if not result.done:
+            raise ClientTimeoutError("the transaction coordinator did not answer in time")
+        if result.error is not None:
+            raise result.error
 
     def partition_count(self, topic: str) -> int | None:
         return self._metadata.partition_count(topic)
@@ -254,6 +314,9 @@ class TrioProducer:
                     batch.seal()
                 self._in_flight[address] = self._in_flight.get(address, 0) + 1
                 self._nursery.start_soon(self._send_plan, plan, address)
+            call = self._core.next_coordinator_call(self._clock.monotonic_ms())
+            if call is not None:
+                self._nursery.start_soon(self._send_call, call)
             if step.metadata_due and wait_ms <= 0 and not step.plans:
                 # A metadata refresh is in flight and nothing else can move: wait for its
                 # outcome (bounded) instead of stepping again at once, which would spin.
@@ -261,6 +324,24 @@ class TrioProducer:
                     await metadata_changed.wait()
                 continue
             await self._wake.wait(max(0, min(wait_ms, _IDLE_WAIT_MS)))
+
+    async def _send_call(self, call: CoordinatorCall) -> None:
+        """One coordinator request to any broker; the answer goes back to the core."""
+        response, error = None, None
+        try:
+            conn = await self._cluster.any_connection()
+            if conn is None:
+                raise ConnectionFailedError("no broker reachable for the coordinator")
+            response = await conn.request(call.request, self._request_timeout_ms)
+        except RivvenError as failure:
+            error = failure
+        except BaseException:  # cancelled: the call may be sent again
+            lost = ConnectionFailedError("the coordinator request was cancelled")
+            self._core.on_coordinator_answer(call, None, lost, self._clock.monotonic_ms())
+            raise
+        self._core.on_coordinator_answer(call, response, error, self._clock.monotonic_ms())
+        self._progress.fire()
+        self._wake.fire()
 
     async def _dial(self, address: Address) -> None:
         try:

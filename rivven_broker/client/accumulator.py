@@ -34,17 +34,45 @@ driver's handling of the tokens.
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from typing import Any, Callable, NamedTuple
 
+import crc32c as _crc32c
+
 from rivven_broker.records.builder import BatchBuilder
+from rivven_broker.records.header import ATTR_TRANSACTIONAL, CRC_START, HEADER_BYTES
 from rivven_broker.records.murmur2 import partition_for_key
 from rivven_broker.records.partitioner import StickyPartitioner
 
-__all__ = ["ProducerBatch", "ProducePlan", "DrainResult", "RecordAccumulator"]
+__all__ = ["ProducerBatch", "ProducePlan", "DrainResult", "RecordAccumulator", "stamp_producer"]
 
 #: Rough per-record bytes beyond key and value, for ``buffered_bytes`` (the record framing).
 RECORD_ESTIMATE_OVERHEAD_BYTES = 29
+_ATTRIBUTES = struct.Struct(">h")  # at byte 21 of the header
+_PRODUCER = struct.Struct(">qhi")  # producer_id, producer_epoch, base_sequence at byte 43
+_CRC = struct.Struct(">I")  # at byte 17
+
+
+def stamp_producer(
+    data: bytes, producer_id: int, producer_epoch: int, base_sequence: int, transactional: bool
+) -> bytes:
+    """A built batch with its producer fields and transactional bit set and its CRC redone.
+
+    The records section is not touched (one copy, one CRC pass over it). Pure.
+    """
+    header = bytearray(memoryview(data)[:HEADER_BYTES])
+    (attributes,) = _ATTRIBUTES.unpack_from(header, 21)
+    if transactional:
+        attributes |= ATTR_TRANSACTIONAL
+    else:
+        attributes &= ~ATTR_TRANSACTIONAL
+    _ATTRIBUTES.pack_into(header, 21, attributes)
+    _PRODUCER.pack_into(header, 43, producer_id, producer_epoch, base_sequence)
+    body = memoryview(data)[HEADER_BYTES:]
+    crc = _crc32c.crc32c(body, _crc32c.crc32c(memoryview(header)[CRC_START:]))
+    _CRC.pack_into(header, 17, crc)
+    return b"".join((header, body))
 
 
 class ProducerBatch:
@@ -65,6 +93,11 @@ class ProducerBatch:
         "sealed",
         "data",
         "done",
+        "producer_id",
+        "producer_epoch",
+        "base_sequence",
+        "transactional",
+        "stamped",
     )
 
     def __init__(
@@ -85,17 +118,30 @@ class ProducerBatch:
         self.sealed = False
         self.data: bytes | None = None
         self.done = False
+        # Set by the TransactionManager when first drained (idempotent producers); ``seal``
+        # writes them into the header. base_sequence -1: not stamped.
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self.base_sequence = -1
+        self.transactional = False
+        self.stamped: tuple[int, int, int, bool] | None = None
 
     @property
     def record_count(self) -> int:
         return len(self.tokens)
 
     def seal(self) -> bytes:
-        """Build (and compress) the batch bytes once; later calls return the same bytes."""
+        """Build (and compress) the batch bytes once; later calls return the same bytes,
+        re-stamped if the producer id, epoch or sequence assigned to it changed."""
         if self.data is None:
             assert self.builder is not None and not self.builder.is_empty
             self.data = self.builder.build()
             self.builder = None
+        if self.base_sequence >= 0:
+            wanted = (self.producer_id, self.producer_epoch, self.base_sequence, self.transactional)
+            if self.stamped != wanted:
+                self.data = stamp_producer(self.data, *wanted)
+                self.stamped = wanted
         self.sealed = True
         return self.data
 
@@ -255,8 +301,11 @@ class RecordAccumulator:
         now_ms: int,
         leader_for: Callable[[str, int], int | None],
         node_ready: Callable[[int], bool],
+        partition_ready: Callable[[tuple[str, int]], bool] | None = None,
     ) -> DrainResult:
-        """Take the ready batches, grouped into at most one request per ready node."""
+        """Take the ready batches, grouped into at most one request per ready node.
+        ``partition_ready(tp)`` False holds a partition back (no producer id yet, or not yet
+        added to the transaction)."""
         force = self.flushes_in_progress > 0 or self.closing
         by_node: dict[int, list[ProducerBatch]] = {}
         bytes_by_node: dict[int, int] = {}
@@ -280,6 +329,8 @@ class RecordAccumulator:
                 unknown_leader = True
                 continue
             if not node_ready(node):
+                continue
+            if partition_ready is not None and not partition_ready(tp):
                 continue
             size = batch.builder.size_bytes if batch.data is None else len(batch.data)
             used = bytes_by_node.get(node, 0)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import attrs
 
 from rivven_broker.protocol import limits
+from rivven_broker.protocol.assignors import ASSIGNOR_NAMES
 
 __all__ = [
     "ConnectionConfig",
@@ -79,8 +80,11 @@ class ProducerConfig:
     max_in_flight_requests_per_connection: int = 5
     request_bytes_max: int = 16 * _MiB
     retries: int = 2_147_483_647
-    idempotent: bool = False
+    #: None (the default): idempotent when ``acks`` is all and at most 5 requests are in
+    #: flight per connection, else not; True or False: as asked (True needs both).
+    idempotent: bool | None = None
     transactional_id: str | None = None
+    transaction_timeout_ms: int = limits.transaction_timeout_ms_default
     allow_auto_topic_creation: bool = True
 
     def __attrs_post_init__(self) -> None:
@@ -106,6 +110,35 @@ class ProducerConfig:
             raise ValueError(f"request_bytes_max must be <= {limits.frame_bytes_max // 2}")
         if self.delivery_timeout_ms < self.linger_ms:
             raise ValueError("delivery_timeout_ms must be >= linger_ms")
+        if not 1 <= self.transaction_timeout_ms <= limits.transaction_timeout_ms_max:
+            raise ValueError(
+                f"transaction_timeout_ms must be in [1, {limits.transaction_timeout_ms_max}]"
+            )
+        if self.transactional_id is not None:
+            if not self.transactional_id or len(self.transactional_id.encode()) > (
+                limits.wire_name_bytes_max
+            ):
+                raise ValueError("transactional_id must be a non-empty string of <= 1024 bytes")
+            if self.idempotent is False:
+                raise ValueError("a transactional producer is idempotent (idempotent=False given)")
+        if self.idempotent or self.transactional_id is not None:
+            if self.acks != -1:
+                raise ValueError("an idempotent or transactional producer needs acks='all'")
+            if self.max_in_flight_requests_per_connection > limits.producer_batches_retained:
+                raise ValueError(
+                    "an idempotent producer keeps at most "
+                    f"{limits.producer_batches_retained} requests in flight per connection"
+                )
+
+    @property
+    def idempotence(self) -> bool:
+        """Whether this producer stamps producer ids and sequences (see ``idempotent``)."""
+        if self.idempotent is not None or self.transactional_id is not None:
+            return bool(self.idempotent) or self.transactional_id is not None
+        return (
+            self.acks == -1
+            and self.max_in_flight_requests_per_connection <= limits.producer_batches_retained
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -122,8 +155,22 @@ class ConsumerConfig:
     max_partition_fetch_bytes: int = _MiB
     max_poll_records: int = 500
     check_crcs: bool = True
+    # --- consumer groups (docs/consumer-groups.md) ---
+    #: Static membership: a restart within the session timeout keeps the partitions.
+    group_instance_id: str | None = None
+    session_timeout_ms: int = limits.session_timeout_ms_default
+    heartbeat_interval_ms: int = 3_000
+    #: How long the coordinator waits for every member to rejoin in a rebalance.
+    rebalance_timeout_ms: int = 60_000
+    auto_commit_interval_ms: int = 5_000
+    #: Assignor names, most preferred first (a str or a sequence of them).
+    partition_assignment_strategy: tuple[str, ...] = attrs.field(
+        default=("cooperative-sticky",),
+        converter=lambda v: (v,) if isinstance(v, str) else tuple(v),
+    )
 
     def __attrs_post_init__(self) -> None:
+        self._check_group_options()
         if self.auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError("auto_offset_reset must be 'earliest', 'latest' or 'none'")
         if self.isolation_level not in ("read_uncommitted", "read_committed"):
@@ -138,6 +185,37 @@ class ConsumerConfig:
                 f"max_partition_fetch_bytes must be in [1, {limits.fetch_partition_bytes_max}]"
             )
         _positive("max_poll_records", self.max_poll_records)
+
+    def _check_group_options(self) -> None:
+        if self.group_id is not None and not 0 < len(self.group_id.encode()) <= (
+            limits.group_id_bytes_max
+        ):
+            raise ValueError(f"group_id must be 1..{limits.group_id_bytes_max} bytes")
+        if self.group_instance_id is not None and not 0 < len(
+            self.group_instance_id.encode()
+        ) <= limits.group_instance_id_bytes_max:
+            raise ValueError("group_instance_id must be a non-empty string of <= 256 bytes")
+        if not limits.session_timeout_ms_min <= self.session_timeout_ms <= (
+            limits.session_timeout_ms_max
+        ):
+            raise ValueError(
+                f"session_timeout_ms must be in [{limits.session_timeout_ms_min}, "
+                f"{limits.session_timeout_ms_max}]"
+            )
+        if not 0 < self.heartbeat_interval_ms < self.session_timeout_ms:
+            raise ValueError("heartbeat_interval_ms must be in [1, session_timeout_ms)")
+        if not 0 < self.rebalance_timeout_ms <= limits.rebalance_timeout_ms_max:
+            raise ValueError(
+                f"rebalance_timeout_ms must be in [1, {limits.rebalance_timeout_ms_max}]"
+            )
+        _positive("auto_commit_interval_ms", self.auto_commit_interval_ms)
+        strategies = self.partition_assignment_strategy
+        unknown = [name for name in strategies if name not in ASSIGNOR_NAMES]
+        if not strategies or unknown or len(set(strategies)) != len(strategies):
+            raise ValueError(
+                "partition_assignment_strategy must name distinct assignors among "
+                + ", ".join(ASSIGNOR_NAMES)
+            )
 
 
 def build_configs(options: dict, *classes: type) -> tuple:

@@ -47,8 +47,10 @@ def apply_fetch_answer(
         if part is None:
             state.on_partition_missing(tp, epoch, now_ms)
             continue
+        aborted = tuple((a.producer_id, a.first_offset) for a in part.aborted_transactions)
         code = state.on_partition_data(
-            tp, epoch, offset, part.error_code, part.high_watermark, part.records, now_ms
+            tp, epoch, offset, part.error_code, part.high_watermark, part.records, now_ms,
+            aborted,
         )
         refresh |= code is not None and needs_metadata_refresh(code)
     return refresh

@@ -15,6 +15,9 @@ specific subclass for the codes users meet most. Local conditions have their own
 ``DeliveryTimeoutError`` (the client gave up waiting), ``BufferExhaustedError`` (``send`` could
 not get buffer space within ``max_block_ms``), ``ClosedError`` (the client was closed) and
 ``FeatureNotAvailableError`` (an API whose broker side arrives with a later milestone).
+Exactly-once adds ``ProducerFencedError`` (fatal for the producer instance),
+``OutOfOrderSequenceError``, ``UnknownProducerIdError``, ``InvalidTxnStateError`` and
+``TransactionAbortedError`` (a record of an aborted transaction that was never sent).
 
 The client's retry loops retry an error exactly when ``.retriable`` is true and the delivery
 timeout has not passed; non-retriable errors are reported at once.
@@ -47,6 +50,11 @@ __all__ = [
     "BufferExhaustedError",
     "ClosedError",
     "FeatureNotAvailableError",
+    "ProducerFencedError",
+    "OutOfOrderSequenceError",
+    "UnknownProducerIdError",
+    "InvalidTxnStateError",
+    "TransactionAbortedError",
     "error_for",
 ]
 
@@ -159,6 +167,32 @@ class UnsupportedVersionError(BrokerError):
     default_error_code = ErrorCode.UNSUPPORTED_VERSION
 
 
+class ProducerFencedError(BrokerError):
+    """A newer producer with the same transactional id exists, or the coordinator aborted this
+    one's transaction (timeout): fatal for this producer instance; close it."""
+
+    default_error_code = ErrorCode.PRODUCER_FENCED
+
+
+class OutOfOrderSequenceError(BrokerError):
+    """The broker saw a gap in the producer's sequence it could not bridge by retrying."""
+
+    default_error_code = ErrorCode.OUT_OF_ORDER_SEQUENCE
+
+
+class UnknownProducerIdError(BrokerError):
+    """The partition has no state for this producer id (it expired or was never there)."""
+
+    default_error_code = ErrorCode.UNKNOWN_PRODUCER_ID
+
+
+class InvalidTxnStateError(BrokerError):
+    """The call does not fit the transaction's state (a programming error, or a partition
+    or group the transaction did not register): abort the transaction."""
+
+    default_error_code = ErrorCode.INVALID_TXN_STATE
+
+
 class ConnectionFailedError(RivvenError):
     """No connection to any broker could be made or kept (retriable)."""
 
@@ -192,6 +226,12 @@ class ClosedError(RivvenError):
     default_code = "CLIENT_CLOSED"
 
 
+class TransactionAbortedError(RivvenError):
+    """The record was not delivered: its transaction was aborted before it was sent."""
+
+    default_code = "TRANSACTION_ABORTED"
+
+
 class FeatureNotAvailableError(RivvenError):
     """The API exists in the client but its broker side arrives with a later milestone."""
 
@@ -215,6 +255,10 @@ _BY_CODE: dict[ErrorCode, type[BrokerError]] = {
         InvalidRequestError,
         RequestTimedOutError,
         UnsupportedVersionError,
+        ProducerFencedError,
+        OutOfOrderSequenceError,
+        UnknownProducerIdError,
+        InvalidTxnStateError,
     )
 }
 

@@ -24,6 +24,11 @@ A partition with no position needs a *reset*: the driver asks ``ListOffsets`` fo
 ``seek_to_end``) and reports the answer with ``on_reset``. ``OFFSET_OUT_OF_RANGE`` from a Fetch
 triggers the same reset, or, with ``auto_offset_reset="none"``, an error that ``poll`` raises.
 
+Isolation: under ``read_committed`` the broker stops at the last stable offset and lists the
+aborted transactions overlapping its answer; the completed fetch keeps that list and
+``decode_completed`` drops their batches (``aborted_batch_filter``). Control batches (the
+transaction markers) never become records under either isolation level.
+
 Pure and single-threaded: drivers serialise access; ``decode_completed`` is a free function.
 """
 
@@ -40,8 +45,14 @@ from rivven_broker.client.errors import (
 )
 from rivven_broker.client.types import Record, TopicPartition
 from rivven_broker.protocol.errors import ErrorCode
-from rivven_broker.records.header import BatchError, iter_batches
-from rivven_broker.records.reader import decode_records
+from rivven_broker.records.header import (
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
+    BatchError,
+    BatchHeader,
+    iter_batches,
+)
+from rivven_broker.records.reader import BatchFilter, decode_records
 
 __all__ = [
     "EARLIEST",
@@ -49,6 +60,7 @@ __all__ = [
     "CompletedFetch",
     "FetchPlan",
     "FetchState",
+    "aborted_batch_filter",
     "decode_completed",
 ]
 
@@ -66,6 +78,8 @@ class CompletedFetch(NamedTuple):
     records: bytes
     next_offset: int  # the position after consuming all of it
     high_watermark: int
+    #: read_committed: ``(producer_id, first_offset)`` of aborted transactions in the data.
+    aborted: tuple[tuple[int, int], ...] = ()
 
 
 class FetchPlan(NamedTuple):
@@ -285,6 +299,7 @@ class FetchState:
         high_watermark: int,
         records: bytes,
         now_ms: int,
+        aborted: tuple[tuple[int, int], ...] = (),
     ) -> ErrorCode | None:
         """One partition of a Fetch response. Returns the error code when it carried one.
 
@@ -314,7 +329,7 @@ class FetchState:
         state.fetch_offset = next_offset
         state.buffered = True
         self._completed.append(
-            CompletedFetch(tp, epoch, fetch_offset, records, next_offset, high_watermark)
+            CompletedFetch(tp, epoch, fetch_offset, records, next_offset, high_watermark, aborted)
         )
         return None
 
@@ -380,12 +395,41 @@ class FetchState:
             assert state.buffered
 
 
+def aborted_batch_filter(aborted: Iterable[tuple[int, int]]) -> BatchFilter:
+    """A ``decode_records`` batch filter dropping the batches of aborted transactions.
+
+    ``aborted`` holds ``(producer_id, first_offset)`` from a read_committed Fetch answer. Walking
+    the batches in offset order, a producer's transactional batches are dropped from the first
+    batch that reaches its ``first_offset`` until that producer's next control batch (its
+    ABORT marker); control batches are never records anyway. Constant work per batch.
+    """
+    pending = sorted(aborted, key=lambda entry: entry[1])
+    index = 0
+    active: set[int] = set()
+
+    def keep(header: BatchHeader) -> bool:
+        nonlocal index
+        last_offset = header.base_offset + header.last_offset_delta
+        while index < len(pending) and pending[index][1] <= last_offset:
+            active.add(pending[index][0])
+            index += 1
+        if header.attributes & ATTR_CONTROL:
+            active.discard(header.producer_id)
+            return False
+        return not (header.attributes & ATTR_TRANSACTIONAL and header.producer_id in active)
+
+    return keep
+
+
 def decode_completed(completed: CompletedFetch, **decode_options: Any) -> list[Record]:
-    """Decode a completed fetch into client ``Record`` tuples (records below its start dropped).
+    """Decode a completed fetch into client ``Record`` tuples (records below its start dropped,
+    and, when the answer listed aborted transactions, their batches).
 
     Raises:
         CorruptMessageError: a batch failed its CRC or framing check.
     """
+    if completed.aborted:
+        decode_options["batch_filter"] = aborted_batch_filter(completed.aborted)
     try:
         raw = decode_records(completed.records, min_offset=completed.fetch_offset, **decode_options)
     except BatchError as error:

@@ -16,9 +16,16 @@ A driver owns sockets, a clock and a thread or task; this core owns every decisi
   metadata stale when the error says the leader moved.
 
 With ``acks=0`` the broker answers nothing: a batch is done once written, with offset -1.
-``idempotent=True`` and ``transactional_id`` are accepted ahead of the exactly-once milestone:
-until the broker grants producer ids they mean ``acks=all`` and no retries (a retry without
-sequence numbers could duplicate; see docs/client.md).
+
+Exactly-once (``ProducerConfig.idempotence``, on by default): a ``TransactionManager``
+(``transaction_manager.py``) holds batches back until the producer has an id (and, in a
+transaction, until their partition was added), stamps each batch with the producer id, epoch
+and sequence when it is first drained (a retry resends the same bytes), and turns the
+broker's sequence answers into decisions: ``duplicate`` and ``DUPLICATE_SEQUENCE`` are
+successes, ``OUT_OF_ORDER_SEQUENCE`` behind an earlier batch still being retried is retried,
+``UNKNOWN_PRODUCER_ID`` makes an idempotent producer take a new id and retry,
+``PRODUCER_FENCED`` is fatal. Coordinator requests come from ``next_coordinator_call`` and
+their answers go to ``on_coordinator_answer``.
 
 Pure: ``now_ms`` and the ``random.Random`` are injected; nothing blocks.
 """
@@ -31,6 +38,7 @@ from typing import Any, Callable, NamedTuple
 from rivven_broker.client.accumulator import ProducePlan, ProducerBatch, RecordAccumulator
 from rivven_broker.client.config import ConnectionConfig, ProducerConfig
 from rivven_broker.client.errors import DeliveryTimeoutError, RivvenError, error_for
+from rivven_broker.client.transaction_manager import CoordinatorCall, TransactionManager
 from rivven_broker.client.metadata import MetadataCache
 from rivven_broker.client.requests import produce_request, produce_results
 from rivven_broker.client.retry import RetryPolicy
@@ -69,12 +77,20 @@ class ProducerCore:
         self.config = config
         self.metadata = metadata
         self.rng = rng
-        exactly_once_pending = config.idempotent or config.transactional_id is not None
-        self.acks = m.ACKS_ALL if exactly_once_pending else config.acks
+        self.acks = config.acks
+        self.txn: TransactionManager | None = None
+        if config.idempotence:
+            assert config.acks == m.ACKS_ALL
+            self.txn = TransactionManager(
+                transactional_id=config.transactional_id,
+                transaction_timeout_ms=config.transaction_timeout_ms,
+                retry_backoff_ms=connection.retry_backoff_ms,
+                fallback_allowed=config.idempotent is None,
+            )
         self.retry = RetryPolicy(
             retry_backoff_ms=connection.retry_backoff_ms,
             retry_backoff_max_ms=connection.retry_backoff_max_ms,
-            retries_max=0 if exactly_once_pending else config.retries,
+            retries_max=config.retries,
         )
         self.request_timeout_ms = connection.request_timeout_ms
         self.accumulator = RecordAccumulator(
@@ -94,19 +110,30 @@ class ProducerCore:
     def step(self, now_ms: int, node_ready: Callable[[int], bool]) -> SenderStep:
         """Decide what the sender does now (see the module docstring)."""
         acc = self.accumulator
+        txn = self.txn
         failed = [
             BatchOutcome(batch, -1, self._expired_error(batch))
             for batch in acc.expired(now_ms)
         ]
+        if txn is not None and txn.fatal_error is not None:
+            failed += [BatchOutcome(b, -1, txn.fatal_error) for b in acc.abort_all()]
         for outcome in failed:
             acc.complete(outcome.batch)
-        drained = acc.drain(now_ms, self.metadata.leader_for, node_ready)
+            if txn is not None:
+                txn.failed(outcome.batch, outcome.error)
+        drained = acc.drain(
+            now_ms, self.metadata.leader_for, node_ready, None if txn is None else txn.can_drain
+        )
         if drained.unknown_leader:
             self.metadata.request_update()
         for plan in drained.plans:
             for batch in plan.batches:
                 batch.attempts += 1
+                if txn is not None:
+                    txn.assign(batch)
         wake_at = drained.next_ready_ms
+        if txn is not None and txn.retry_at_ms > now_ms:
+            wake_at = txn.retry_at_ms if wake_at is None else min(wake_at, txn.retry_at_ms)
         metadata_due = bool(self.metadata.wanted) and self.metadata.needs_update(now_ms)
         if self.metadata.wanted:
             due = self.metadata.update_due_ms(now_ms)
@@ -129,8 +156,25 @@ class ProducerCore:
             plan,
             acks=self.acks,
             timeout_ms=self.request_timeout_ms,
-            transactional_id=None,  # sent once the broker speaks transactions
+            transactional_id=self.config.transactional_id,
         )
+
+    # --- the coordinator (producer ids and transactions) --------------------------------------
+    def next_coordinator_call(self, now_ms: int) -> CoordinatorCall | None:
+        """The InitProducerId or transaction request to send now to any broker, if any."""
+        return None if self.txn is None else self.txn.next_call(now_ms)
+
+    def on_coordinator_answer(
+        self, call: CoordinatorCall, response: Any, error: RivvenError | None, now_ms: int
+    ) -> None:
+        """The answer to (or failure of) ``call``."""
+        assert self.txn is not None
+        self.txn.on_call_done(call.call_id, response, error, now_ms)
+
+    def abort_transaction_records(self, error: RivvenError) -> list[BatchOutcome]:
+        """Fail every queued batch of an aborting transaction (in-flight ones finish)."""
+        outcomes = self.abort_queued(error)
+        return outcomes
 
     def on_sent_without_ack(self, plan: ProducePlan) -> list[BatchOutcome]:
         """acks=0: the request is written, so its batches are done (offset -1)."""
@@ -147,13 +191,22 @@ class ProducerCore:
         except RivvenError as error:  # an ErrorResponse for the whole request
             return self.on_request_failed(plan, error, now_ms)
         outcomes = []
+        txn = self.txn
         for batch, code, base_offset, message in results:
+            if txn is not None:
+                txn.returned(batch)
+                if code == ErrorCode.DUPLICATE_SEQUENCE:  # written long ago; offset unknown
+                    code, base_offset = ErrorCode.NONE, -1
             if code == ErrorCode.NONE:
                 self.accumulator.complete(batch)
+                if txn is not None:
+                    txn.acknowledged(batch)
                 outcomes.append(BatchOutcome(batch, base_offset, None))
                 continue
             error = error_for(code, f"producing to {batch.topic}-{batch.partition}: {message}"
                               if message else f"producing to {batch.topic}-{batch.partition}")
+            if txn is not None and _retry_in_sequence(txn, batch, code):
+                error.retriable = True
             outcome = self._failed(batch, error, now_ms)
             if outcome is not None:
                 outcomes.append(outcome)
@@ -165,6 +218,8 @@ class ProducerCore:
         """The whole request failed (connection lost, timed out, an ErrorResponse)."""
         outcomes = []
         for batch in plan.batches:
+            if self.txn is not None:
+                self.txn.returned(batch)
             outcome = self._failed(batch, error, now_ms)
             if outcome is not None:
                 outcomes.append(outcome)
@@ -185,6 +240,8 @@ class ProducerCore:
             self.accumulator.reenqueue(batch, decision.retry_at_ms)
             return None
         self.accumulator.complete(batch)
+        if self.txn is not None:
+            self.txn.failed(batch, error)
         if error.retriable and decision.reason == "deadline passed":
             message = f"{self._expired_error(batch).message}; last error: {error}"
             timeout = DeliveryTimeoutError(message)
@@ -197,5 +254,17 @@ class ProducerCore:
         outcomes = []
         for batch in self.accumulator.abort_all():
             self.accumulator.complete(batch)
+            if self.txn is not None:
+                self.txn.failed(batch, error)
             outcomes.append(BatchOutcome(batch, -1, error))
         return outcomes
+
+
+def _retry_in_sequence(txn: TransactionManager, batch: ProducerBatch, code: ErrorCode) -> bool:
+    """Whether a sequence error is only the echo of an earlier batch being retried (or an
+    unknown producer an idempotent producer recovers from with a new id)."""
+    if code == ErrorCode.OUT_OF_ORDER_SEQUENCE:
+        return not txn.is_oldest(batch)
+    if code == ErrorCode.UNKNOWN_PRODUCER_ID:
+        return txn.unknown_producer(batch)
+    return False

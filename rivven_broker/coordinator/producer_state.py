@@ -410,6 +410,12 @@ class ProducerStateManager:
             had_data=first != NO_OFFSET,
         )
 
+    def advance_end_offset(self, end_offset: int) -> None:
+        """The log goes on at ``end_offset`` with no batch in between (the log's own end when
+        its last batches were removed, e.g. by compaction). Never blocks."""
+        assert end_offset >= self._end_offset, (end_offset, self._end_offset)
+        self._end_offset = end_offset
+
     def remove_expired(
         self, now_ms: int, expiration_ms: int = limits.producer_id_expiration_ms
     ) -> list[int]:

@@ -124,6 +124,11 @@ transactional_ids_max = 100_000
 transactions_open_per_producer_max = 1
 #: Partitions, and committed consumer offsets, one transaction may hold.
 partitions_per_transaction_max = 10_000
+#: Producer-state snapshots kept per partition (the newest; older ones are deleted).
+producer_snapshots_kept = 2
+#: Markers of one transaction the broker retries writing after a storage error, at most this
+#: often (and the delay between two attempts of one partition doubles up to this).
+transaction_marker_retry_ms_max = 5_000
 
 assert 1 <= producer_batches_retained <= 64
 assert 1 <= transactions_open_per_producer_max <= 5

@@ -8,15 +8,21 @@ net, disk, run_sync), so the same code runs on real sockets and files and in the
 1. *starting*: the HTTP server comes up first, so ``/health`` answers 503 while the logs
    recover. ``LogManager.open`` recovers every partition (off the event loop through
    ``env.run_sync``; nothing else touches the store yet) and each partition's recovery is
-   logged. Then the ``SyncWorker`` (group commit), the retention task (at start and every
-   ``retention_check_interval_ms``) and the client listener start.
+   logged; then every partition's producer state is rebuilt (snapshot + batch headers after
+   it, also off the loop). Then the ``SyncWorker`` (group commit), the transaction
+   coordinator's driver (which replays ``__transaction_state`` and completes in-doubt
+   transactions before it reports started), the group coordinator's driver (which created
+   and replayed ``__consumer_offsets`` before the sync worker started), the retention task
+   (at start and every ``retention_check_interval_ms``), the log cleaner (compaction, every
+   ``log_cleaner_backoff_ms``) and the client listener start.
 2. *serving*: ``task_status.started(BrokerAddresses)`` reports the bound ports. Each accepted
    connection is handed to a nursery the broker owns (not the listener's), so the listener can
    stop without cutting connections. Over ``connections_max`` a connection is closed at once.
 3. *stopping* (``request_shutdown``): stop accepting; ask every connection to stop reading and
    let it finish the requests it has, for at most ``shutdown_timeout_ms`` (then cancel them);
-   stop retention; close the sync worker (a final group commit); flush and close every log;
-   stop HTTP; return.
+   stop retention, the cleaner, the group and transaction drivers; close the sync worker (a
+   final group commit);
+   write producer-state snapshots; flush and close every log; stop HTTP; return.
 
 A failed fsync (``SyncFailedError`` from the worker or from any waiting request) is fatal: it
 propagates out of ``serve``, cancelling everything, and the process exits non-zero. The
@@ -43,9 +49,13 @@ from rivven_broker.server.connection import (
 )
 from rivven_broker.server.context import ServerContext
 from rivven_broker.server.env import Env
+from rivven_broker.server.group_driver import GroupDriver, GroupDriverSettings, GroupLagCollector
 from rivven_broker.server.handlers import Handlers
 from rivven_broker.server.http import json_body, render_dashboard, serve_http_connection
+from rivven_broker.server.log_cleaner import LogCleaner
 from rivven_broker.server.metrics import CONTENT_TYPE, BrokerMetrics, PartitionSnapshot
+from rivven_broker.server.producer_state_driver import ProducerStates
+from rivven_broker.server.txn_driver import TxnDriver
 from rivven_broker.storage.errors import StorageError, SyncFailedError
 from rivven_broker.storage.log_manager import LogManager
 from rivven_broker.storage.sync_worker import SyncPolicy, SyncWorker
@@ -86,6 +96,8 @@ class Broker:
         self._stopped = trio.Event()
         self._connections = ClientConnections()
         self._handlers: Handlers | None = None
+        #: The background compaction task, once serving (``log_cleaner.py``).
+        self.log_cleaner: LogCleaner | None = None
         self.metrics.track_partitions(self._partition_snapshot)
 
     # --- control -------------------------------------------------------------------------------
@@ -124,16 +136,35 @@ class Broker:
     async def _open_and_serve(self, http: HostPort | None, task_status: Any) -> None:
         env, config = self.env, self.config
         logs = await self._open_logs()
+        states = await self._open_producer_states(logs)
         policy = SyncPolicy.parse(config.sync_policy)
         sync_worker = SyncWorker(policy, env.run_sync)
         self.context = ServerContext(
-            env, config, logs, sync_worker, self.metrics, _advertised_host(config.listen.host), 0
+            env, config, logs, sync_worker, self.metrics, _advertised_host(config.listen.host), 0,
+            producer_states=states,
         )
+        txn = TxnDriver(
+            self.context, states, marker_delay_ms=config.transaction_marker_delay_ms
+        )
+        self.context.txn = txn
+        groups = self.context.groups = GroupDriver(
+            self.context, GroupDriverSettings.from_broker_config(config)
+        )
+        txn.offsets_sink = groups.commit_txn_offsets
+        self.log_cleaner = LogCleaner(self.context, config.log_cleaner_backoff_ms)
+        self.metrics.registry.register(GroupLagCollector(groups.lag_rows))
         self._handlers = Handlers(self.context)
         graceful = False
         try:
+            groups.open(env.clock.wall_ms())  # __consumer_offsets: created, replayed
             async with trio.open_nursery() as nursery:
                 await nursery.start(sync_worker.run)
+                txn_scope = trio.CancelScope()
+                await nursery.start(_run_in_scope, txn.run, txn_scope)
+                groups_scope = trio.CancelScope()
+                await nursery.start(_run_in_scope, groups.run, groups_scope)
+                cleaner_scope = trio.CancelScope()
+                await nursery.start(_run_in_scope, self.log_cleaner.run, cleaner_scope)
                 retention_scope = trio.CancelScope()
                 nursery.start_soon(self._retention_loop, logs, retention_scope)
                 async with trio.open_nursery() as connections:
@@ -151,14 +182,19 @@ class Broker:
                     listener_scope.cancel()
                     await self._drain_connections(connections)
                 retention_scope.cancel()
+                cleaner_scope.cancel()
+                groups_scope.cancel()
+                txn_scope.cancel()
                 await sync_worker.aclose()
             graceful = True
         finally:
             self.state = BrokerState.STOPPING
             if graceful:
+                states.close_all(snapshot=True)  # producer-state snapshots at the log ends
                 logs.close()  # flush, persist recovery points
                 log.info("all logs flushed and closed")
             else:  # a crash, a failed fsync or a forced stop: leave the files as a crash would
+                states.close_all(snapshot=False)
                 for _, plog in logs.logs():
                     plog.abandon()
 
@@ -195,6 +231,23 @@ class Broker:
                 log.warning("  cut %s at byte %d: %d bytes (%s)", cut.file, cut.position,
                             cut.bytes_cut, cut.reason)
         return logs
+
+    async def _open_producer_states(self, logs: LogManager) -> ProducerStates:
+        """Rebuild every partition's producer state (snapshots + header replay), off the
+        event loop."""
+        states = ProducerStates()
+        reports = await self.env.run_sync(states.load_all, list(logs.logs()))
+        for (topic, partition), report in sorted(reports.items()):
+            if report.snapshots_dropped or report.index_problem:
+                log.warning("producer state of %s-%d: dropped snapshots %s, index: %s",
+                            topic, partition, ", ".join(report.snapshots_dropped) or "none",
+                            report.index_problem or "ok")
+            if report.batches_replayed:
+                log.info("producer state of %s-%d: %d batch headers replayed after %s",
+                         topic, partition, report.batches_replayed,
+                         "no snapshot" if report.snapshot_offset is None
+                         else f"the snapshot at {report.snapshot_offset}")
+        return states
 
     async def _listen(
         self, scope: trio.CancelScope, connections: trio.Nursery, *, task_status: Any
@@ -301,6 +354,14 @@ class Broker:
                 topic, partition, plog.log_start_offset, plog.log_end_offset,
                 context.high_watermark(plog), plog.size_bytes,
             )
+
+
+async def _run_in_scope(
+    run: Any, scope: trio.CancelScope, *, task_status: Any = trio.TASK_STATUS_IGNORED
+) -> None:
+    """``await run(task_status=...)`` inside ``scope`` (so the broker can stop it alone)."""
+    with scope:
+        await run(task_status=task_status)
 
 
 def _advertised_host(host: str) -> str:

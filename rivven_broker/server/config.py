@@ -91,6 +91,17 @@ class BrokerConfig:
     retention_check_interval_ms: int = 300_000
     #: How long a graceful shutdown waits for in-flight requests before cancelling them.
     shutdown_timeout_ms: int = 10_000
+    #: Fault injection for tests: delay every transaction's markers this long after its
+    #: decision is durable (0: write them at once).
+    transaction_marker_delay_ms: int = 0
+    #: Partitions of ``__consumer_offsets`` when the broker creates it.
+    offsets_topic_partitions: int = 4
+    #: How long a rebalance that starts from an empty group waits for more members.
+    group_initial_rebalance_delay_ms: int = limits.initial_rebalance_delay_ms_default
+    #: Committed offsets of an empty group expire this long after its last commit.
+    offsets_retention_minutes: int = limits.offsets_retention_ms_default // 60_000
+    #: How often the log cleaner looks for compacted partitions to clean.
+    log_cleaner_backoff_ms: int = 15_000
 
     def __attrs_post_init__(self) -> None:
         assert 0 <= self.node_id <= _I32_MAX
@@ -237,6 +248,19 @@ _OPTIONS: tuple[_Option, ...] = (
             "how often retention runs (default 300000)"),
     _Option("shutdown_timeout_ms", "MS", _int_in(0, _I32_MAX),
             "graceful shutdown waits this long for in-flight requests (default 10000)"),
+    _Option("transaction_marker_delay_ms", "MS", _int_in(0, _I32_MAX),
+            "fault injection for tests: write transaction markers this long after the "
+            "commit/abort decision (default 0)"),
+    _Option("offsets_topic_partitions", "N", _int_in(1, limits.partitions_per_topic_max),
+            "partitions of __consumer_offsets when the broker creates it (default 4)"),
+    _Option("group_initial_rebalance_delay_ms", "MS",
+            _int_in(0, limits.rebalance_timeout_ms_max),
+            "a rebalance of an empty group waits this long for more members "
+            f"(default {limits.initial_rebalance_delay_ms_default})"),
+    _Option("offsets_retention_minutes", "MINUTES", _int_in(1, _I32_MAX // 60_000),
+            "committed offsets of an empty group expire after this (default 10080)"),
+    _Option("log_cleaner_backoff_ms", "MS", _int_in(1, _I32_MAX),
+            "how often the log cleaner compacts compacted topics (default 15000)"),
 )
 _BY_KEY: dict[str, _Option] = {}
 for _option in _OPTIONS:

@@ -55,11 +55,13 @@ from rivven_broker.protocol.messages import (
     DeleteRecordsResponse,
     ErrorResponse,
     FetchResponse,
+    Handshake,
     ListOffsetsResponse,
     MetadataResponse,
     ProduceResponse,
 )
 from rivven_broker.server.context import Pending
+from rivven_broker.server.group_driver import CLIENT
 from rivven_broker.storage.errors import SyncFailedError
 
 if TYPE_CHECKING:
@@ -193,6 +195,8 @@ class _Connection:
         while gate is not None:
             await gate.wait()
             gate = self.handlers.gate(request)
+        if isinstance(request, Handshake):  # who the client is, for group membership
+            CLIENT.set((request.client_id, CLIENT.get()[1]))
         start_ms = self.clock.monotonic_ms()
         api = type(request).__name__
         outcome = _guarded(api, lambda: self.handlers.begin(request, self.clock.wall_ms()))
@@ -305,6 +309,15 @@ def _error_code(response: Response) -> int:
     return 0
 
 
+def _peer_host(stream: trio.abc.Stream) -> str:
+    """The client's address for group descriptions ("" when the stream has none)."""
+    try:
+        peer = stream.socket.getpeername()  # type: ignore[attr-defined]
+    except (AttributeError, OSError):
+        return ""
+    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
+
+
 class ClientConnections:
     """The live client connections of a broker, so shutdown can stop them all reading."""
 
@@ -348,6 +361,7 @@ async def serve_client_connection(
     Raises:
         SyncFailedError: an fsync failed while a request waited; the broker must stop.
     """
+    CLIENT.set(("", _peer_host(stream)))
     connection = _Connection(stream, handlers, settings, clock, metrics)
     registry.add(connection)
     try:

@@ -34,12 +34,15 @@ import attrs
 import trio
 
 from rivven_broker.protocol.message_base import Response
+from rivven_broker.server.producer_state_driver import ProducerStates
 from rivven_broker.storage.sync_worker import SyncPolicy, SyncWorker
 
 if TYPE_CHECKING:
     from rivven_broker.server.config import BrokerConfig
     from rivven_broker.server.env import Env
+    from rivven_broker.server.group_driver import GroupDriver
     from rivven_broker.server.metrics import BrokerMetrics
+    from rivven_broker.server.txn_driver import TxnDriver
     from rivven_broker.storage.log_manager import LogManager
     from rivven_broker.storage.partition_log import PartitionLog
 
@@ -126,6 +129,13 @@ class ServerContext:
     advertised_port: int
     waker: PartitionWaker = attrs.field(factory=PartitionWaker)
     gates: TopicGates = attrs.field(factory=TopicGates)
+    #: Producer state (idempotence, open transactions, LSO) of every partition; every append
+    #: goes through it (``producer_state_driver.py``).
+    producer_states: ProducerStates = attrs.field(factory=ProducerStates)
+    #: The transaction coordinator's driver, once the broker started it (``txn_driver.py``).
+    txn: TxnDriver | None = None
+    #: The group coordinator's driver, once the broker opened it (``group_driver.py``).
+    groups: GroupDriver | None = None
 
     @property
     def policy(self) -> SyncPolicy:

@@ -5,9 +5,15 @@ Theory of operation
 Every handler has a synchronous first half, run by the connection's reader in request order,
 and, when it must wait, an asynchronous second half returned as a ``Pending``.
 
-Produce (first half): for each partition, ``PartitionLog.append`` checks every batch's header,
-size and CRC and appends all of them or none; then the log is marked dirty for the sync
-worker and long-polling fetches of the partition are poked. Because appends happen in the
+Produce (first half): for each partition, the partition's ``PartitionTxnState``
+(``producer_state_driver.py``) appends through ``PartitionLog.append``, which checks every
+batch's header, size and CRC and appends all of them or none; batches of idempotent or
+transactional producers are first checked against the partition's producer state (and the
+transaction coordinator): a retried batch is answered with its original offsets and
+``duplicate`` set (nothing written, but the answer still waits for those offsets to be
+durable), a refused one with its code (``OUT_OF_ORDER_SEQUENCE``, ``PRODUCER_FENCED``,
+``UNKNOWN_PRODUCER_ID``, ``INVALID_TXN_STATE`` ...). Then the log is marked dirty for the
+sync worker and long-polling fetches of the partition are poked. Because appends happen in the
 reader, a producer's pipelined requests land in the log in the order it sent them. acks=0
 ends here with no answer. Under ``sync=always`` (acks 1 or all) the second half waits, within
 the request's ``timeout_ms``, until every appended batch is durable; a producer that pipelines
@@ -24,10 +30,13 @@ fit gets nothing this time. If fewer than ``min_bytes`` are ready, the second ha
 it registers an event under every partition it reads, sleeps until poked (or, under
 ``sync=always``, until data already appended becomes durable) or until ``max_wait_ms``, and
 reads again. Errors on a partition (unknown, out of range, storage) are per partition and end
-the wait at once. ``read_committed`` behaves like ``read_uncommitted`` until transactions
-exist: the last stable offset is the high watermark.
+the wait at once. A ``read_committed`` fetch reads only below the partition's last stable
+offset (the first offset of its oldest open transaction, capped by the high watermark) and
+carries the aborted transactions overlapping what it returns, from the partition's
+aborted-transaction index, so the consumer can drop them; every response reports the LSO.
 
-ListOffsets: -2 is the log start offset, -1 the high watermark, any other timestamp the first
+ListOffsets: -2 is the log start offset, -1 the high watermark (the LSO for
+``read_committed``), any other timestamp the first
 offset of the first batch whose max timestamp is at least it (-1 when that is at or beyond the
 high watermark). DeleteRecords moves the log start offset (-1: to the high watermark); offsets
 beyond the high watermark are ``OFFSET_OUT_OF_RANGE``.
@@ -50,6 +59,8 @@ from rivven_broker.protocol.messages import (
     ACKS_NONE,
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
+    READ_COMMITTED,
+    AbortedTransaction,
     DeleteRecords,
     DeleteRecordsPartitionResponse,
     DeleteRecordsResponse,
@@ -69,9 +80,11 @@ from rivven_broker.protocol.messages import (
     ProduceTopicResponse,
 )
 from rivven_broker.protocol.names import topic_name_error
-from rivven_broker.records.header import BatchError
+from rivven_broker.records.header import BatchError, BatchHeader
 from rivven_broker.storage.errors import StorageError, SyncFailedError, UnknownTopicOrPartitionError
 from rivven_broker.server.context import Pending, ServerContext
+from rivven_broker.server.group_driver import is_internal_topic
+from rivven_broker.server.producer_state_driver import TxnCheck
 
 if TYPE_CHECKING:
     from rivven_broker.storage.partition_log import PartitionLog
@@ -128,9 +141,25 @@ class DataPath:
                             part.partition, (ErrorCode.CORRUPT_MESSAGE, "no record batch")
                         )
                         continue
-                    info = plog.append(part.records, now_ms)
+                    state = context.producer_states.get(topic.name, part.partition, plog)
+                    appended = state.append(
+                        part.records, now_ms, self._txn_check(request, topic.name, part.partition)
+                    )
                 except (StorageError, BatchError, OSError) as exc:
                     outcome[key] = _produce_error(part.partition, _error_of(exc))
+                    continue
+                info = appended.info
+                if info is None:
+                    original = appended.duplicate
+                    if original is None:  # refused by the producer state: nothing written
+                        error = (appended.error_code, appended.message)
+                        outcome[key] = _produce_error(part.partition, error)
+                        continue
+                    outcome[key] = ProducePartitionResponse(
+                        part.partition, ErrorCode.NONE, original.first_offset, -1,
+                        plog.log_start_offset, duplicate=True,
+                    )
+                    waits.append((topic.name, part.partition, plog, original.last_offset))
                     continue
                 context.sync_worker.mark_dirty(plog)
                 context.waker.poke(key)
@@ -164,9 +193,22 @@ class DataPath:
 
         return Pending(wait)
 
+    def _txn_check(self, request: Produce, topic: str, partition: int) -> TxnCheck:
+        """The coordinator's check of a transactional batch for this partition."""
+        txn = self._context.txn
+
+        def check(header: BatchHeader) -> ErrorCode:
+            if txn is None:
+                return ErrorCode.COORDINATOR_NOT_AVAILABLE
+            return txn.check_produce(request.transactional_id, header, topic, partition)
+
+        return check
+
     def _produce_topic_error(self, name: str, now_ms: int) -> _PartitionError | None:
         if topic_name_error(name) is not None:
             return ErrorCode.INVALID_TOPIC_NAME, f"invalid topic name {name!r}"
+        if is_internal_topic(name):  # written by the broker's coordinators only
+            return ErrorCode.INVALID_TOPIC_NAME, f"{name!r} is an internal topic"
         if name in self._context.logs.topics():
             return None
         if not self._context.config.auto_create_topics:
@@ -224,13 +266,16 @@ class DataPath:
     def _read(self, request: Fetch) -> tuple[FetchResponse, int, bool]:
         """The response, its record bytes, and whether a partition error ends the wait."""
         remaining = min(request.max_bytes, limits.fetch_bytes_max)
+        committed = request.isolation_level == READ_COMMITTED
         total_bytes = 0
         failed = False
         topics = []
         for topic in request.topics:
             partitions = []
             for part in topic.partitions:
-                result = self._read_partition(topic.name, part, remaining, total_bytes == 0)
+                result = self._read_partition(
+                    topic.name, part, remaining, total_bytes == 0, committed
+                )
                 failed = failed or result.error_code != ErrorCode.NONE
                 size = len(result.records)
                 total_bytes += size
@@ -240,21 +285,31 @@ class DataPath:
         return FetchResponse(ErrorCode.NONE, tuple(topics)), total_bytes, failed
 
     def _read_partition(
-        self, name: str, part: FetchPartition, remaining: int, first_with_data: bool
+        self, name: str, part: FetchPartition, remaining: int, first_with_data: bool,
+        committed: bool,
     ) -> FetchPartitionResponse:
         context = self._context
         partition = part.partition
         if topic_name_error(name) is not None:
             return FetchPartitionResponse(partition, ErrorCode.INVALID_TOPIC_NAME)
+        aborted: tuple[AbortedTransaction, ...] = ()
         try:
             plog = context.logs.get_log(name, partition)
             high_watermark = context.high_watermark(plog)
+            state = context.producer_states.get(name, partition, plog)
+            stable = state.last_stable_offset(high_watermark)
             budget = min(part.partition_max_bytes, remaining, limits.fetch_partition_bytes_max)
             offset = part.fetch_offset
             if budget > 0:
-                records = plog.read(offset, budget, max_offset=high_watermark).records
+                read = plog.read(offset, budget, max_offset=stable if committed else high_watermark)
+                records = read.records
                 if len(records) > budget and not first_with_data:
                     records = b""  # only the first partition with data may exceed its budget
+                elif committed and records:
+                    aborted = tuple(
+                        AbortedTransaction(producer_id, first_offset)
+                        for producer_id, first_offset in state.aborted_in(offset, read.next_offset)
+                    )
             elif plog.log_start_offset <= offset <= plog.log_end_offset:
                 records = b""
             else:
@@ -265,9 +320,10 @@ class DataPath:
             partition,
             ErrorCode.NONE,
             high_watermark,
-            high_watermark,
+            stable,
             plog.log_start_offset,
             records,
+            aborted,
         )
 
     # --- offsets ---------------------------------------------------------------------------
@@ -278,18 +334,24 @@ class DataPath:
         for topic in request.topics:
             partitions = []
             for part in topic.partitions:
-                partitions.append(self._list_offset(topic.name, part.partition, part.timestamp))
+                partitions.append(self._list_offset(
+                    topic.name, part.partition, part.timestamp,
+                    request.isolation_level == READ_COMMITTED,
+                ))
             topics.append(ListOffsetsTopicResponse(topic.name, tuple(partitions)))
         return ListOffsetsResponse(tuple(topics))
 
     def _list_offset(
-        self, name: str, partition: int, timestamp: int
+        self, name: str, partition: int, timestamp: int, committed: bool
     ) -> ListOffsetsPartitionResponse:
         if topic_name_error(name) is not None:
             return ListOffsetsPartitionResponse(partition, ErrorCode.INVALID_TOPIC_NAME)
         try:
             plog = self._context.logs.get_log(name, partition)
             high_watermark = self._context.high_watermark(plog)
+            if committed:  # read_committed readers end at the last stable offset
+                state = self._context.producer_states.get(name, partition, plog)
+                high_watermark = state.last_stable_offset(high_watermark)
             if timestamp == EARLIEST_TIMESTAMP:
                 offset = plog.log_start_offset
             elif timestamp == LATEST_TIMESTAMP:

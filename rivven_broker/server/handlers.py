@@ -19,9 +19,12 @@ of -1 means the broker's ``default_partitions``. Names are checked per topic
 Topic creation and deletion fsync the registry on the event loop: they are rare, and the
 ``LogManager`` is not shared with threads.
 
-Requests of apis this broker does not handle yet (consumer groups, transactions: later
-milestones) are answered with ``UNSUPPORTED_VERSION``, and the handshake advertises only the
-apis handled.
+Requests of apis this broker does not handle yet are answered with ``UNSUPPORTED_VERSION``,
+and the handshake advertises only the apis handled. InitProducerId and the transaction apis
+(40-44) are served by the transaction coordinator's driver (``txn_driver.py``); the group apis
+(20-29) and FindCoordinator by the group coordinator's driver (``group_driver.py``). Internal
+topics (``__consumer_offsets``, ``__transaction_state``) are left out of ListTopics (unless
+``include_internal``) and of an all-topics Metadata answer, and cannot be deleted.
 
 ``gate(request)`` names the event a request must wait for when it touches a topic that is in
 the middle of being deleted (see ``TopicGates``).
@@ -71,6 +74,7 @@ from rivven_broker.protocol.messages import (
 from rivven_broker.protocol.names import topic_name_error
 from rivven_broker.server.context import Pending, ServerContext
 from rivven_broker.server.data_path import DataPath
+from rivven_broker.server.group_driver import is_internal_topic
 from rivven_broker.storage.errors import StorageError, SyncFailedError, TopicExistsError
 from rivven_broker.storage.topic_config import TopicConfig
 
@@ -120,6 +124,10 @@ class Handlers:
             ListOffsets: lambda request, now_ms: self.data.list_offsets(request),
             DeleteRecords: lambda request, now_ms: self.data.delete_records(request),
         }
+        if context.txn is not None:  # InitProducerId and the transaction apis (40-44)
+            self._table.update(context.txn.handlers())
+        if context.groups is not None:  # the group apis (20-29) and FindCoordinator
+            self._table.update(context.groups.handlers())
 
     def gate(self, request: Request) -> trio.Event | None:
         """The event to await before ``begin`` when ``request`` touches a gated topic."""
@@ -187,7 +195,10 @@ class Handlers:
             node_id, context.advertised_host, context.advertised_port, context.config.rack
         )
         topics = context.logs.topics()
-        names = sorted(topics) if request.topics is None else request.topics
+        if request.topics is None:  # internal topics only when asked for by name
+            names = sorted(name for name in topics if not is_internal_topic(name))
+        else:
+            names = request.topics
         described = []
         for name in names:
             code: ErrorCode | None = topic_name_error(name)
@@ -204,7 +215,9 @@ class Handlers:
                 PartitionMetadata(p, ErrorCode.NONE, node_id, 0, (node_id,), (node_id,))
                 for p in range(topics[name].partitions)
             )
-            described.append(TopicMetadata(name, ErrorCode.NONE, False, partitions))
+            described.append(
+                TopicMetadata(name, ErrorCode.NONE, is_internal_topic(name), partitions)
+            )
         return MetadataResponse((broker,), node_id, f"rivven-node-{node_id}", tuple(described))
 
     def _auto_create(self, name: str, now_ms: int) -> tuple[ErrorCode, str] | None:
@@ -269,6 +282,8 @@ class Handlers:
 
     def _delete_topic(self, request: DeleteTopic, now_ms: int) -> DeleteTopicResponse | Pending:
         problem = self._topic_problem(request.name)
+        if problem is None and is_internal_topic(request.name):
+            problem = ErrorCode.POLICY_VIOLATION, "internal topics cannot be deleted"
         if problem is not None:
             return DeleteTopicResponse(request.name, *problem)
         name = request.name
@@ -280,6 +295,7 @@ class Handlers:
                 partitions = context.logs.topics()[name].partitions
                 for partition in range(partitions):
                     await context.sync_worker.detach(context.logs.get_log(name, partition))
+                context.producer_states.forget_topic(name)
                 context.logs.delete_topic(name)
             except (StorageError, OSError) as exc:
                 return DeleteTopicResponse(name, *_failure(exc))
@@ -294,7 +310,11 @@ class Handlers:
     def _list_topics(self, request: ListTopics, now_ms: int) -> ListTopicsResponse:
         topics = self._context.logs.topics()
         return ListTopicsResponse(
-            tuple(TopicListing(name, topics[name].partitions, False) for name in sorted(topics))
+            tuple(
+                TopicListing(name, topics[name].partitions, is_internal_topic(name))
+                for name in sorted(topics)
+                if request.include_internal or not is_internal_topic(name)
+            )
         )
 
     def _describe_topic(self, request: DescribeTopic, now_ms: int) -> DescribeTopicResponse:

@@ -2,6 +2,7 @@
 
 Theory of operation
 -------------------
+First, an interrupted compaction swap is completed or undone (``cleaner.recover_swaps``).
 Two checkpoints steer recovery (``checkpoint.py``): the *log start offset* and the *recovery
 point*. Every segment that ends at or below the recovery point had its log and both indexes
 fsynced before that checkpoint was written, so it is *trusted*: recovery only sanity-checks its

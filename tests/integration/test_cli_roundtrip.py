@@ -101,8 +101,8 @@ def test_produce_from_stdin_then_consume(proc, capsys):
 def test_broker_errors_exit_1(proc, capsys):
     code, _, err = call(capsys, "--bootstrap", proc.address, "topic", "describe", "missing")
     assert code == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in err
-    code, _, err = call(capsys, "--bootstrap", proc.address, "group", "list")
-    assert code == 1 and "FEATURE_NOT_AVAILABLE" in err
+    code, _, err = call(capsys, "--bootstrap", proc.address, "group", "describe", "missing")
+    assert code == 1 and "GROUP_ID_NOT_FOUND" in err
 
 
 def test_exit_codes_of_the_executable(proc):

@@ -22,13 +22,14 @@ from rivven_broker.client import (
     ConnectionFailedError,
     Consumer,
     DeliveryTimeoutError,
-    FeatureNotAvailableError,
     InvalidTopicNameError,
     OffsetOutOfRangeError,
     Producer,
+    RivvenError,
     TopicAlreadyExistsError,
     TopicPartition,
     UnknownTopicOrPartitionError,
+    UnsupportedVersionError,
 )
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.records import partition_for_key
@@ -180,8 +181,8 @@ def test_admin_errors_and_groups(broker):
         assert admin.list_offsets({TopicPartition("t", 0): -1}) == {
             TopicPartition("t", 0): (0, -1)
         }
-        with pytest.raises(FeatureNotAvailableError):
-            admin.list_groups()
+        with pytest.raises(UnsupportedVersionError):
+            admin.list_groups()  # the fake broker has no group coordinator
 
 
 def test_unknown_partition_is_refused_by_send(broker):
@@ -208,8 +209,9 @@ def test_consumer_positions_seek_and_latest(broker):
         assert consumer.position(tp) == 0
         assert consumer.end_offsets([tp]) == {tp: 10}
         assert consumer.partitions_for_topic("t") == [0]
-        with pytest.raises(FeatureNotAvailableError):
-            consumer.subscribe(["t"])
+        with pytest.raises(RivvenError) as refused:
+            consumer.subscribe(["t"])  # no group_id
+        assert refused.value.code == "INVALID_GROUP_ID"
 
 
 def test_consumer_out_of_range_with_policy_none_raises(broker):

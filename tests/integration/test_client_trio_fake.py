@@ -16,8 +16,8 @@ import trio
 
 from rivven_broker.client import (
     ConnectionFailedError,
-    FeatureNotAvailableError,
     InvalidTopicNameError,
+    RivvenError,
     TopicAlreadyExistsError,
     TopicPartition,
 )
@@ -58,8 +58,9 @@ async def test_round_trip(fake):
             records = []
             while len(records) < 501:
                 records += await consumer.poll(timeout_ms=1000)
-            with pytest.raises(FeatureNotAvailableError):
-                consumer.subscribe(["t"])
+            with pytest.raises(RivvenError) as refused:
+                consumer.subscribe(["t"])  # no group_id
+            assert refused.value.code == "INVALID_GROUP_ID"
     by_value = {r.value: r for r in records}
     for i, meta in enumerate(metas):
         record = by_value[b"%d" % i]

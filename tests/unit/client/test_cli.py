@@ -41,9 +41,15 @@ def test_offset_without_partition_is_a_usage_error(capsys):
     assert "--offset needs --partition" in capsys.readouterr().err
 
 
-def test_group_commands_are_not_available_yet(capsys):
-    assert main(["group", "describe", "g"]) == 1
-    assert "FEATURE_NOT_AVAILABLE" in capsys.readouterr().err
+def test_group_commands_parse(capsys):
+    args = build_parser().parse_args(
+        ["group", "reset-offsets", "g", "--topic", "t", "--to", "timestamp=5"]
+    )
+    assert (args.action, args.group, args.topic, args.to) == ("reset-offsets", "g", "t",
+                                                              "timestamp=5")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["group", "reset-offsets", "g"])  # --topic and --to are required
+    assert exit_info.value.code == 1
 
 
 def test_encode_bytes():

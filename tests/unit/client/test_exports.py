@@ -22,6 +22,9 @@ EXPECTED = {
     "InvalidRequestError", "RequestTimedOutError", "UnsupportedVersionError",
     "ConnectionFailedError", "ClientTimeoutError", "DeliveryTimeoutError",
     "BufferExhaustedError", "ClosedError", "FeatureNotAvailableError", "error_for",
+    "ProducerFencedError", "OutOfOrderSequenceError", "UnknownProducerIdError",
+    "InvalidTxnStateError", "TransactionAbortedError",
+    "GroupListing", "GroupDescription", "GroupMemberInfo", "GroupPartitionOffset",
 }
 EXPECTED_TRIO = {
     "open_producer", "open_consumer", "open_admin", "TrioProducer", "TrioConsumer", "TrioAdmin",

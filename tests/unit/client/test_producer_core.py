@@ -23,7 +23,9 @@ from rivven_broker.protocol.errors import ErrorCode
 
 
 def make(**overrides):
-    config = ProducerConfig(**{"linger_ms": 0, **overrides})
+    # Plain (non-idempotent) producers here; idempotence and transactions are tested in
+    # test_transaction_manager.py.
+    config = ProducerConfig(**{"linger_ms": 0, "idempotent": False, **overrides})
     connection = ConnectionConfig(retry_backoff_ms=100, retry_backoff_max_ms=1000)
     cache = MetadataCache(parse_bootstrap("h:1"), refresh_backoff_ms=0)
     cache.add_topics(["t"])
@@ -127,11 +129,3 @@ def test_acks_zero_completes_when_written():
     [outcome] = core.on_sent_without_ack(plan)
     assert outcome.error is None and outcome.base_offset == -1
 
-
-def test_idempotent_means_acks_all_and_no_retries_until_the_broker_grants_ids():
-    core = make(acks=1, idempotent=True)
-    send(core)
-    plan = step_plan(core, 0)
-    assert core.produce_request(plan).acks == -1
-    [outcome] = core.on_response(plan, answer(ErrorCode.NOT_LEADER), 1)
-    assert outcome.error.code == "NOT_LEADER"

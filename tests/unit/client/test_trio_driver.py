@@ -17,6 +17,7 @@ import trio.testing
 from rivven_broker.client import ConnectionFailedError, DeliveryTimeoutError
 from rivven_broker.client.trio import open_admin, open_producer
 from rivven_broker.protocol import messages as m
+from rivven_broker.protocol.txn_messages import InitProducerId, InitProducerIdResponse
 from rivven_broker.protocol.connection import RequestReceived, ServerConnection
 
 
@@ -72,6 +73,8 @@ class MemoryBroker:
                 topics=tuple(m.TopicMetadata(name=n, partitions=(partition,))
                              for n in request.topics or ()),
             )
+        if isinstance(request, InitProducerId):  # the producer is idempotent by default
+            return InitProducerIdResponse(producer_id=1, producer_epoch=0)
         assert isinstance(request, m.Produce)
         self.produces += 1
         if self.swallow_produces:

@@ -1,0 +1,164 @@
+"""Consumer-group administration, the pure half: result types and answer readers.
+
+Theory of operation
+-------------------
+``Admin.list_groups``/``describe_group``/``delete_group``/``reset_offsets`` (blocking and
+trio) send ListGroups, DescribeGroup, OffsetFetch, ListOffsets, DeleteGroup and OffsetCommit
+requests; this module turns the answers into the plain result types below and parses the
+``--to`` of ``reset-offsets``. A description joins three answers: the members (with their
+assignments decoded from the consumer protocol), the committed offsets, and the partitions'
+log end offsets (high watermarks), giving the lag per partition. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, NamedTuple
+
+from rivven_broker.client.errors import error_for
+from rivven_broker.client.types import TopicPartition
+from rivven_broker.protocol.consumer_protocol import Assignment, ConsumerProtocolError
+from rivven_broker.protocol.errors import ErrorCode
+from rivven_broker.protocol.group_messages import CONSUMER_PROTOCOL_TYPE
+
+__all__ = [
+    "GroupListing",
+    "GroupMemberInfo",
+    "GroupPartitionOffset",
+    "GroupDescription",
+    "group_listings",
+    "group_description",
+    "ResetTarget",
+    "parse_reset_target",
+]
+
+
+class GroupListing(NamedTuple):
+    """One group: its protocol type ("" for offsets-only groups) and state."""
+
+    group_id: str
+    protocol_type: str
+    state: str
+
+
+class GroupMemberInfo(NamedTuple):
+    """One member and the partitions assigned to it (empty unless the group is Stable)."""
+
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    assignment: tuple[TopicPartition, ...]
+
+
+class GroupPartitionOffset(NamedTuple):
+    """A partition of a group: committed offset (None: none), log end offset (the high
+    watermark; None: unknown), lag (None unless both are known) and owner ("" if none)."""
+
+    topic: str
+    partition: int
+    committed_offset: int | None
+    log_end_offset: int | None
+    lag: int | None
+    member_id: str
+
+
+class GroupDescription(NamedTuple):
+    """What ``describe_group`` reports."""
+
+    group_id: str
+    state: str
+    protocol_type: str
+    protocol: str
+    members: tuple[GroupMemberInfo, ...]
+    partitions: tuple[GroupPartitionOffset, ...]
+
+
+def group_listings(response: Any) -> list[GroupListing]:
+    """The groups of a ListGroupsResponse, sorted. Raises the answer's error."""
+    if response.error_code != ErrorCode.NONE:
+        raise error_for(response.error_code, "list groups")
+    return sorted(GroupListing(g.group_id, g.protocol_type, g.state) for g in response.groups)
+
+
+def _assignment(protocol_type: str, data: bytes) -> tuple[TopicPartition, ...]:
+    if protocol_type != CONSUMER_PROTOCOL_TYPE or not data:
+        return ()
+    try:
+        pairs = Assignment.decode(data).partitions
+    except ConsumerProtocolError:
+        return ()
+    return tuple(TopicPartition(topic, partition) for topic, partition in pairs)
+
+
+def group_members(describe: Any) -> tuple[GroupMemberInfo, ...]:
+    """Members of a DescribeGroupResponse (raises its error, e.g. GROUP_ID_NOT_FOUND)."""
+    if describe.error_code != ErrorCode.NONE:
+        raise error_for(describe.error_code, f"describe group {describe.group_id!r}")
+    return tuple(
+        GroupMemberInfo(
+            m.member_id, m.group_instance_id, m.client_id, m.client_host,
+            _assignment(describe.protocol_type, m.assignment),
+        )
+        for m in describe.members
+    )
+
+
+def group_description(
+    describe: Any,
+    committed: Mapping[TopicPartition, int | None],
+    log_ends: Mapping[TopicPartition, int],
+) -> GroupDescription:
+    """Join a DescribeGroupResponse, committed offsets and log end offsets."""
+    members = group_members(describe)
+    owner = {tp: m.member_id for m in members for tp in m.assignment}
+    rows = []
+    for tp in sorted(set(committed) | set(owner)):
+        offset = committed.get(tp)
+        end = log_ends.get(tp)
+        lag = None if offset is None or end is None else max(end - offset, 0)
+        rows.append(GroupPartitionOffset(tp.topic, tp.partition, offset, end, lag,
+                                         owner.get(tp, "")))
+    return GroupDescription(
+        describe.group_id, describe.state, describe.protocol_type, describe.protocol,
+        members, tuple(rows),
+    )
+
+
+def partitions_of(members: Iterable[GroupMemberInfo]) -> set[TopicPartition]:
+    return {tp for m in members for tp in m.assignment}
+
+
+class ResetTarget(NamedTuple):
+    """Where ``reset_offsets`` moves a group: ``kind`` is earliest, latest, offset or
+    timestamp; ``value`` the offset or the timestamp in ms."""
+
+    kind: str
+    value: int = 0
+
+    @property
+    def list_offsets_spec(self) -> int | None:
+        """The ListOffsets timestamp to resolve it (None: an explicit offset)."""
+        return {"earliest": -2, "latest": -1, "timestamp": self.value}.get(self.kind)
+
+
+def parse_reset_target(to: Any) -> ResetTarget:
+    """``"earliest"``, ``"latest"``, an offset (int or digits) or ``"timestamp=MS"``.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if isinstance(to, int) and not isinstance(to, bool):
+        if to < 0:
+            raise ValueError("an offset to reset to must be >= 0")
+        return ResetTarget("offset", to)
+    if isinstance(to, str):
+        text = to.strip().lower()
+        if text in ("earliest", "latest"):
+            return ResetTarget(text)
+        if text.isdigit():
+            return ResetTarget("offset", int(text))
+        if text.startswith("timestamp="):
+            value = text.partition("=")[2]
+            if value.lstrip("-").isdigit():
+                return ResetTarget("timestamp", int(value))
+    raise ValueError(f"reset to earliest, latest, OFFSET or timestamp=MS, not {to!r}")

@@ -1,0 +1,457 @@
+"""Producer state beside every partition log: idempotence on produce, markers, LSO, snapshots.
+
+Theory of operation
+-------------------
+``PartitionTxnState`` pairs one ``PartitionLog`` with its pure ``ProducerStateManager``
+(``coordinator/producer_state.py``) and its persisted ``AbortedTxnIndex``
+(``storage/txn_index.py``). Every append to a partition goes through it, so the manager's
+``end_offset`` always equals the log end offset:
+
+- ``append`` (the produce path, in the connection reader, no checkpoint inside): the batch
+  headers are parsed once. When no batch carries a producer id, the transactional bit or the
+  control bit, the records go straight to ``PartitionLog.append`` and each header is recorded
+  with ``update`` (about a microsecond per batch, nothing per record). Otherwise the partition must
+  hold exactly one batch (as in Kafka); a transactional batch is first checked against the
+  transaction coordinator (``txn_check``), then ``check`` decides: a duplicate is answered with
+  the original offsets and nothing is written, a refusal is answered with its code and
+  nothing is written, anything else is appended and ``update``\\ d.
+- ``append_marker`` writes a COMMIT/ABORT control batch for the transaction coordinator's
+  driver and appends the aborted-transaction entry it produces to the index (page cache).
+- ``last_stable_offset`` and ``aborted_in`` serve ``read_committed`` fetches.
+
+Snapshots (``<end offset, 20 digits>.snapshot`` in the partition directory, written ``.tmp`` +
+fsync + rename + fsync of the directory, the newest ``limits.producer_snapshots_kept`` kept)
+are taken when the log rolls a segment and at a graceful close, always after an fsync of the
+aborted-transaction index so every entry a snapshot covers is durable. ``open`` rebuilds the
+state: snapshots past the recovered log end are deleted first (their data was lost in a
+crash); the newest readable one is restored (a damaged one is deleted and the next tried);
+then the batch *headers* from its end offset to the log end are replayed (bodies are skipped;
+a control batch's single record is read for its type). Without a usable snapshot, or when the
+index file was damaged, the index is rebuilt from the log start. The log always wins.
+
+The index file (``aborted-txns.index``) is created at a partition's first aborted transaction
+(``LazyTxnIndex``), so partitions that never saw one hold no extra file handle.
+
+``ProducerStates`` holds one ``PartitionTxnState`` per partition, opened eagerly at broker
+start (``load_all``, off the event loop) and lazily for partitions created later.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from typing import Callable, Iterable, NamedTuple
+
+from rivven_broker.coordinator.producer_state import (
+    BatchMetadata,
+    CorruptSnapshotError,
+    ProducerStateManager,
+)
+from rivven_broker.protocol import limits
+from rivven_broker.protocol.errors import ErrorCode
+from rivven_broker.records.control import ControlType, build_control_batch, read_control_batch
+from rivven_broker.records.header import (
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
+    HEADER_BYTES,
+    LOG_OVERHEAD_BYTES,
+    BatchHeader,
+    iter_batches,
+    parse_header,
+    validate,
+)
+from rivven_broker.storage.file_store import FileStore
+from rivven_broker.storage.partition_log import AppendInfo, PartitionLog
+from rivven_broker.storage.txn_index import (
+    TXN_INDEX_FILE,
+    AbortedTxn,
+    AbortedTxnIndex,
+    TxnIndexFile,
+)
+
+__all__ = [
+    "SNAPSHOT_SUFFIX",
+    "ProduceOutcome",
+    "StateLoadReport",
+    "PartitionTxnState",
+    "ProducerStates",
+    "LazyTxnIndex",
+    "TxnCheck",
+    "snapshot_file_name",
+]
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_SUFFIX = ".snapshot"
+_TMP_SUFFIX = ".tmp"
+_DIGITS = 20
+_SPECIAL_BITS = ATTR_TRANSACTIONAL | ATTR_CONTROL
+_CONTROL_READ_BYTES = 512
+#: ``txn_check(header) -> ErrorCode``: may this transactional batch be written now?
+TxnCheck = Callable[[BatchHeader], ErrorCode]
+
+
+def snapshot_file_name(end_offset: int) -> str:
+    """``00000000000000001234.snapshot``. Pure."""
+    assert 0 <= end_offset < 10**_DIGITS
+    return f"{end_offset:0{_DIGITS}d}{SNAPSHOT_SUFFIX}"
+
+
+def _parse_snapshot_name(name: str) -> int | None:
+    stem = name[: -len(SNAPSHOT_SUFFIX)]
+    if not name.endswith(SNAPSHOT_SUFFIX) or len(stem) != _DIGITS or not stem.isdigit():
+        return None
+    return int(stem)
+
+
+class ProduceOutcome(NamedTuple):
+    """What ``append`` did: appended (``info``), a duplicate (``duplicate``: the original
+    batch), or refused (``error_code`` and ``message``; nothing written)."""
+
+    info: AppendInfo | None = None
+    duplicate: BatchMetadata | None = None
+    error_code: ErrorCode = ErrorCode.NONE
+    message: str = ""
+
+
+class StateLoadReport(NamedTuple):
+    """How a partition's producer state was rebuilt (for the startup log)."""
+
+    snapshot_offset: int | None  # the snapshot restored (None: replayed from the log start)
+    batches_replayed: int
+    snapshots_dropped: tuple[str, ...]  # past the log end, or damaged
+    index_problem: str | None  # the aborted-transaction index was damaged and rebuilt
+
+
+class PartitionTxnState:
+    """The producer state of one partition log. Use ``PartitionTxnState.open``."""
+
+    def __init__(
+        self, plog: PartitionLog, state: ProducerStateManager, index: LazyTxnIndex,
+        snapshot_offset: int | None,
+    ) -> None:
+        assert state.end_offset == plog.log_end_offset, (state.end_offset, plog.log_end_offset)
+        self.log = plog
+        self.state = state
+        self.index = index
+        self._snapshot_offset = snapshot_offset
+        self._active_base = plog.segment_base_offsets[-1]
+        self._closed = False
+
+    # --- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, plog: PartitionLog) -> tuple[PartitionTxnState, StateLoadReport]:
+        """Rebuild the state of ``plog`` from its snapshots, index and log (module docstring).
+
+        Blocks on file I/O (header reads, snapshot and index files).
+
+        Raises:
+            StorageError: reading the log failed.
+            OSError: the snapshot or index files could not be read or written.
+        """
+        store, directory = plog.store, plog.directory
+        log_end, log_start = plog.log_end_offset, plog.log_start_offset
+        dropped: list[str] = []
+        offsets = []
+        for name in store.listdir(directory):
+            end = _parse_snapshot_name(name)
+            if end is None:
+                continue
+            if end > log_end:
+                store.remove(posixpath.join(directory, name))
+                dropped.append(name)
+            else:
+                offsets.append(end)
+        if dropped:
+            store.fsync_dir(directory)  # before anything new is appended past those offsets
+        state, snapshot_offset = None, None
+        for end in sorted(offsets, reverse=True):
+            path = posixpath.join(directory, snapshot_file_name(end))
+            handle = store.open(path, create=False)
+            try:
+                data = store.pread(handle, store.size(handle), 0)
+            finally:
+                store.close(handle)
+            try:
+                state = ProducerStateManager.restore(data)
+            except CorruptSnapshotError as exc:
+                log.warning("%s: %s; ignoring it", path, exc)
+                store.remove(path)
+                dropped.append(posixpath.basename(path))
+                continue
+            snapshot_offset = end
+            break
+        index = LazyTxnIndex(store, posixpath.join(directory, TXN_INDEX_FILE))
+        index_problem = index.repair
+        if state is None or index_problem is not None:
+            state, snapshot_offset = ProducerStateManager(log_start), None
+            index.truncate_to(0)
+        else:
+            index.truncate_to(state.end_offset)
+            state.truncate_head(log_start)
+        replayed = _replay(plog, state, index)
+        index.truncate_head(log_start)
+        report = StateLoadReport(snapshot_offset, replayed, tuple(dropped), index_problem)
+        return cls(plog, state, index, snapshot_offset), report
+
+    # --- the produce path ------------------------------------------------------------------
+
+    def append(self, records: bytes, now_ms: int, txn_check: TxnCheck) -> ProduceOutcome:
+        """Check and append one partition's records (module docstring). Never awaits.
+
+        Raises what ``PartitionLog.append`` raises (nothing was appended then).
+        """
+        header = parse_header(records) if len(records) >= HEADER_BYTES else None
+        if header is not None and header.batch_length + LOG_OVERHEAD_BYTES == len(records):
+            if header.producer_id < 0 and not header.attributes & _SPECIAL_BITS:
+                info = self.log.append(records, now_ms)  # the common case: one plain batch
+                self.state.update(header, info.base_offset)
+                self._after_append()
+                return ProduceOutcome(info)
+        else:  # several batches (or a malformed request, which the log refuses)
+            headers = [h for _, h in iter_batches(records)]
+            if any(h.producer_id >= 0 or h.attributes & _SPECIAL_BITS for h in headers):
+                return ProduceOutcome(
+                    error_code=ErrorCode.INVALID_REQUEST,
+                    message="an idempotent or transactional batch must travel alone",
+                )
+            info = self.log.append(records, now_ms)
+            base_offset = info.base_offset
+            for plain in headers:
+                self.state.update(plain, base_offset)
+                base_offset += plain.last_offset_delta + 1
+            self._after_append()
+            return ProduceOutcome(info)
+        if header.is_transactional and not header.is_control and header.producer_id >= 0:
+            code = txn_check(header)
+            if code != ErrorCode.NONE:
+                return ProduceOutcome(error_code=code, message=code.description)
+        verdict = self.state.check(header)
+        if verdict.duplicate is not None:
+            validate(records)  # never answer "already written" for a damaged batch
+            return ProduceOutcome(duplicate=verdict.duplicate)
+        if verdict.error_code != ErrorCode.NONE:
+            return ProduceOutcome(error_code=verdict.error_code, message=verdict.message)
+        info = self.log.append(records, now_ms)
+        self.state.update(header, info.base_offset)
+        self._after_append()
+        return ProduceOutcome(info)
+
+    def _after_append(self) -> None:
+        assert self.state.end_offset == self.log.log_end_offset
+        active = self.log.segment_base_offsets[-1]
+        if active != self._active_base:  # the log rolled: snapshot at the new segment
+            self._active_base = active
+            self.write_snapshot()
+
+    # --- markers -----------------------------------------------------------------------------
+
+    def append_marker(
+        self, kind: ControlType, producer_id: int, producer_epoch: int, now_ms: int
+    ) -> int | None:
+        """Append a COMMIT/ABORT marker for the producer; return its offset, or None when the
+        partition already knows a newer epoch (the marker is obsolete). Never awaits.
+
+        Raises what ``PartitionLog.append`` raises (nothing was appended then).
+        """
+        if not self.state.check_marker(producer_id, producer_epoch).should_append:
+            return None
+        data = build_control_batch(kind, producer_id, producer_epoch, now_ms)
+        info = self.log.append(data, now_ms)
+        completed = self.state.update(parse_header(data), info.base_offset, kind)
+        entry = None if completed is None else completed.aborted_entry()
+        if entry is not None:
+            self.index.append(entry)
+        self._after_append()
+        return info.last_offset
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    def last_stable_offset(self, high_watermark: int) -> int:
+        """read_committed readers see offsets below this. Never blocks."""
+        return self.state.last_stable_offset(high_watermark)
+
+    def aborted_in(self, start_offset: int, end_offset: int) -> list[tuple[int, int]]:
+        """``(producer_id, first_offset)`` of aborted transactions overlapping the range."""
+        return self.index.index.aborted_in(start_offset, end_offset)
+
+    # --- snapshots and closing -----------------------------------------------------------------
+
+    def write_snapshot(self) -> bool:
+        """Persist the state (index fsynced first); keep the newest snapshots. Blocks on
+        fsyncs. Returns False when the newest snapshot already covers the state.
+
+        Raises:
+            OSError: the store failed (the previous snapshots are intact).
+        """
+        assert not self._closed
+        self.state.truncate_head(self.log.log_start_offset)
+        end = self.state.end_offset
+        if end == self._snapshot_offset:
+            return False
+        data = self.state.snapshot()
+        store, directory = self.log.store, self.log.directory
+        self.index.fsync()
+        name = snapshot_file_name(end)
+        tmp = posixpath.join(directory, name + _TMP_SUFFIX)
+        handle = store.open(tmp)
+        try:
+            store.truncate(handle, 0)
+            store.pwrite(handle, data, 0)
+            store.fsync(handle)
+        finally:
+            store.close(handle)
+        store.rename(tmp, posixpath.join(directory, name))
+        store.fsync_dir(directory)
+        self._snapshot_offset = end
+        _prune_snapshots(store, directory, limits.producer_snapshots_kept)
+        return True
+
+    def close(self, *, snapshot: bool) -> None:
+        """Release the index handle, first writing a snapshot when ``snapshot`` (graceful
+        stop). Idempotent. Blocks on fsyncs when snapshotting.
+
+        Raises:
+            OSError: the snapshot could not be written (the handle is released anyway).
+        """
+        if self._closed:
+            return
+        try:
+            if snapshot and not self.log.failed:
+                self.write_snapshot()
+        finally:
+            self._closed = True
+            self.index.close()
+
+    def check_invariants(self) -> None:
+        """Assert that the state tracks its log (tests and the simulator)."""
+        assert self._closed or self.state.end_offset == self.log.log_end_offset
+        self.state.check_invariants()
+        self.index.index.check_invariants()
+
+
+def _replay(plog: PartitionLog, state: ProducerStateManager, index: LazyTxnIndex) -> int:
+    """Feed every batch header from ``state.end_offset`` to the log end; return how many."""
+    replayed = 0
+    for header in plog.iter_headers(state.end_offset):
+        replayed += 1
+        if header.base_offset < state.end_offset:
+            continue  # a batch below the log start offset's successor (already covered)
+        control = None
+        if header.is_control:
+            data = plog.read(header.base_offset, _CONTROL_READ_BYTES).records
+            control = read_control_batch(data)[1].kind
+        completed = state.load_batch(header, control)
+        entry = None if completed is None else completed.aborted_entry()
+        if entry is not None:
+            index.append(entry)
+    if state.end_offset < plog.log_end_offset:  # the last batches were removed
+        state.advance_end_offset(plog.log_end_offset)
+    return replayed
+
+
+class LazyTxnIndex:
+    """A partition's ``TxnIndexFile``, opened (and created) only once it has an entry, so a
+    partition that never saw an abort holds no extra file handle. Same methods."""
+
+    def __init__(self, store: FileStore, path: str) -> None:
+        self._store, self._path = store, path
+        self._file: TxnIndexFile | None = None
+        self.repair: str | None = None
+        if store.exists(path):
+            self._file = TxnIndexFile(store, path)
+            self.repair = self._file.repair
+        self._empty = AbortedTxnIndex()
+
+    @property
+    def index(self) -> AbortedTxnIndex:
+        return self._empty if self._file is None else self._file.index
+
+    def append(self, entry: AbortedTxn) -> None:
+        if self._file is None:
+            self._file = TxnIndexFile(self._store, self._path)
+        self._file.append(entry)
+
+    def truncate_to(self, offset: int) -> None:
+        if self._file is not None:
+            self._file.truncate_to(offset)
+
+    def truncate_head(self, log_start_offset: int) -> None:
+        if self._file is not None:
+            self._file.truncate_head(log_start_offset)
+
+    def fsync(self) -> None:
+        if self._file is not None:
+            self._file.fsync()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+def _prune_snapshots(store: FileStore, directory: str, keep: int) -> None:
+    ends = sorted(
+        end for end in map(_parse_snapshot_name, store.listdir(directory)) if end is not None
+    )
+    for end in ends[:-keep]:
+        store.remove(posixpath.join(directory, snapshot_file_name(end)))
+
+
+class ProducerStates:
+    """One ``PartitionTxnState`` per partition of a ``LogManager``. Not thread-safe."""
+
+    def __init__(self) -> None:
+        self._states: dict[tuple[str, int], PartitionTxnState] = {}
+
+    def load_all(
+        self, logs: Iterable[tuple[tuple[str, int], PartitionLog]]
+    ) -> dict[tuple[str, int], StateLoadReport]:
+        """Open the state of every given log. Blocks on file I/O (call it off the loop).
+
+        Raises what ``PartitionTxnState.open`` raises.
+        """
+        reports = {}
+        for key, plog in logs:
+            self._states[key], reports[key] = PartitionTxnState.open(plog)
+        return reports
+
+    def get(self, topic: str, partition: int, plog: PartitionLog) -> PartitionTxnState:
+        """The state of ``plog`` (opened now if it is new: blocks on its files then).
+
+        Raises what ``PartitionTxnState.open`` raises.
+        """
+        key = (topic, partition)
+        current = self._states.get(key)
+        if current is not None and current.log is plog:
+            return current
+        if current is not None:  # the topic was deleted and created again
+            current.close(snapshot=False)
+        current, report = PartitionTxnState.open(plog)
+        if report.batches_replayed or report.snapshots_dropped:
+            log.info("producer state of %s-%d rebuilt: %s", topic, partition, report)
+        self._states[key] = current
+        return current
+
+    def find(self, topic: str, partition: int) -> PartitionTxnState | None:
+        """The state of a partition if it is open, without opening anything."""
+        return self._states.get((topic, partition))
+
+    def forget_topic(self, topic: str) -> None:
+        """Drop (without a snapshot) the state of every partition of a deleted topic."""
+        for key in [key for key in self._states if key[0] == topic]:
+            self._states.pop(key).close(snapshot=False)
+
+    def close_all(self, *, snapshot: bool) -> None:
+        """Close every state (``snapshot``: write snapshots first). Blocks on fsyncs.
+        A failed snapshot is logged; the next start replays the log instead."""
+        for (topic, partition), state in sorted(self._states.items(), key=lambda kv: kv[0]):
+            try:
+                state.close(snapshot=snapshot)
+            except OSError as exc:
+                log.error("producer state snapshot of %s-%d failed: %s", topic, partition, exc)
+        self._states.clear()
+
+    def states(self) -> list[tuple[tuple[str, int], PartitionTxnState]]:
+        """Every open state, sorted by partition."""
+        return sorted(self._states.items(), key=lambda kv: kv[0])

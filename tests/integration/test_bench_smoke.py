@@ -1,0 +1,60 @@
+"""Smoke test of ``rivven bench``: a short real run against a broker the tool starts itself.
+
+Goal: the whole tool works end to end (the broker subprocess, spawned worker processes, the
+merged histogram, the final loss/duplicate read, the JSON summary, the ``rivven bench``
+wiring), and a peer side by side when redis-server is installed. Method: run the command as
+a user would, with about two seconds of load, and check the JSON has the promised fields and
+that nothing was lost or duplicated. No figure is asserted: the machine is shared and noisy.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rivven_broker.bench.servers import find_executable
+
+pytestmark = pytest.mark.slow
+
+_LATENCY_KEYS = {"p50", "p99", "p999", "max"}
+
+
+def _bench(*argv: str) -> dict:
+    command = [sys.executable, "-m", "rivven_broker.cli.rivven_main", "bench", *argv, "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
+    return json.loads(done.stdout)
+
+
+def _check_line(figures: dict) -> None:
+    assert figures["records_per_s"] > 0
+    assert figures["mb_per_s"] > 0
+    assert set(figures["latency_ms"]) == _LATENCY_KEYS
+    assert figures["lost"] == 0 and figures["duplicated"] == 0 and figures["unknown"] == 0
+    assert figures["acked_units"] > 0
+    assert not figures["errors"], figures["errors"]
+
+
+def test_produce_bench_with_a_peer_if_installed():
+    peer = ["--peer", "redis"] if find_executable("redis-server") else []
+    summary = _bench("produce", "--duration", "1.5", "--warmup", "0.3", "--producers", "2",
+                     "--batch", "50", *peer)
+    for key in ("records_per_s", "mb_per_s", "latency_ms", "lost", "duplicated"):
+        assert key in summary
+    _check_line(summary["rivven"])
+    assert summary["latency_ms"]["p50"] > 0
+    assert summary["rivven"]["broker_cpu_s_per_million"] is not None
+    if peer:
+        _check_line(summary["peer"])
+        assert summary["ratio"] > 0 and len(summary["ratios"]) == 1
+
+
+def test_consume_bench_with_the_client_line():
+    summary = _bench("consume", "--duration", "1", "--warmup", "0.2", "--fill-records", "20000",
+                     "--client")
+    assert summary["rivven"]["records_per_s"] > 0 and summary["rivven"]["wire_mb_per_s"] > 0
+    assert summary["rivven"]["lost"] == 0 and summary["rivven"]["duplicated"] == 0
+    assert summary["client"]["records_per_s"] > 0 and not summary["client"]["errors"]

@@ -1,0 +1,98 @@
+"""Option parsing of format("rivven"): defaults, Kafka names, and errors that name the option.
+
+Goal: a bad option fails when the query is defined, with a message naming it, and good ones
+become the typed settings the reader and writer use. Method: direct calls with plain dicts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rivven_spark.options import (
+    OptionError,
+    Subscription,
+    parse_reader_options,
+    parse_writer_options,
+)
+
+
+def test_stream_defaults():
+    options = parse_reader_options({"subscribe": "b,a, a"}, streaming=True)
+    assert options.subscription == Subscription(topics=("a", "b"))
+    assert options.starting == "latest" and options.fail_on_data_loss
+    assert options.isolation_level == "read_uncommitted"
+    assert options.bootstrap == "127.0.0.1:9092"
+    assert options.max_offsets_per_trigger is None
+
+
+def test_batch_defaults_read_everything():
+    options = parse_reader_options({"subscribe": "a"}, streaming=False)
+    assert (options.starting, options.ending) == ("earliest", "latest")
+
+
+def test_option_names_are_case_insensitive_and_typed():
+    options = parse_reader_options(
+        {"BOOTSTRAP": "h:1", "SubscribePattern": "orders-.*", "MAXOFFSETSPERTRIGGER": "300",
+         "minPartitions": "8", "failOnDataLoss": "False", "isolation.level": "read_committed",
+         "startingOffsets": '{"orders-1": {"0": 5, "2": -2}}'},
+        streaming=True,
+    )
+    assert options.bootstrap == "h:1"
+    assert options.subscription.matches("orders-1") and not options.subscription.matches("x")
+    assert options.max_offsets_per_trigger == 300 and options.min_partitions == 8
+    assert not options.fail_on_data_loss and options.isolation_level == "read_committed"
+    assert options.starting_spec() == {"orders-1": {0: 5, 2: -2}}
+
+
+def test_assign():
+    options = parse_reader_options({"assign": '{"t": [1, 0], "u": [2]}'}, streaming=True)
+    sub = options.subscription
+    assert sub.assign == (("t", 0), ("t", 1), ("u", 2))
+    assert sub.wants("t", 1) and not sub.wants("t", 2) and sub.fixed_topics() == ("t", "u")
+
+
+@pytest.mark.parametrize(
+    "options, streaming, fragment",
+    [
+        ({}, True, "exactly one of"),
+        ({"subscribe": "a", "assign": '{"a": [0]}'}, True, "exactly one of"),
+        ({"subscribe": "a", "typo": "1"}, True, "typo"),
+        ({"subscribe": "bad name!"}, True, "subscribe"),
+        ({"subscribePattern": "("}, True, "subscribePattern"),
+        ({"assign": '{"a": "0"}'}, True, "assign"),
+        ({"subscribe": "a", "maxOffsetsPerTrigger": "0"}, True, "maxoffsetspertrigger"),
+        ({"subscribe": "a", "maxOffsetsPerTrigger": "x"}, True, "maxoffsetspertrigger"),
+        ({"subscribe": "a", "maxOffsetsPerTrigger": "5"}, False, "streaming"),
+        ({"subscribe": "a", "endingOffsets": "latest"}, True, "batch"),
+        ({"subscribe": "a", "endingOffsets": '{"a": {"0": -2}}'}, False, "earliest"),
+        ({"subscribe": "a", "startingOffsets": "soon"}, True, "startingoffsets"),
+        ({"subscribe": "a", "failOnDataLoss": "maybe"}, True, "failondataloss"),
+        ({"subscribe": "a", "isolation.level": "dirty"}, True, "isolation.level"),
+        ({"subscribe": "a", "fetchMaxBytes": str(1 << 30)}, True, "fetchMaxBytes"),
+    ],
+)
+def test_bad_reader_options_name_the_option(options, streaming, fragment):
+    with pytest.raises(OptionError, match=fragment):
+        parse_reader_options(options, streaming=streaming)
+
+
+def test_writer_options():
+    options = parse_writer_options({"topic": "out", "topicAllowlist": "out, other",
+                                    "maxTopics": "2"})
+    assert options.topic == "out" and options.topic_allowlist == ("other", "out")
+    assert options.topics_max == 2 and options.exactly_once and options.acks == "all"
+
+
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        ({"topic": "out", "topicAllowlist": "other"}, "topicAllowlist"),
+        ({"topic": "out", "acks": "1"}, "exactlyOnce"),
+        ({"topic": "out", "acks": "2", "exactlyOnce": "false"}, "acks"),
+        ({"topic": "out", "compression": "gzip"}, "compression"),
+        ({"topic": "out", "subscribe": "x"}, "subscribe"),
+    ],
+)
+def test_bad_writer_options(options, fragment):
+    with pytest.raises(OptionError, match=fragment):
+        parse_writer_options(options)
