@@ -291,7 +291,7 @@ def prepare_client_produce(spec: WorkerSpec) -> Callable[[Window, WorkerResult],
         acks={-1: "all", 1: 1, 0: 0}[options.acks],
         linger_ms=options.linger_ms,
         batch_size_bytes=batch_size_bytes,
-        buffer_memory_bytes=8 * 1024 * 1024,
+        buffer_memory_bytes=2 * 1024 * 1024,  # bounded queue: latency, not buffering
     )
     producer.partitions_for(spec.topic)  # metadata before the clock starts
     pad = bytes(options.record_bytes - MARK_BYTES)

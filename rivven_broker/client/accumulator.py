@@ -27,6 +27,12 @@ queue (ordered by creation sequence) with ``retry_at_ms``; while it waits, later
 partition wait too, so retries do not reorder a partition unless several of its batches were in
 flight at once (as in Kafka without idempotence; see docs/client.md).
 
+Idempotence: a batch drained for the first time gets a producer id, epoch and base sequence
+from the ``TransactionManager``; ``seal`` writes them into the built header and redoes its CRC
+(``stamp_producer``: one copy and one CRC pass per batch, never per record), and a retry
+resends the same bytes. ``drain(partition_ready=...)`` holds back partitions the manager is not
+ready for (no producer id yet, or not yet added to the transaction).
+
 Pure and single-threaded: drivers serialise access with their own lock. The only things that
 run outside that lock are ``ProducerBatch.seal`` (builds and compresses the bytes) and the
 driver's handling of the tokens.

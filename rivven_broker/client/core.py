@@ -12,7 +12,9 @@ the trio driver and the simulator all drive the same objects:
 - ``accumulator``: per-partition batches, linger and batch size, murmur2 / sticky partitioning,
   the buffer bound, draining ready batches into per-broker Produce plans;
 - ``producer_core``: the sender's decisions (expiry, retries, outcomes);
-- ``fetch_state``: the consumer's assignment, positions, prefetch buffer and resets;
+- ``transaction_manager``: producer id, sequences and transactions of an exactly-once producer;
+- ``fetch_state``: the consumer's assignment, positions, prefetch buffer and resets, and
+  ``read_committed`` filtering (``aborted_batch_filter``);
 - ``requests``: building requests and reading answers into results or typed errors.
 
 This module re-exports them as one namespace.
@@ -33,11 +35,18 @@ from rivven_broker.client.fetch_state import (
     CompletedFetch,
     FetchPlan,
     FetchState,
+    aborted_batch_filter,
     decode_completed,
 )
 from rivven_broker.client.metadata import Address, MetadataCache, parse_bootstrap
 from rivven_broker.client.producer_core import BatchOutcome, ProducerCore, SenderStep
 from rivven_broker.client.retry import RetryDecision, RetryPolicy, needs_metadata_refresh
+from rivven_broker.client.transaction_manager import (
+    CoordinatorCall,
+    TransactionManager,
+    TxnPhase,
+    TxnResult,
+)
 
 __all__ = [
     "Address",
@@ -57,6 +66,11 @@ __all__ = [
     "FetchPlan",
     "CompletedFetch",
     "decode_completed",
+    "aborted_batch_filter",
+    "TransactionManager",
+    "TxnPhase",
+    "TxnResult",
+    "CoordinatorCall",
     "EARLIEST",
     "LATEST",
     "ConnectionConfig",

@@ -196,7 +196,7 @@ class TransactionManager:
         """Whether a batch of ``tp`` may be sent now (asks for AddPartitionsToTxn if needed)."""
         if self.disabled:
             return True
-        if self.producer_id < 0 or self._reset_wanted:
+        if self.producer_id < 0 or self._reset_wanted or self.phase == TxnPhase.FATAL_ERROR:
             return False
         if not self.transactional:
             return True

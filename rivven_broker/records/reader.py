@@ -131,8 +131,14 @@ def decode_records(
     check_crc: bool = True,
     batch_filter: BatchFilter | None = None,
     decompressor: zstandard.ZstdDecompressor | None = None,
+    record_type: type = Record,
+    prefix: tuple[str, int] | tuple[()] = (),
 ) -> list[Record]:
     """Decode every record of every whole data batch in ``buf`` (a fetch response body).
+
+    Records are ``record_type`` tuples of ``prefix`` followed by ``Record``'s five fields: the
+    client passes its own ``Record`` and ``(topic, partition)`` and so builds one object per
+    record instead of two (the decode loop is the consumer's hot path).
 
     Checks every whole batch first (CRC included when ``check_crc``), then skips control
     batches, batches ``batch_filter`` rejects, and records below ``min_offset``; ignores a
@@ -145,6 +151,7 @@ def decode_records(
     """
     if type(buf) is not bytes:
         buf = bytes(buf)
+    assert len(prefix) in (0, 2)
     out: list[Record] = []
     for pos, header in iter_batches(buf):
         _check_batch(buf, pos, header, check_crc)  # before trusting any header bit
@@ -158,13 +165,16 @@ def decode_records(
         if decompressor is None and header.attributes & COMPRESSION_MASK:
             decompressor = zstandard.ZstdDecompressor()
         data, start, end = _records_section(buf, pos, header, decompressor)
+        first_timestamp = header.first_timestamp
         if base_offset >= min_offset:
             before = len(out)
-            _decode_section(data, start, end, base_offset, header.first_timestamp, out)
+            _decode_section(data, start, end, base_offset, first_timestamp, out, record_type, prefix)
             count = len(out) - before
         else:
             partial: list[Record] = []
-            _decode_section(data, start, end, base_offset, header.first_timestamp, partial)
+            _decode_section(
+                data, start, end, base_offset, first_timestamp, partial, record_type, prefix
+            )
             count = len(partial)
             out += [record for record in partial if record.offset >= min_offset]
         if count != header.record_count:
@@ -215,14 +225,28 @@ def _records_section(
 
 
 def _decode_section(
-    buf: bytes, pos: int, end: int, base: int, first: int, out: list[Record]
+    buf: bytes,
+    pos: int,
+    end: int,
+    base: int,
+    first: int,
+    out: list[Record],
+    cls: type = Record,
+    prefix: tuple = (),
 ) -> None:
-    """Append the records of ``buf[pos:end]`` to ``out``; offsets from ``base``, times ``first``.
+    """Append the records of ``buf[pos:end]`` to ``out``; offsets from ``base``, times ``first``;
+    each a ``cls`` of ``prefix`` (empty or ``(topic, partition)``) and the record's fields.
 
     The hot loop (see the module docstring), in three tiers: a learned shape (one unpack per
     record), an inline field-by-field path for header-less records, and ``_decode_record`` for
     records with headers and for reporting every error.
     """
+    if prefix:
+        topic, partition = prefix
+        plain = False
+    else:
+        topic = partition = None
+        plain = True
     append = out.append
     new = tuple.__new__
     empty = _NO_HEADERS
@@ -247,7 +271,11 @@ def _decode_section(
                     key = None
                 if value_length < 0:
                     value = None
-                append(new(Record, (base + offset_delta, first + delta_ms, key, value, empty)))
+                if plain:
+                    append(new(cls, (base + offset_delta, first + delta_ms, key, value, empty)))
+                else:
+                    append(new(cls, (topic, partition, base + offset_delta, first + delta_ms,
+                                     key, value, empty)))
                 pos += length + 4
                 continue
             unpack = None  # the shape changed: back to the field-by-field path
@@ -277,10 +305,14 @@ def _decode_section(
             simple = False
         if not simple:
             record, pos = _decode_record(buf, pos, end, base, first)
-            append(record)
+            append(record if plain and cls is Record else new(cls, prefix + record))
             candidate_key_length = candidate_value_length = -2
             continue
-        append(new(Record, (base + offset_delta, first + delta_ms, key, value, empty)))
+        if plain:
+            append(new(cls, (base + offset_delta, first + delta_ms, key, value, empty)))
+        else:
+            append(new(cls, (topic, partition, base + offset_delta, first + delta_ms, key, value,
+                             empty)))
         pos = record_end
         if key_length == candidate_key_length and value_length == candidate_value_length:
             compiled = record_struct(key_length, value_length)

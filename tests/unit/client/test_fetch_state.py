@@ -218,6 +218,7 @@ class FetchMachine(RuleBasedStateMachine):
         self.logs = {tp: [] for tp in self.tps}  # list of (base, count)
         self.expected = {tp: None for tp in self.tps}  # the model's next offset (None: reset)
         self.in_flight = []
+        self.leftover = None  # (completed fetch, records not yet handed out)
 
     def end(self, tp):
         return sum(count for _, count in self.logs[tp])
@@ -258,6 +259,8 @@ class FetchMachine(RuleBasedStateMachine):
         tp = self.tps[index]
         self.state.seek(tp, offset)
         self.expected[tp] = offset
+        if self.leftover is not None and self.leftover[0].tp == tp:
+            self.leftover = None
 
     @rule(index=st.integers(0, 1))
     def toggle_pause(self, index):
@@ -266,16 +269,26 @@ class FetchMachine(RuleBasedStateMachine):
 
     @rule(limit=st.integers(1, 5))
     def consume(self, limit):
-        completed = self.state.take_completed()
-        if completed is None:
-            return
-        records = decode_completed(completed)[:limit]
+        # As the blocking driver does: records of a completed fetch that one poll did not
+        # hand out stay buffered (``leftover``) and come first in the next poll; a seek drops
+        # them.
+        if self.leftover is not None:
+            completed, records = self.leftover
+        else:
+            completed = self.state.take_completed()
+            if completed is None:
+                return
+            records = decode_completed(completed)
+        taken, rest = records[:limit], records[limit:]
         tp = completed.tp
-        for record in records:
+        for record in taken:
             assert record.offset == self.expected[tp], (record, self.expected[tp])
             self.expected[tp] += 1
-        position = records[-1].offset + 1 if records else completed.fetch_offset
-        if len(records) == len(decode_completed(completed)):
+        if rest:
+            self.leftover = (completed, rest)
+            position = taken[-1].offset + 1
+        else:
+            self.leftover = None
             position = completed.next_offset
         assert self.state.advance(tp, completed.epoch, position)
         self.expected[tp] = position
