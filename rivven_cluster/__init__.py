@@ -1,0 +1,1 @@
+"""rivven_cluster"""

@@ -1,0 +1,172 @@
+"""``python -m rivven_spark.bench``: Spark batch-read throughput, Rivven next to parquet.
+
+Theory of operation
+-------------------
+The question is what the Python data source costs against Spark's best native reader on the
+same machine, in the same run. The benchmark
+
+1. starts a ``rivven-broker`` subprocess (``--sync-policy none``, a temporary data directory)
+   unless ``--bootstrap`` names a running one;
+2. creates a topic of ``--partitions`` (4) partitions and produces ``--records`` (1,000,000)
+   records of ``--size`` (100) random bytes each (seeded), no keys, no headers;
+3. reads the topic once with Spark and writes it to a parquet file, so the parquet side holds
+   exactly the same rows and columns;
+4. then, ``--rounds`` times, alternating, reads each source in full into Spark's ``noop`` sink
+   (``spark.read...load().write.format("noop")``) and times it.
+
+It reports rows/s per round, best and median, and the ratio median(rivven) / median(parquet).
+Spark runs ``local[2]`` (the same session settings as the tests); the broker process runs
+beside it on the same machine, so the figure includes the broker's own work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import random
+import select
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+__all__ = ["main", "run"]
+
+
+def _start_broker(data_dir: pathlib.Path) -> tuple[subprocess.Popen[bytes], str]:
+    script = pathlib.Path(sys.executable).parent / "rivven-broker"
+    command = [str(script)] if script.exists() else [
+        sys.executable, "-m", "rivven_broker.cli.broker_main"]
+    command += ["--data-dir", str(data_dir), "--listen", "127.0.0.1:0", "--http", "off",
+                "--sync-policy", "none", "--log-level", "WARNING"]
+    popen = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert popen.stdout is not None
+    deadline = time.monotonic() + 30
+    line = b""
+    while b"\n" not in line:
+        if time.monotonic() > deadline or popen.poll() is not None:
+            popen.kill()
+            raise RuntimeError("rivven-broker did not start")
+        if select.select([popen.stdout], [], [], 1.0)[0]:
+            line += os.read(popen.stdout.fileno(), 4096)
+    return popen, line.split()[3].decode()
+
+
+def _produce(bootstrap: str, topic: str, partitions: int, records: int, size: int) -> float:
+    from rivven_broker.client import Admin, Producer
+
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic, partitions=partitions)
+    rng = random.Random(1)
+    started = time.perf_counter()
+    with Producer(bootstrap, acks="all", linger_ms=20) as producer:
+        for i in range(records):
+            producer.send(topic, value=rng.randbytes(size), partition=i % partitions)
+        producer.flush()
+    return time.perf_counter() - started
+
+
+def _session() -> Any:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]").appName("rivven-spark-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _timed_noop(df: Any) -> float:
+    started = time.perf_counter()
+    df.write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - started
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the benchmark; returns every figure (see the module docstring). Blocks."""
+    with tempfile.TemporaryDirectory(prefix="rivven-spark-bench-", dir=args.dir) as tmp:
+        directory = pathlib.Path(tmp)
+        popen = None
+        bootstrap = args.bootstrap
+        if bootstrap is None:
+            popen, bootstrap = _start_broker(directory / "broker")
+        try:
+            topic = f"spark-bench-{random.Random().getrandbits(32):08x}"
+            produce_s = _produce(bootstrap, topic, args.partitions, args.records, args.size)
+            spark = _session()
+            rivven = (spark.read.format("rivven").option("bootstrap", bootstrap)
+                      .option("subscribe", topic).load())
+            parquet_path = str(directory / "same-rows.parquet")
+            rivven.write.parquet(parquet_path)
+            parquet = spark.read.parquet(parquet_path)
+            assert parquet.count() == args.records
+            _timed_noop(rivven)  # warm both paths: JIT, Python workers, file cache
+            _timed_noop(parquet)
+            rivven_s, parquet_s = [], []
+            for _ in range(args.rounds):
+                rivven_s.append(_timed_noop(rivven))
+                parquet_s.append(_timed_noop(parquet))
+            spark.stop()
+        finally:
+            if popen is not None:
+                popen.kill()
+                popen.wait()
+                if popen.stdout is not None:
+                    popen.stdout.close()
+    rows = args.records
+    result = {
+        "records": rows, "size_bytes": args.size, "partitions": args.partitions,
+        "rounds": args.rounds, "produce_s": round(produce_s, 3),
+        "rivven_s": [round(s, 3) for s in rivven_s],
+        "parquet_s": [round(s, 3) for s in parquet_s],
+        "rivven_rows_per_s_best": round(rows / min(rivven_s)),
+        "rivven_rows_per_s_median": round(rows / statistics.median(rivven_s)),
+        "parquet_rows_per_s_best": round(rows / min(parquet_s)),
+        "parquet_rows_per_s_median": round(rows / statistics.median(parquet_s)),
+    }
+    result["ratio_median"] = round(statistics.median(parquet_s) / statistics.median(rivven_s), 3)
+    result["ratio_best"] = round(min(parquet_s) / min(rivven_s), 3)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point. Blocks for the whole run (about a minute)."""
+    parser = argparse.ArgumentParser(prog="python -m rivven_spark.bench",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--bootstrap", help="a running broker (default: start one)")
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--size", type=int, default=100, help="value bytes per record")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--dir", default=None, help="parent of the temporary directory")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    args = parser.parse_args(argv)
+    result = run(args)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{result['records']:,} records of {result['size_bytes']} B, "
+          f"{result['partitions']} partitions, {result['rounds']} rounds (seconds per read):")
+    print(f"  rivven : {result['rivven_s']}  best {result['rivven_rows_per_s_best']:,} rows/s,"
+          f" median {result['rivven_rows_per_s_median']:,} rows/s")
+    print(f"  parquet: {result['parquet_s']}  best {result['parquet_rows_per_s_best']:,} rows/s,"
+          f" median {result['parquet_rows_per_s_median']:,} rows/s")
+    print(f"  rivven / parquet: {result['ratio_median']}x (medians), "
+          f"{result['ratio_best']}x (bests)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
