@@ -47,8 +47,6 @@ __all__ = [
 
 HELP = "the standard suite (make bench): the targets of docs/performance.md, with peers"
 _KIB = 1024
-#: The same as storage.tune_malloc, for a subprocess (glibc reads these at start).
-_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_=67108864", "MALLOC_TRIM_THRESHOLD_=268435456")
 
 
 @attrs.frozen
@@ -123,13 +121,6 @@ CASES: list[SuiteCase] = [
                      rounds=1, peer="nats", peer_sync="default"),
         ">= 800 MB/s broker side (whole batches on the wire)",
         lambda s: s["rivven"]["wire_mb_per_s"] >= 800,
-    ),
-    SuiteCase(
-        "consume-1KiB-malloc", "consume-1KiB with the broker's glibc malloc thresholds raised",
-        BenchOptions(mode="consume", record_bytes=_KIB, batch=64, duration_s=5.0, warmup_s=0.5,
-                     rounds=1, broker_env=_MALLOC_ENV),
-        "(reported: the gain of keeping freed MiB buffers, see Where the time goes)",
-        lambda s: s["lost"] == 0 and s["duplicated"] == 0,
     ),
     SuiteCase(
         "e2e-100B", "end to end 100 B, batches of 100, 2 producers at 200,000 records/s",
