@@ -431,9 +431,13 @@ def decode_completed(completed: CompletedFetch, **decode_options: Any) -> list[R
     if completed.aborted:
         decode_options["batch_filter"] = aborted_batch_filter(completed.aborted)
     try:
-        raw = decode_records(completed.records, min_offset=completed.fetch_offset, **decode_options)
+        # Straight into the client's Record: one tuple per record, not two.
+        return decode_records(
+            completed.records,
+            min_offset=completed.fetch_offset,
+            record_type=Record,
+            prefix=(completed.tp.topic, completed.tp.partition),
+            **decode_options,
+        )
     except BatchError as error:
         raise CorruptMessageError(f"{completed.tp}: {error}") from error
-    prefix = (completed.tp.topic, completed.tp.partition)
-    new = tuple.__new__
-    return [new(Record, prefix + record) for record in raw]
