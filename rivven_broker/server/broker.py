@@ -205,7 +205,7 @@ class Broker:
             LogManager.open,
             env.disk,
             now_ms,
-            preallocate_bytes=self.config.preallocate_bytes,
+            preallocate_bytes=self.config.preallocate_bytes_effective,
             rng=env.rng("topic-ids"),
         )
         logs, reports = await env.run_sync(opener)

@@ -86,8 +86,16 @@ class BrokerConfig:
     idle_timeout_ms: int = limits.idle_timeout_ms
     connections_max: int = limits.connections_max
     in_flight_requests_max: int = limits.in_flight_requests_per_connection_max
-    #: Zero-filled bytes kept ahead of the writer in each active segment (0: off).
-    preallocate_bytes: int = 0
+    #: Zero-filled bytes kept ahead of the writer in each active segment (0: off; -1: auto,
+    #: which is 4 MiB under ``sync_policy=always`` — measured here to cut the fdatasync of
+    #: an append by a quarter or more — and off otherwise, where it only costs writes).
+    preallocate_bytes: int = -1
+
+    @property
+    def preallocate_bytes_effective(self) -> int:
+        if self.preallocate_bytes >= 0:
+            return self.preallocate_bytes
+        return 4 * 1024 * 1024 if self.sync_policy == "always" else 0
     retention_check_interval_ms: int = 300_000
     #: How long a graceful shutdown waits for in-flight requests before cancelling them.
     shutdown_timeout_ms: int = 10_000
@@ -242,8 +250,9 @@ _OPTIONS: tuple[_Option, ...] = (
             _int_in(1, limits.in_flight_requests_per_connection_max),
             "requests in flight per connection before the broker stops reading "
             f"(default {limits.in_flight_requests_per_connection_max})"),
-    _Option("preallocate_bytes", "BYTES", _int_in(0, limits.segment_bytes_default),
-            "zero-filled space kept ahead of each active segment (default 0)"),
+    _Option("preallocate_bytes", "BYTES", _int_in(-1, limits.segment_bytes_default),
+            "zero-filled space kept ahead of each active segment (default -1: auto, "
+            "4 MiB under sync_policy=always, else off; 0: off)"),
     _Option("retention_check_interval_ms", "MS", _int_in(1, _I32_MAX),
             "how often retention runs (default 300000)"),
     _Option("shutdown_timeout_ms", "MS", _int_in(0, _I32_MAX),
