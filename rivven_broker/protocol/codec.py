@@ -24,7 +24,9 @@ Decoding is total: every malformed payload raises ``RemoteProtocolError`` and no
 Unpacking is bounded by ``limits`` (string, bin, array and map sizes; ext types refused), so
 a hostile payload cannot make the unpacker allocate more than its own size suggests.
 
-Speed. Produce requests and Fetch responses carry MiBs of record bytes. Decoding uses
+Speed. ``fast_codec`` decodes ``Produce`` and encodes ``ProduceResponse`` without the field
+walk, falling back to it for anything not plainly valid (so errors are the generic ones).
+Produce requests and Fetch responses carry MiBs of record bytes. Decoding uses
 msgpack's C unpacker, which copies each bin once into its ``bytes`` object and touches nothing
 per record. Encoding messages that carry records (``CARRIES_RECORDS``) returns *parts*: the
 msgpack bytes around each large bin, and the bin itself by reference; ``framing
@@ -40,10 +42,15 @@ from typing import Any, Mapping
 import attrs
 import msgpack
 
-from rivven_broker.protocol import limits
+from rivven_broker.protocol import fast_codec, limits
 from rivven_broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from rivven_broker.protocol.message_base import Message, Request, Response, Struct
-from rivven_broker.protocol.messages import REQUEST_TYPES, RESPONSE_TYPES
+from rivven_broker.protocol.messages import (
+    REQUEST_TYPES,
+    RESPONSE_TYPES,
+    Produce,
+    ProduceResponse,
+)
 
 __all__ = [
     "encode_request",
@@ -180,7 +187,12 @@ def encode_parts(message: Message, version: int | None = None) -> list[Buffer]:
     if not isinstance(message, Message):
         raise LocalProtocolError(f"{cls.__name__} is not a message")
     version = _version_for(cls, version)
-    envelope = (int(cls.API_KEY), version, struct_to_wire(message, version))
+    body = None
+    if cls is ProduceResponse:  # the hot path; None where the generic walk must decide
+        body = fast_codec.produce_response_to_wire(message, version)  # type: ignore[arg-type]
+    if body is None:
+        body = struct_to_wire(message, version)
+    envelope = (int(cls.API_KEY), version, body)
     if cls.CARRIES_RECORDS:
         return _pack_parts(envelope)
     return [msgpack.packb(envelope)]
@@ -265,6 +277,10 @@ def _decode(payload: bytes, types: Mapping[int, type[Message]], what: str) -> tu
             f"{cls.__name__} version {version} is not supported (supported: {low}..{high})",
             ErrorCode.UNSUPPORTED_VERSION,
         )
+    if cls is Produce:  # the hot path; None sends anything not plainly valid the generic way
+        fast = fast_codec.decode_produce(body, version)
+        if fast is not None:
+            return fast, version
     try:
         return struct_from_wire(cls, body, version), version
     except RecursionError:  # pragma: no cover - nesting is bounded by the classes

@@ -8,8 +8,11 @@ the tasks and the timers. Two loops share one ``_Connection``:
 - The *reader* receives bytes, feeds them to the core and takes events. For each request it
   calls ``Handlers.begin`` at once, in request order (so appends land in order), and puts a
   *slot* at the tail of the answer queue. A ready answer fills its slot now; a ``Pending`` one
-  runs as its own task and fills its slot when done (so eight pipelined acks=all produces wait
-  on one group commit together); a *serial* pending is awaited by the reader before it goes on.
+  runs as its own task and fills its slot when done; a *serial* pending is awaited by the
+  reader before it goes on. Pending produces (which wait only for durability, each within a
+  deadline fixed when it arrived) are instead queued and completed in order by one task per
+  run of them, so eight pipelined acks=all produces wait on one group commit in one task
+  instead of eight.
   acks=0 produces get no slot. When ``in_flight_requests_max`` slots are open the reader stops
   reading: TCP backpressure reaches the client.
 - The *writer* waits until the head slot is filled, then takes every filled slot from the head,
@@ -119,6 +122,8 @@ class _Connection:
         self.stopping = False
         self.fatal: bytes | None = None  # the closing error frame, after a fatal BadRequest
         self.receive_scope: trio.CancelScope | None = None
+        self.produce_waits: deque[tuple[_Slot, Pending]] = deque()  # for the produce completer
+        self.completing_produces = False  # a produce completer task is running
 
     # --- shared helpers ----------------------------------------------------------------------
 
@@ -208,6 +213,11 @@ class _Connection:
         if isinstance(outcome, Pending):
             if outcome.serial:
                 await self._complete(slot, outcome)
+            elif api == "Produce":
+                self.produce_waits.append((slot, outcome))
+                if not self.completing_produces:
+                    self.completing_produces = True
+                    nursery.start_soon(self._complete_produces)
             else:
                 nursery.start_soon(self._complete, slot, outcome)
         else:
@@ -222,6 +232,16 @@ class _Connection:
             log.exception("the %s handler failed", slot.api)
             response = ErrorResponse(ErrorCode.UNKNOWN_SERVER_ERROR, _INTERNAL_ERROR)
         self.fill(slot, response)
+
+    async def _complete_produces(self) -> None:
+        """Complete queued produce waits in order until none is left."""
+        waits = self.produce_waits
+        try:
+            while waits:
+                slot, pending = waits.popleft()
+                await self._complete(slot, pending)
+        finally:
+            self.completing_produces = False
 
     def _bad_request(self, event: BadRequest) -> None:
         response = ErrorResponse(event.error_code, event.message)

@@ -179,9 +179,13 @@ class DataPath:
         if context.policy.mode != "always" or not waits:
             return _produce_response(request, outcome)
 
+        # The deadline runs from now, not from when the wait starts: the connection may
+        # complete a run of pipelined produces one after another in a single task.
+        timeout_ms = min(request.timeout_ms, limits.produce_timeout_ms_max)
+        deadline = trio.current_time() + timeout_ms / 1000
+
         async def wait() -> ProduceResponse:
-            timeout_ms = min(request.timeout_ms, limits.produce_timeout_ms_max)
-            with trio.move_on_after(timeout_ms / 1000):
+            with trio.move_on_at(deadline):
                 for _, _, plog, last_offset in waits:
                     await context.sync_worker.wait_durable(plog, last_offset)
             for name, partition, plog, last_offset in waits:

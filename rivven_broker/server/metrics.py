@@ -5,8 +5,10 @@ Theory of operation
 Each ``Broker`` owns a ``BrokerMetrics`` with its own ``CollectorRegistry`` (never the global
 one: several brokers live in one process in tests and in the simulator, and each must report
 only itself). The request path calls ``request_done(api, error_code, latency_ms)`` once per
-request and ``bytes_in``/``bytes_out`` once per socket read or write; labelled children are
-cached in dicts so the hot path is one dict lookup and one locked add. Per-partition figures
+request and ``bytes_in``/``bytes_out`` once per socket read or write. Those hot figures are
+plain integers (a dict add, a list index: no prometheus lock per request; the broker is one
+trio thread) and a custom collector turns them into counter and histogram families when
+``/metrics`` is scraped. Per-partition figures
 (log start and end offset, high watermark, size) are not pushed at all: a custom collector
 asks the broker for a snapshot when ``/metrics`` is scraped, so an idle partition costs
 nothing and the numbers are never stale.
@@ -17,10 +19,11 @@ base unit.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Callable, Iterable, Iterator, NamedTuple
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 __all__ = ["BrokerMetrics", "PartitionSnapshot", "CONTENT_TYPE"]
@@ -31,6 +34,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS_S = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )
+_LATENCY_BUCKETS_MS = tuple(bound * 1000 for bound in _LATENCY_BUCKETS_S)
 
 
 class PartitionSnapshot(NamedTuple):
@@ -74,35 +78,75 @@ class _PartitionCollector(Collector):
         yield from families.values()
 
 
+class _LatencyHistogram:
+    """Bucket counts of latencies in ms; the last bucket is +Inf. Not thread-safe (one thread)."""
+
+    __slots__ = ("counts", "sum_ms")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(_LATENCY_BUCKETS_MS) + 1)
+        self.sum_ms = 0
+
+    def observe(self, latency_ms: int) -> None:
+        self.counts[bisect_left(_LATENCY_BUCKETS_MS, latency_ms)] += 1
+        self.sum_ms += latency_ms
+
+    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
+        buckets = []
+        total = 0
+        for bound_s, count in zip((*map(str, _LATENCY_BUCKETS_S), "+Inf"), self.counts):
+            total += count
+            buckets.append((bound_s, float(total)))
+        return HistogramMetricFamily(name, documentation, buckets=buckets,
+                                     sum_value=self.sum_ms / 1000)
+
+
+class _HotCollector(Collector):
+    """Exports the per-request figures a ``BrokerMetrics`` keeps as plain integers."""
+
+    def __init__(self, metrics: BrokerMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+        metrics = self._metrics
+        requests = CounterMetricFamily(
+            "rivven_requests", "Requests answered, by api and error code.",
+            labels=["api", "error_code"],
+        )
+        for (api, error_code), count in sorted(metrics.request_counts.items()):
+            requests.add_metric([api, str(error_code)], float(count))
+        yield requests
+        yield CounterMetricFamily("rivven_network_received_bytes", "Bytes received from clients.",
+                                  value=float(metrics.bytes_in_total))
+        yield CounterMetricFamily("rivven_network_sent_bytes", "Bytes sent to clients.",
+                                  value=float(metrics.bytes_out_total))
+        yield CounterMetricFamily(
+            "rivven_produced_records", "Records appended by produce requests.",
+            value=float(metrics.records_in_total),
+        )
+        yield metrics.produce_latency.family(
+            "rivven_produce_latency_seconds",
+            "Time from receiving a produce request to its answer being ready.",
+        )
+        yield metrics.fetch_latency.family(
+            "rivven_fetch_latency_seconds",
+            "Time from receiving a fetch request to its answer being ready (long polls included).",
+        )
+
+
 class BrokerMetrics:
     """The metrics of one broker. Methods never block and never raise."""
 
     def __init__(self, node_id: int) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
-        self._requests = Counter(
-            "rivven_requests", "Requests answered, by api and error code.",
-            ["api", "error_code"], registry=registry,
-        )
-        self._bytes_in = Counter(
-            "rivven_network_received_bytes", "Bytes received from clients.", registry=registry
-        )
-        self._bytes_out = Counter(
-            "rivven_network_sent_bytes", "Bytes sent to clients.", registry=registry
-        )
-        self._records_in = Counter(
-            "rivven_produced_records", "Records appended by produce requests.", registry=registry
-        )
-        self._produce_latency = Histogram(
-            "rivven_produce_latency_seconds",
-            "Time from receiving a produce request to its answer being ready.",
-            buckets=_LATENCY_BUCKETS_S, registry=registry,
-        )
-        self._fetch_latency = Histogram(
-            "rivven_fetch_latency_seconds",
-            "Time from receiving a fetch request to its answer being ready (long polls included).",
-            buckets=_LATENCY_BUCKETS_S, registry=registry,
-        )
+        self.request_counts: dict[tuple[str, int], int] = {}
+        self.bytes_in_total = 0
+        self.bytes_out_total = 0
+        self.records_in_total = 0
+        self.produce_latency = _LatencyHistogram()
+        self.fetch_latency = _LatencyHistogram()
+        registry.register(_HotCollector(self))
         self._connections = Gauge(
             "rivven_connections", "Client connections open now.", registry=registry
         )
@@ -122,7 +166,6 @@ class BrokerMetrics:
         info = Gauge("rivven_broker_info", "Constant 1, labelled with the node id.", ["node_id"],
                      registry=registry)
         info.labels(str(node_id)).set(1)
-        self._request_children: dict[tuple[str, int], Counter] = {}
         self.connections_open = 0
 
     def track_partitions(self, snapshot: Callable[[], Iterable[PartitionSnapshot]]) -> None:
@@ -132,24 +175,21 @@ class BrokerMetrics:
     def request_done(self, api: str, error_code: int, latency_ms: int) -> None:
         """Count one answered request; record its latency for produce and fetch."""
         key = (api, error_code)
-        child = self._request_children.get(key)
-        if child is None:
-            child = self._requests.labels(api, str(error_code))
-            self._request_children[key] = child
-        child.inc()
+        counts = self.request_counts
+        counts[key] = counts.get(key, 0) + 1
         if api == "Produce":
-            self._produce_latency.observe(latency_ms / 1000)
+            self.produce_latency.observe(latency_ms)
         elif api == "Fetch":
-            self._fetch_latency.observe(latency_ms / 1000)
+            self.fetch_latency.observe(latency_ms)
 
     def records_in(self, count: int) -> None:
-        self._records_in.inc(count)
+        self.records_in_total += count
 
     def bytes_in(self, count: int) -> None:
-        self._bytes_in.inc(count)
+        self.bytes_in_total += count
 
     def bytes_out(self, count: int) -> None:
-        self._bytes_out.inc(count)
+        self.bytes_out_total += count
 
     def connection_opened(self) -> None:
         self.connections_open += 1

@@ -28,9 +28,10 @@ class AppendInfo:
 
 @attrs.frozen
 class ReadResult:
-    """Whole stored batches, concatenated, and the offset to read next."""
+    """Whole stored batches, concatenated, and the offset to read next. ``records`` may be a
+    read-only ``memoryview`` (the read's buffer without its partial tail, not a copy)."""
 
-    records: bytes
+    records: bytes | memoryview
     next_offset: int
     batch_count: int = 0
 

@@ -15,14 +15,16 @@ holding offset ``o``, take the last entry with ``relative_offset <= o - base`` a
 headers forward from its position (at most about one interval of bytes).
 
 The whole index lives in memory as two ``array('I')`` columns (8 bytes per entry, about 2 MiB per
-GiB of log at the default interval) and is mirrored to the ``.index`` file by appending entries.
+GiB of log at the default interval) and is mirrored to the ``.index`` file. ``append`` only adds
+to memory; ``write_pending`` writes every entry the file lacks in one ``pwrite`` (the segment
+calls it when it rolls, truncates or closes, before the index is fsynced). ``written`` counts
+the entries the file holds; lookups always use the in-memory entries, buffered ones included.
 The file is not fsynced with the data: recovery rebuilds it from the log whenever it cannot be
 trusted (see ``recovery.py``).
 """
 
 from __future__ import annotations
 
-import struct
 import sys
 from array import array
 from bisect import bisect_left, bisect_right
@@ -32,7 +34,6 @@ from rivven_broker.storage.file_store import FileStore
 __all__ = ["OffsetIndex", "ENTRY_BYTES", "encode_entries", "decode_entries"]
 
 ENTRY_BYTES = 8
-_ENTRY = struct.Struct(">II")
 U32_MAX = 0xFFFFFFFF
 
 
@@ -75,6 +76,7 @@ class OffsetIndex:
         self.path = path
         self.relative_offsets = array("I")
         self.positions = array("I")
+        self.written = 0  # entries the file holds: a prefix of the in-memory ones
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -83,21 +85,30 @@ class OffsetIndex:
         """Replace the in-memory entries (the file is assumed to hold them). Never blocks."""
         self.relative_offsets = array("I", relative_offsets)
         self.positions = array("I", positions)
+        self.written = len(self.positions)
 
     def append(self, relative_offset: int, position: int) -> None:
-        """Add an entry at the end, in memory and in the file. Blocks on a small write.
-
-        Raises:
-            OSError: the store failed (the in-memory index is unchanged).
-        """
+        """Add an entry at the end, in memory only (``write_pending`` writes it). Never blocks."""
         assert 0 <= relative_offset <= U32_MAX and 0 < position <= U32_MAX
         assert not self.positions or (
             relative_offset > self.relative_offsets[-1] and position > self.positions[-1]
         )
-        entry = _ENTRY.pack(relative_offset, position)
-        self.store.pwrite(self.handle, entry, len(self.positions) * ENTRY_BYTES)
         self.relative_offsets.append(relative_offset)
         self.positions.append(position)
+
+    def write_pending(self) -> None:
+        """Write the entries the file lacks, in one write. Blocks on it (if there are any).
+
+        Raises:
+            OSError: the store failed (they stay pending).
+        """
+        count = len(self.positions)
+        if self.written == count:
+            return
+        start = self.written
+        data = encode_entries(self.relative_offsets[start:], self.positions[start:])
+        self.store.pwrite(self.handle, data, start * ENTRY_BYTES)
+        self.written = count
 
     def lookup(self, relative_offset: int) -> int:
         """Position of the last entry at or below ``relative_offset`` (0 if none). Pure."""
@@ -119,7 +130,9 @@ class OffsetIndex:
         keep = bisect_left(self.positions, position)
         if keep == len(self.positions):
             return
-        self.store.truncate(self.handle, keep * ENTRY_BYTES)
+        if keep < self.written:
+            self.store.truncate(self.handle, keep * ENTRY_BYTES)
+            self.written = keep
         del self.relative_offsets[keep:]
         del self.positions[keep:]
 
@@ -136,5 +149,5 @@ class OffsetIndex:
         self.load(relative_offsets, positions)
 
     def to_bytes(self) -> bytes:
-        """What the file should hold. Pure."""
+        """What the file should hold once pending entries are written. Pure."""
         return encode_entries(self.relative_offsets, self.positions)

@@ -23,7 +23,8 @@ Durability (group commit): appends dirty the active segment. ``begin_sync`` hand
 ``SyncTicket`` listing the handles to fsync (the active ``.log``; for a segment rolled since its
 last sync, its ``.log`` and both indexes) and the offset it covers; a worker thread fsyncs them;
 ``complete_sync`` then raises ``durable_offset``. The active segment's indexes are never fsynced
-with the data: recovery rebuilds them. A new segment's directory entry is made durable by an
+with the data: recovery rebuilds them. Index entries are buffered in memory and written in one
+write per index file at each ``begin_sync``, roll, truncation and close. A new segment's directory entry is made durable by an
 ``fsync_dir`` at roll time, before anything in it can be reported durable. While a ticket is
 out, segments removed by retention, ``delete_records`` or ``truncate_to`` keep their handles
 open (a closed fd could be reused under the worker) until the last ticket completes.
@@ -303,7 +304,8 @@ class PartitionLog:
 
     def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None) -> ReadResult:
         """Whole batches from the one holding ``offset``, up to ``max_bytes`` but at least one,
-        none whose base offset is ``>= max_offset``, all from one segment. Blocks on reads.
+        none whose base offset is ``>= max_offset``, all from one segment. ``records`` is
+        ``bytes`` or a read-only ``memoryview`` of them (never copied twice). Blocks on reads.
 
         Raises:
             OffsetOutOfRangeError: ``offset`` is below the log start or above the log end.
@@ -333,7 +335,8 @@ class PartitionLog:
             count += 1
             next_offset = header.next_offset
         assert count >= 1
-        return ReadResult(data if end == len(data) else data[:end], next_offset, count)
+        # A view, not a slice: the tail past the last whole batch is dropped without copying.
+        return ReadResult(data if end == len(data) else memoryview(data)[:end], next_offset, count)
 
     def iter_headers(self, from_offset: int) -> Iterator[BatchHeader]:
         """The stored header of every batch from the one holding ``max(from_offset, log start)``
@@ -566,13 +569,20 @@ class PartitionLog:
 
     def begin_sync(self) -> SyncTicket | None:
         """The handles to fsync to make everything appended so far durable, or None if there
-        is nothing to do (or the log failed). Never blocks.
+        is nothing to do (or the log failed). Blocks only on writing the active segment's
+        buffered index entries (one small write per index, not fsynced); if that fails, the
+        log is failed and the answer is None.
 
         The caller fsyncs every handle (only that, possibly on another thread), then calls
         ``complete_sync``; the handles stay open until then.
         """
         assert not self._closed
         if self._failed is not None:
+            return None
+        try:  # once per sync rather than once per entry; keeps the file close to memory
+            self._segments[-1].write_indexes()
+        except OSError as exc:
+            self._failed = exc  # every later call raises LogFailedError carrying it
             return None
         handles: list[int] = []
         versions = []

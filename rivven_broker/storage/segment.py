@@ -38,7 +38,9 @@ from rivven_broker.records.header import (
     validate,
 )
 from rivven_broker.storage.file_store import Buffer, FileStore
+from rivven_broker.storage.offset_index import ENTRY_BYTES as OFFSET_ENTRY_BYTES
 from rivven_broker.storage.offset_index import OffsetIndex
+from rivven_broker.storage.time_index import ENTRY_BYTES as TIME_ENTRY_BYTES
 from rivven_broker.storage.time_index import TimeIndex
 
 __all__ = [
@@ -199,11 +201,19 @@ class Segment:
                 self.store.remove(path)
 
     def trim(self) -> None:
-        """Cut the log file back to ``size`` (drops preallocated space). Blocks on file I/O."""
+        """Cut the log file back to ``size`` (drops preallocated space) and write the pending
+        index entries. Blocks on file I/O. Raises ``OSError`` if the store fails."""
+        self.write_indexes()
         if self.store.size(self.log_handle) != self.size:
             self.store.truncate(self.log_handle, self.size)
             self.version += 1
         self.allocated = self.size
+
+    def write_indexes(self) -> None:
+        """Write the index entries buffered since the last write, one write per index file.
+        Blocks on file I/O. Raises ``OSError`` if the store fails."""
+        self.offset_index.write_pending()
+        self.time_index.write_pending()
 
     # --- appending ---------------------------------------------------------------------------
 
@@ -224,9 +234,9 @@ class Segment:
         goes further). Blocks on file I/O.
 
         Raises:
-            OSError: the store failed. If the data write failed, nothing changed (bytes past
-                ``size`` are junk the next write overwrites); if an index write failed, the
-                data is appended and the index is short (the caller must stop using the log).
+            OSError: the store failed; nothing changed (bytes past ``size`` are junk the
+                next write overwrites). Index entries are only buffered here: ``trim``,
+                ``truncate`` and ``write_indexes`` write them.
         """
         total = sum(size for _, size, _ in batches)
         position = self.size
@@ -325,6 +335,7 @@ class Segment:
             self.time_index.truncate_at_offset(self.offset_index.last()[0] + 1)
         else:
             self.time_index.truncate_at_offset(0)
+        self.write_indexes()
         self.restore_cursor()
         self.synced = False
         self.version += 1
@@ -382,6 +393,8 @@ class Segment:
         assert cursor == self.cursor, (cursor, self.cursor)
         assert rebuilt[0] == list(zip(index.relative_offsets, index.positions)), self.log_path
         assert rebuilt[1] == list(zip(times.timestamps, times.relative_offsets)), self.log_path
-        for mirrored in (index, times):
+        for mirrored, entry_bytes in ((index, OFFSET_ENTRY_BYTES), (times, TIME_ENTRY_BYTES)):
             size = self.store.size(mirrored.handle)
-            assert self.store.pread(mirrored.handle, size, 0) == mirrored.to_bytes(), mirrored.path
+            assert size == mirrored.written * entry_bytes, (mirrored.path, size, mirrored.written)
+            on_file = self.store.pread(mirrored.handle, size, 0)
+            assert on_file == mirrored.to_bytes()[:size], mirrored.path

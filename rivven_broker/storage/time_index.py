@@ -22,7 +22,9 @@ timestamp by scanning only the batches after the last offset index entry. A time
 to the first offset entry at or after its offset (the one that created it), so truncating a
 segment keeps exactly the time entries at or below the last remaining offset entry: the same
 entries a rebuild from the remaining batches makes. Like the offset index,
-the file is not fsynced with the data and is rebuilt by recovery when it cannot be trusted.
+the file is not fsynced with the data and is rebuilt by recovery when it cannot be trusted,
+and ``append`` only adds to memory: ``write_pending`` writes the entries the file lacks (``written``
+counts those it holds) in one ``pwrite`` when the segment rolls, truncates or closes.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class TimeIndex:
         self.path = path
         self.timestamps = array("q")
         self.relative_offsets = array("I")
+        self.written = 0  # entries the file holds: a prefix of the in-memory ones
 
     def __len__(self) -> int:
         return len(self.timestamps)
@@ -82,20 +85,29 @@ class TimeIndex:
         """Replace the in-memory entries (the file is assumed to hold them). Never blocks."""
         self.timestamps = array("q", timestamps)
         self.relative_offsets = array("I", relative_offsets)
+        self.written = len(self.timestamps)
 
     def append(self, timestamp: int, relative_offset: int) -> None:
-        """Add an entry at the end, in memory and in the file. Blocks on a small write.
-
-        Raises:
-            OSError: the store failed (the in-memory index is unchanged).
-        """
+        """Add an entry at the end, in memory only (``write_pending`` writes it). Never blocks."""
         assert not self.timestamps or (
             timestamp > self.timestamps[-1] and relative_offset > self.relative_offsets[-1]
         )
-        entry = _ENTRY.pack(timestamp, relative_offset)
-        self.store.pwrite(self.handle, entry, len(self.timestamps) * ENTRY_BYTES)
         self.timestamps.append(timestamp)
         self.relative_offsets.append(relative_offset)
+
+    def write_pending(self) -> None:
+        """Write the entries the file lacks, in one write. Blocks on it (if there are any).
+
+        Raises:
+            OSError: the store failed (they stay pending).
+        """
+        count = len(self.timestamps)
+        if self.written == count:
+            return
+        start = self.written
+        data = encode_entries(self.timestamps[start:], self.relative_offsets[start:])
+        self.store.pwrite(self.handle, data, start * ENTRY_BYTES)
+        self.written = count
 
     def lookup(self, timestamp: int) -> int | None:
         """Relative offset of the last entry with a timestamp below ``timestamp``, or None."""
@@ -117,7 +129,9 @@ class TimeIndex:
         keep = bisect_left(self.relative_offsets, relative_offset)
         if keep == len(self.timestamps):
             return
-        self.store.truncate(self.handle, keep * ENTRY_BYTES)
+        if keep < self.written:
+            self.store.truncate(self.handle, keep * ENTRY_BYTES)
+            self.written = keep
         del self.timestamps[keep:]
         del self.relative_offsets[keep:]
 
@@ -134,5 +148,5 @@ class TimeIndex:
         self.load(timestamps, relative_offsets)
 
     def to_bytes(self) -> bytes:
-        """What the file should hold. Pure."""
+        """What the file should hold once pending entries are written. Pure."""
         return encode_entries(self.timestamps, self.relative_offsets)

@@ -40,6 +40,7 @@ def test_offset_index_file_format_is_big_endian_u32_pairs() -> None:
     store, index = new_offset_index()
     index.append(3, 4100)
     index.append(70000, 2**32 - 1)
+    index.write_pending()
     assert file_bytes(store, index.handle) == struct.pack(">IIII", 3, 4100, 70000, 2**32 - 1)
     assert index.to_bytes() == file_bytes(store, index.handle)
     decoded = offset_index.decode_entries(file_bytes(store, index.handle))
@@ -50,6 +51,7 @@ def test_time_index_file_format_is_i64_then_u32() -> None:
     store, index = new_time_index()
     index.append(-5, 0)
     index.append(1_700_000_000_000, 9)
+    index.write_pending()
     assert file_bytes(store, index.handle) == struct.pack(">qIqI", -5, 0, 1_700_000_000_000, 9)
     decoded = time_index.decode_entries(file_bytes(store, index.handle))
     assert decoded == (array("q", [-5, 1_700_000_000_000]), array("I", [0, 9]))
@@ -97,15 +99,41 @@ def test_truncation_shortens_memory_and_file() -> None:
     store, index = new_offset_index()
     for i in range(1, 6):
         index.append(i * 10, i * 100)
+    index.write_pending()
     index.truncate_at_position(300)
     assert list(index.positions) == [100, 200]
     assert file_bytes(store, index.handle) == index.to_bytes()
     store2, times = new_time_index()
     for i in range(1, 6):
         times.append(i * 1000, i * 10)
+    times.write_pending()
     times.truncate_at_offset(31)
     assert list(times.relative_offsets) == [10, 20, 30]
     assert file_bytes(store2, times.handle) == times.to_bytes()
+
+
+def test_appended_entries_are_buffered_found_and_written_in_one_write() -> None:
+    store, index = new_offset_index()
+    index.append(1, 100)
+    index.write_pending()
+    for i in range(2, 6):
+        index.append(i * 10, i * 100)
+    assert file_bytes(store, index.handle) == struct.pack(">II", 1, 100)  # not yet written
+    assert index.lookup(35) == 300 and index.last() == (50, 500)  # memory answers anyway
+    index.truncate_at_position(400)  # only pending entries go: the file is untouched
+    assert file_bytes(store, index.handle) == struct.pack(">II", 1, 100)
+    index.write_pending()
+    assert file_bytes(store, index.handle) == index.to_bytes()
+    assert list(index.positions) == [100, 200, 300] and index.written == 3
+    _, times = new_time_index()
+    times.append(7, 1)
+    times.write_pending()
+    times.append(9, 2)
+    times.truncate_at_offset(1)  # cuts into the written prefix: the file shrinks too
+    assert times.written == 0 and len(times) == 0
+    times.append(8, 3)
+    times.write_pending()
+    assert file_bytes(times.store, times.handle) == struct.pack(">qI", 8, 3)
 
 
 def test_rewrite_replaces_the_file() -> None:

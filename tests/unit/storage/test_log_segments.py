@@ -366,6 +366,32 @@ def test_a_failed_data_write_appends_nothing_and_the_log_goes_on() -> None:
     log.check_invariants(deep=True)
 
 
+def test_buffered_index_entries_are_written_at_sync_and_a_failure_there_fails_the_log() -> None:
+    store = MemoryFileStore()
+    log = open_log(store)
+    handle = store.open(f"{DIRECTORY}/{0:020d}.index", create=False)
+    append_100(log, 3)  # the third append is due an index entry, buffered in memory
+    assert store.size(handle) == 0 and log.read(4, 100).batch_count == 1
+    ticket = log.begin_sync()
+    assert ticket is not None and store.size(handle) == 8  # written once per sync
+    log.complete_sync(ticket)
+    store.close(handle)
+    append_100(log, 2)  # one more entry due
+
+    def broken_index(op: str, path: str) -> None:
+        if op == "pwrite" and path.endswith(".index"):
+            raise OSError(errno.EIO, "index write failed")
+
+    store.fault_hook = broken_index
+    assert log.begin_sync() is None and log.failed
+    store.fault_hook = None
+    with pytest.raises(LogFailedError):
+        log.flush()
+    log.close()
+    log = open_log(store)
+    log.check_invariants(deep=True)
+
+
 def test_a_store_failure_after_the_data_write_fails_the_log() -> None:
     store = MemoryFileStore()
     log = open_log(store)
@@ -375,8 +401,9 @@ def test_a_store_failure_after_the_data_write_fails_the_log() -> None:
             raise OSError(errno.EIO, "index write failed")
 
     store.fault_hook = broken_index
+    append_100(log, 3)  # the third append is due an index entry, buffered in memory
     with pytest.raises(LogFailedError):
-        append_100(log, 3)  # the third append is due an index entry
+        log.roll(0)  # rolling writes the buffered index entries
     store.fault_hook = None
     assert log.failed and log.begin_sync() is None
     with pytest.raises(LogFailedError):

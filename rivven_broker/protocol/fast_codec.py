@@ -1,0 +1,176 @@
+"""Fast paths of the codec for the messages of the produce hot path.
+
+Theory of operation
+-------------------
+The generic codec (``codec.py``) walks each class's declared fields and builds every part
+through its validating attrs constructor. That is right for every message, and costs a large
+share of the broker's CPU for the one it sees most: ``Produce`` (and its ``ProduceResponse``).
+
+The fast paths here never decide anything the generic path would decide differently. Each
+checks that its input is *plainly good* (exact types, bounds, ASCII names, the fields each
+version carries) and then builds the result directly; on anything else it returns ``None``
+and the caller takes the generic path, which raises exactly the error it always raised. So a
+bad payload meets the same ``RemoteProtocolError`` (code and message) as before, and a good
+one gives an equal message.
+
+Building skips the attrs validators (``object.__new__`` and ``object.__setattr__`` on the
+frozen, slotted classes) only because every field was checked here first against the same
+``FieldKind`` the validator reads; a test compares both paths on generated messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from rivven_broker.protocol.message_base import field_kind
+from rivven_broker.protocol.messages import (
+    Produce,
+    ProducePartition,
+    ProducePartitionResponse,
+    ProduceResponse,
+    ProduceTopic,
+)
+
+__all__ = ["decode_produce", "produce_response_to_wire"]
+
+_new = object.__new__
+_set = object.__setattr__
+
+
+def _kinds(cls: type) -> dict[str, Any]:
+    return {attribute.name: field_kind(attribute) for attribute in attrs.fields(cls)}
+
+
+def _names(cls: type) -> tuple[str, ...]:
+    return tuple(attribute.name for attribute in attrs.fields(cls))
+
+
+# The fast paths below know these exact field lists; a change to the classes must revisit them.
+assert _names(Produce) == ("acks", "timeout_ms", "topics", "transactional_id")
+assert _names(ProduceTopic) == ("name", "partitions")
+assert _names(ProducePartition) == ("partition", "records")
+assert _names(ProduceResponse) == ("topics", "throttle_time_ms")
+assert _names(ProducePartitionResponse) == (
+    "partition", "error_code", "base_offset", "log_append_time_ms", "log_start_offset",
+    "error_message", "duplicate",
+)
+assert all(attribute.metadata["since"] == 0 for cls in (Produce, ProduceTopic, ProducePartition)
+           for attribute in attrs.fields(cls))
+
+_PRODUCE = _kinds(Produce)
+_ACKS = _PRODUCE["acks"].choices
+_TIMEOUT_LO, _TIMEOUT_HI = _PRODUCE["timeout_ms"].lo, _PRODUCE["timeout_ms"].hi
+_TOPICS_MAX = _PRODUCE["topics"].length_max
+_TXN_ID_BYTES_MAX = _PRODUCE["transactional_id"].bytes_max
+_TOPIC = _kinds(ProduceTopic)
+_NAME_BYTES_MAX = _TOPIC["name"].bytes_max
+_PARTITIONS_MAX = _TOPIC["partitions"].length_max
+_PARTITION = _kinds(ProducePartition)
+_PARTITION_LO, _PARTITION_HI = _PARTITION["partition"].lo, _PARTITION["partition"].hi
+assert _PRODUCE["transactional_id"].nullable and not _TOPIC["name"].nullable
+assert _PARTITION["records"].tag == "bin"
+
+
+def _plain_name(value: object, bytes_max: int) -> bool:
+    """An ASCII str within ``bytes_max`` (anything else goes the generic way)."""
+    return type(value) is str and len(value) <= bytes_max and value.isascii()
+
+
+def _partition(body: object) -> ProducePartition | None:
+    if type(body) is not dict:
+        return None
+    partition = body.get("partition")
+    records = body.get("records")
+    if type(partition) is not int or not _PARTITION_LO <= partition <= _PARTITION_HI:
+        return None
+    if type(records) is not bytes:
+        return None
+    result = _new(ProducePartition)
+    _set(result, "partition", partition)
+    _set(result, "records", records)
+    return result
+
+
+def _topic(body: object) -> ProduceTopic | None:
+    if type(body) is not dict:
+        return None
+    name = body.get("name")
+    partitions = body.get("partitions")
+    if not _plain_name(name, _NAME_BYTES_MAX):
+        return None
+    if type(partitions) is not tuple or len(partitions) > _PARTITIONS_MAX:
+        return None
+    built = []
+    for item in partitions:
+        partition = _partition(item)
+        if partition is None:
+            return None
+        built.append(partition)
+    result = _new(ProduceTopic)
+    _set(result, "name", name)
+    _set(result, "partitions", tuple(built))
+    return result
+
+
+def decode_produce(body: object, version: int) -> Produce | None:
+    """The ``Produce`` of a decoded body at a supported ``version``, or None when the body is
+    anything but plainly valid (the caller then decodes it the generic way). Pure; never
+    raises for any input.
+    """
+    del version  # every field of Produce is carried at every version it speaks
+    if type(body) is not dict:
+        return None
+    acks = body.get("acks")
+    timeout_ms = body.get("timeout_ms")
+    topics = body.get("topics")
+    transactional_id = body.get("transactional_id", 0)  # 0: missing (None is a value)
+    if type(acks) is not int or acks not in _ACKS:
+        return None
+    if type(timeout_ms) is not int or not _TIMEOUT_LO <= timeout_ms <= _TIMEOUT_HI:
+        return None
+    if transactional_id is not None and not _plain_name(transactional_id, _TXN_ID_BYTES_MAX):
+        return None
+    if type(topics) is not tuple or len(topics) > _TOPICS_MAX:
+        return None
+    built = []
+    for item in topics:
+        topic = _topic(item)
+        if topic is None:
+            return None
+        built.append(topic)
+    result = _new(Produce)
+    _set(result, "acks", acks)
+    _set(result, "timeout_ms", timeout_ms)
+    _set(result, "topics", tuple(built))
+    _set(result, "transactional_id", transactional_id)
+    return result
+
+
+def produce_response_to_wire(response: ProduceResponse, version: int) -> dict[str, Any] | None:
+    """The msgpack-ready map of ``response`` at ``version`` (the same map, in the same key
+    order, as the generic ``struct_to_wire``), or None when the generic path must decide (a
+    v1-only field set at v0: it raises). Pure; never raises.
+    """
+    topics = []
+    carries_duplicate = version >= 1
+    for topic in response.topics:
+        partitions = []
+        for partition in topic.partitions:
+            wire = {
+                "partition": partition.partition,
+                "error_code": partition.error_code,
+                "base_offset": partition.base_offset,
+                "log_append_time_ms": partition.log_append_time_ms,
+                "log_start_offset": partition.log_start_offset,
+                "error_message": partition.error_message,
+            }
+            if carries_duplicate:
+                wire["duplicate"] = partition.duplicate
+            elif partition.duplicate:
+                return None
+            partitions.append(wire)
+        topics.append({"name": topic.name, "partitions": partitions})
+    return {"topics": topics, "throttle_time_ms": response.throttle_time_ms}
+

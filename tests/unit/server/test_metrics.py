@@ -1,0 +1,55 @@
+"""Broker metrics kept as plain integers are exported correctly at scrape time.
+
+Method: record requests, latencies and byte counts on a fresh ``BrokerMetrics`` and read them
+back through its Prometheus registry (``get_sample_value``), as a scrape would: counters by
+label, cumulative histogram buckets (a latency equal to a bound counts in that bound's
+bucket), sums in seconds, and separate brokers not sharing figures.
+"""
+
+from __future__ import annotations
+
+from rivven_broker.server.metrics import BrokerMetrics
+
+
+def test_requests_bytes_and_records_are_exported_at_scrape_time() -> None:
+    metrics = BrokerMetrics(1)
+    for _ in range(3):
+        metrics.request_done("Produce", 0, 2)
+    metrics.request_done("Produce", 6, 0)
+    metrics.request_done("Metadata", 0, 1)
+    metrics.bytes_in(100)
+    metrics.bytes_in(23)
+    metrics.bytes_out(7)
+    metrics.records_in(500)
+    value = metrics.registry.get_sample_value
+    assert value("rivven_requests_total", {"api": "Produce", "error_code": "0"}) == 3
+    assert value("rivven_requests_total", {"api": "Produce", "error_code": "6"}) == 1
+    assert value("rivven_requests_total", {"api": "Metadata", "error_code": "0"}) == 1
+    assert value("rivven_network_received_bytes_total") == 123
+    assert value("rivven_network_sent_bytes_total") == 7
+    assert value("rivven_produced_records_total") == 500
+    assert b'rivven_requests_total{api="Produce",error_code="0"} 3.0' in metrics.render()
+    assert BrokerMetrics(2).registry.get_sample_value("rivven_produced_records_total") == 0
+
+
+def test_latency_histograms_are_cumulative_in_seconds() -> None:
+    metrics = BrokerMetrics(1)
+    for latency_ms in (0, 1, 1, 7, 40_000):
+        metrics.request_done("Fetch", 0, latency_ms)
+    metrics.request_done("Produce", 0, 3)
+
+    def bucket(name: str, le: str) -> float | None:
+        return metrics.registry.get_sample_value(f"{name}_bucket", {"le": le})
+
+    fetch = "rivven_fetch_latency_seconds"
+    assert bucket(fetch, "0.0005") == 1  # 0 ms
+    assert bucket(fetch, "0.001") == 3  # 1 ms is at the bound: counted in it
+    assert bucket(fetch, "0.005") == 3
+    assert bucket(fetch, "0.01") == 4
+    assert bucket(fetch, "30.0") == 4
+    assert bucket(fetch, "+Inf") == 5
+    assert metrics.registry.get_sample_value(f"{fetch}_count") == 5
+    assert metrics.registry.get_sample_value(f"{fetch}_sum") == 40.009
+    produce = "rivven_produce_latency_seconds"
+    assert bucket(produce, "0.0025") == 0 and bucket(produce, "0.005") == 1
+    assert metrics.registry.get_sample_value(f"{produce}_count") == 1
