@@ -211,22 +211,12 @@ class Consumer:
     # --- called by the group member, under the lock ---------------------------------------------
     def _positions(self, partitions: set[TopicPartition] | None) -> dict:
         """``{tp: (position, None)}`` of assigned partitions (all, or these) with a position."""
-        out = {}
-        for tp in self._state.assignment() if partitions is None else partitions:
-            if tp in self._state.assignment():
-                position = self._state.position(tp)
-                if position is not None:
-                    out[tp] = (position, None)
-        return out
+        return {tp: (position, None) for tp, position in self._state.positions(partitions).items()}
 
     def _set_assignment(
         self, partitions: Iterable[TopicPartition], seeks: dict[TopicPartition, int]
     ) -> None:
-        tps = list(partitions)
-        self._state.assign(tps)
-        for tp, offset in seeks.items():
-            if tp in self._state.assignment():
-                self._state.seek(tp, offset)
+        tps = self._state.assign_and_seek(partitions, seeks)
         self._metadata.add_topics(tp.topic for tp in tps)
         if self._inline is not None and (
             self._inline[0].tp not in self._state.assignment() or self._inline[0].tp in seeks

@@ -48,6 +48,7 @@ from rivven_broker.client.errors import (
 )
 from rivven_broker.client.metadata import Address
 from rivven_broker.client.requests import version_for
+from rivven_broker.client.retry import reconnect_backoff_ms
 from rivven_broker.protocol import messages as m
 from rivven_broker.protocol.connection import ClientConnection
 from rivven_broker.protocol.errors import ProtocolError
@@ -179,11 +180,10 @@ class NetworkClient:
         self.failed_dials += 1
         failures = self._failures.get(address, 0) + 1
         self._failures[address] = failures
-        backoff = min(
-            self.config.reconnect_backoff_ms * (1 << min(failures - 1, 20)),
-            self.config.reconnect_backoff_max_ms,
+        backoff = reconnect_backoff_ms(
+            self.config.reconnect_backoff_ms, self.config.reconnect_backoff_max_ms,
+            failures, self._rng,
         )
-        backoff = int(backoff * self._rng.uniform(0.8, 1.2))
         self._retry_at_ms[address] = monotonic_ms() + backoff
         self._last_error[address] = error
 

@@ -42,7 +42,7 @@ from rivven_broker.client.errors import (
 )
 from rivven_broker.client.metadata import Address, MetadataCache, parse_bootstrap
 from rivven_broker.client.requests import check_response, metadata_request, version_for
-from rivven_broker.client.retry import RetryPolicy
+from rivven_broker.client.retry import RetryPolicy, reconnect_backoff_ms
 from rivven_broker.protocol import messages as m
 from rivven_broker.protocol.connection import ClientConnection
 from rivven_broker.protocol.errors import ErrorCode, ProtocolError
@@ -312,11 +312,11 @@ class TrioCluster:
         self.failed_dials += 1
         failures = self._failures.get(address, 0) + 1
         self._failures[address] = failures
-        backoff = min(
-            self.config.reconnect_backoff_ms * (1 << min(failures - 1, 20)),
-            self.config.reconnect_backoff_max_ms,
+        backoff = reconnect_backoff_ms(
+            self.config.reconnect_backoff_ms, self.config.reconnect_backoff_max_ms,
+            failures, self.rng,
         )
-        self._retry_at_ms[address] = self.now_ms() + int(backoff * self.rng.uniform(0.8, 1.2))
+        self._retry_at_ms[address] = self.now_ms() + backoff
         self.last_error = error
 
     def candidates(self) -> list[Address]:

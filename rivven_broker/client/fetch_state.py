@@ -135,6 +135,27 @@ class FetchState:
                 self._partitions[tp] = state
         self._completed = deque(c for c in self._completed if c.tp in self._partitions)
 
+    def assign_and_seek(
+        self, tps: Iterable[TopicPartition], seeks: dict[TopicPartition, int]
+    ) -> list[TopicPartition]:
+        """Replace the assignment, then seek the assigned partitions ``seeks`` names (a group
+        rebalance: committed offsets). Returns the new assignment in order."""
+        wanted = list(tps)
+        self.assign(wanted)
+        for tp, offset in seeks.items():
+            if tp in self._partitions:
+                self.seek(tp, offset)
+        return wanted
+
+    def positions(self, tps: Iterable[TopicPartition] | None = None) -> dict[TopicPartition, int]:
+        """Known positions of the assigned partitions (all, or those of ``tps``)."""
+        out = {}
+        for tp in self._partitions if tps is None else tps:
+            state = self._partitions.get(tp)
+            if state is not None and state.position is not None:
+                out[tp] = state.position
+        return out
+
     def assignment(self) -> set[TopicPartition]:
         return set(self._partitions)
 

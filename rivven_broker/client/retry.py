@@ -102,3 +102,11 @@ class RetryPolicy:
         if retry_at_ms >= deadline_ms:
             return RetryDecision(False, now_ms, refresh, "deadline passed")
         return RetryDecision(True, retry_at_ms, refresh, "retriable")
+
+
+def reconnect_backoff_ms(base_ms: int, max_ms: int, failures: int, rng: random.Random) -> int:
+    """Wait before redialling a broker after ``failures`` failed dials in a row (the same
+    exponential backoff with 20 % jitter as request retries). Never blocks."""
+    return RetryPolicy(retry_backoff_ms=base_ms, retry_backoff_max_ms=max_ms).backoff_ms(
+        failures, rng
+    )
