@@ -38,7 +38,13 @@ from typing import Any, Callable, Iterable, Mapping
 from rivven_broker.client._network import monotonic_ms
 from rivven_broker.client._sync import SyncClient
 from rivven_broker.client.config import ConnectionConfig, ConsumerConfig
-from rivven_broker.client.errors import ClientTimeoutError, ClosedError, RivvenError, error_for
+from rivven_broker.client.errors import (
+    BufferExhaustedError,
+    ClientTimeoutError,
+    ClosedError,
+    RivvenError,
+    error_for,
+)
 from rivven_broker.client.group_core import (
     COORDINATOR_CODES,
     Assign,
@@ -51,6 +57,7 @@ from rivven_broker.client.group_core import (
     committed_offsets,
 )
 from rivven_broker.client.types import TopicPartition
+from rivven_broker.protocol import limits
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.group_messages import FindCoordinator
 
@@ -337,8 +344,16 @@ class GroupMember:
 
     def commit_async(self, offsets: Mapping[Any, Any] | None,
                      callback: CommitCallback | None) -> None:
-        """Queue a commit for the heartbeat thread. Never blocks. Call under no lock."""
+        """Queue a commit for the heartbeat thread. Never blocks. Call under no lock.
+
+        Raises:
+            BufferExhaustedError: ``limits.async_commits_pending_max`` commits are queued.
+        """
         with self._cond:
+            if len(self._async_jobs) >= limits.async_commits_pending_max:
+                raise BufferExhaustedError(
+                    f"{len(self._async_jobs)} async commits are already queued"
+                )
             wanted = (self._fetch._positions(None) if offsets is None
                       else normalise_offsets(offsets))
             self._async_jobs.append((wanted, callback))

@@ -214,7 +214,8 @@ class DeliveryTimeoutError(ClientTimeoutError):
 
 
 class BufferExhaustedError(ClientTimeoutError):
-    """``send`` found the producer buffer full for longer than ``max_block_ms``."""
+    """``send`` found the producer buffer full for longer than ``max_block_ms``, or
+    ``commit_async`` found ``limits.async_commits_pending_max`` commits already queued."""
 
     default_code = "BUFFER_EXHAUSTED"
     default_retriable = True

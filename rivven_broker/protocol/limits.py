@@ -139,3 +139,8 @@ assert rebalance_timeout_ms_default <= rebalance_timeout_ms_max
 assert offset_metadata_bytes_max <= config_value_bytes_max  # the codec's string bound covers it
 assert member_id_bytes_max <= config_value_bytes_max
 assert group_members_max <= list_length_max
+
+# --- clients -------------------------------------------------------------------------------
+#: Async offset commits a consumer may have queued and not yet sent.
+async_commits_pending_max = 1024
+assert async_commits_pending_max > 0
