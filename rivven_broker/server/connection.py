@@ -234,12 +234,20 @@ class _Connection:
         self.fill(slot, response)
 
     async def _complete_produces(self) -> None:
-        """Complete queued produce waits in order until none is left."""
+        """Complete queued produce waits in order until none is left.
+
+        Every produce whose data is already durable is answered at once (``Pending.ready``),
+        so one group commit fills a whole run of slots before the writer next runs.
+        """
         waits = self.produce_waits
         try:
             while waits:
                 slot, pending = waits.popleft()
-                await self._complete(slot, pending)
+                response = pending.ready() if pending.ready is not None else None
+                if response is None:
+                    await self._complete(slot, pending)
+                else:
+                    self.fill(slot, response)
         finally:
             self.completing_produces = False
 

@@ -53,10 +53,17 @@ TopicPartition = tuple[str, int]
 
 @attrs.frozen
 class Pending:
-    """A response that needs waiting for. ``serial``: the reader awaits it before going on."""
+    """A response that needs waiting for. ``serial``: the reader awaits it before going on.
+
+    ``ready``, when given, answers without waiting if it can: it returns the response, or
+    ``None`` when ``wait`` is still needed. A connection completing a run of pipelined
+    produces calls it first, so the answers a group commit made durable are filled in one
+    pass, with no checkpoint (and no separate write) per request.
+    """
 
     wait: Callable[[], Awaitable[Response]]
     serial: bool = False
+    ready: Callable[[], Response | None] | None = None
 
 
 class PartitionWaker:

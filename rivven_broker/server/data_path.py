@@ -195,7 +195,14 @@ class DataPath:
                     )
             return _produce_response(request, outcome)
 
-        return Pending(wait)
+        def ready() -> ProduceResponse | None:
+            for _, _, plog, last_offset in waits:
+                if plog.durable_offset <= last_offset:
+                    return None
+            context.sync_worker.check_healthy()
+            return _produce_response(request, outcome)
+
+        return Pending(wait, ready=ready)
 
     def _txn_check(self, request: Produce, topic: str, partition: int) -> TxnCheck:
         """The coordinator's check of a transactional batch for this partition."""

@@ -171,6 +171,15 @@ class SyncWorker:
         self._dirty[id(log)] = log
         self._wakeup.set()
 
+    def check_healthy(self) -> None:
+        """Raise the worker's failure, if an fsync failed. Never blocks.
+
+        Raises:
+            SyncFailedError: an earlier fsync failed (the node must stop).
+        """
+        if self._failure is not None:
+            raise self._failure
+
     async def wait_durable(self, log: SyncableLog, offset: int) -> None:
         """Return once ``log.durable_offset > offset`` (``always``), or at once otherwise.
 

@@ -26,6 +26,7 @@ from rivven_broker.protocol.messages import (
     Ping,
     Pong,
     Produce,
+    ProduceResponse,
 )
 from rivven_broker.server.connection import (
     ClientConnections,
@@ -222,3 +223,45 @@ async def test_a_fatal_frame_closes_at_once_even_with_requests_open(nursery, aut
 @pytest.fixture
 def autojump_clock():
     return trio.testing.MockClock(autojump_threshold=0)
+
+
+class DurableProduceHandlers:
+    """Produce (acks=1) waits for a shared "durable" flag, like a group commit: ``wait`` parks
+    until it is set, ``ready`` answers at once once it is."""
+
+    def __init__(self) -> None:
+        self.durable = False
+        self.committed = trio.Event()
+        self.waits = self.readies = 0
+
+    def gate(self, request):
+        return None
+
+    def commit(self) -> None:
+        self.durable = True
+        self.committed.set()
+
+    def begin(self, request, now_ms: int):
+        async def wait() -> ProduceResponse:
+            self.waits += 1
+            await self.committed.wait()
+            return ProduceResponse([])
+
+        def ready() -> ProduceResponse | None:
+            self.readies += 1
+            return ProduceResponse([]) if self.durable else None
+
+        return Pending(wait, ready=ready)
+
+
+async def test_produces_made_durable_by_one_commit_are_answered_in_one_write(nursery):
+    handlers = DurableProduceHandlers()
+    peer, counting, _ = await start(nursery, handlers)
+    ids = [await peer.send(Produce(acks=1)) for _ in range(6)]
+    await trio.testing.wait_all_tasks_blocked()
+    assert counting.sends == 0 and handlers.waits == 1  # only the head waits
+    handlers.commit()
+    answers = [await peer.receive() for _ in ids]
+    assert [a.correlation_id for a in answers] == ids
+    assert handlers.waits == 1  # the other five were answered by ready(), without waiting
+    assert counting.sends == 1  # and all six left together
