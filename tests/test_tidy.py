@@ -68,6 +68,7 @@ IO_MODULES = {"trio", "socket", "threading", "time", "asyncio", "selectors", "se
 # implementations and the drivers that by nature live outside the simulator.
 NONDETERMINISM_EXEMPT = {
     "rivven_broker.server.env": "RealEnv: the production clock, rng seeds, sockets and files",
+    "rivven_broker.server.sync_thread": "RealEnv's dedicated fsync thread",
     "rivven_broker.client": "the blocking client driver runs a sender thread over real sockets",
     "rivven_broker.cli": "command-line entry points print wall-clock times and use sockets",
     "rivven_broker.bench": "the benchmark measures real time on real processes",

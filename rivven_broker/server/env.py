@@ -14,8 +14,8 @@ itself. It asks its ``Env``:
   ``open_tcp_stream`` dials. Streams are trio ``Stream`` objects (``send_all``,
   ``receive_some``, ``aclose``), real sockets here and in-memory streams in the simulator.
 - ``disk``: the storage ``FileStore``.
-- ``run_sync``: runs a blocking function (an fsync) off the event loop; the simulator runs it
-  inline after a checkpoint.
+- ``run_sync``: runs a blocking function (an fsync) off the event loop, on one long-lived
+  thread in production (``SyncThread``); the simulator runs it inline after a checkpoint.
 
 ``RealEnv`` is what ``rivven-broker`` and the trio client use. The simulator's ``SimEnv``
 implements the same protocol over a virtual clock, network and disk. A tidy test forbids
@@ -32,6 +32,7 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 import trio
 
+from rivven_broker.server.sync_thread import SyncThread
 from rivven_broker.storage.file_store import FileStore, OsFileStore
 
 __all__ = ["Clock", "Net", "Env", "RealClock", "RealNet", "RealEnv"]
@@ -131,7 +132,7 @@ class RealEnv:
         self.disk: FileStore = OsFileStore(data_dir)
         self._seed = int.from_bytes(os.urandom(16), "big")
         self._streams: dict[str, random.Random] = {}
-        self._sync_limiter = trio.CapacityLimiter(1)
+        self._sync_thread = SyncThread()
 
     def rng(self, name: str) -> random.Random:
         # One stream per name: two callers asking for "ids" share one sequence, never repeat it.
@@ -141,5 +142,6 @@ class RealEnv:
         return stream
 
     async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
-        # One worker thread at a time: group commit wants fsyncs back to back, not in parallel.
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._sync_limiter)
+        # One dedicated thread, calls in order: group commit wants fsyncs back to back, not in
+        # parallel, and without trio.to_thread's per-call set-up (see sync_thread.py).
+        return await self._sync_thread.run_sync(fn, *args)
