@@ -7,17 +7,19 @@ the tasks and the timers. Two loops share one ``_Connection``:
 
 - The *reader* receives bytes, feeds them to the core and takes events. For each request it
   calls ``Handlers.begin`` at once, in request order (so appends land in order), and puts a
-  *slot* at the tail of the answer queue. A ready answer fills its slot now; a ``Pending`` one
-  runs as its own task and fills its slot when done; a *serial* pending is awaited by the
-  reader before it goes on. Pending produces (which wait only for durability, each within a
-  deadline fixed when it arrived) are instead queued and completed in order by one task per
-  run of them, so eight pipelined acks=all produces wait on one group commit in one task
-  instead of eight.
+  *slot* at the tail of the answer queue. A ready answer fills its slot now; a *serial*
+  pending is awaited by the reader before it goes on; a pending that can say it is done
+  without waiting (``Pending.ready``: produces, which wait only for durability, each within a
+  deadline fixed when it arrived) stays in its slot for the writer; any other ``Pending``
+  (a long-polling fetch, a group join) runs as its own task and fills its slot when done.
   acks=0 produces get no slot. When ``in_flight_requests_max`` slots are open the reader stops
   reading: TCP backpressure reaches the client.
 - The *writer* waits until the head slot is filled, then takes every filled slot from the head,
   encodes them in order and writes them with ONE ``send_all``: answers that become ready
-  together leave together.
+  together leave together. A head slot still holding a produce is settled by the writer
+  itself: it asks ``ready()``, else awaits the wait, and then asks ``ready()`` of the produces
+  behind it, so one group commit answers a whole pipelined run with one wake-up and one
+  write, and no task is started per request.
 
 Bad input: an undecodable payload, an unknown api or version, or a non-msgpack format is
 answered with an ``ErrorResponse`` in the request's correlation id and the connection goes on;
@@ -96,6 +98,7 @@ class _Slot:
     start_ms: int
     response: Response | None = None
     ready: bool = False
+    pending: Pending | None = None  # a produce the writer settles (see write_loop)
 
 
 class _Connection:
@@ -122,8 +125,6 @@ class _Connection:
         self.stopping = False
         self.fatal: bytes | None = None  # the closing error frame, after a fatal BadRequest
         self.receive_scope: trio.CancelScope | None = None
-        self.produce_waits: deque[tuple[_Slot, Pending]] = deque()  # for the produce completer
-        self.completing_produces = False  # a produce completer task is running
 
     # --- shared helpers ----------------------------------------------------------------------
 
@@ -213,43 +214,25 @@ class _Connection:
         if isinstance(outcome, Pending):
             if outcome.serial:
                 await self._complete(slot, outcome)
-            elif api == "Produce":
-                self.produce_waits.append((slot, outcome))
-                if not self.completing_produces:
-                    self.completing_produces = True
-                    nursery.start_soon(self._complete_produces)
+            elif outcome.ready is not None:
+                slot.pending = outcome  # the writer settles it, in order
+                self.wake_writer()
             else:
                 nursery.start_soon(self._complete, slot, outcome)
         else:
             self.fill(slot, outcome)
 
     async def _complete(self, slot: _Slot, pending: Pending) -> None:
+        self.fill(slot, await self._wait(slot, pending))
+
+    async def _wait(self, slot: _Slot, pending: Pending) -> Response:
         try:
-            response = await pending.wait()
+            return await pending.wait()
         except (SyncFailedError, AssertionError):
             raise
         except Exception:  # a bug in one handler must not take the broker down: log, answer
             log.exception("the %s handler failed", slot.api)
-            response = ErrorResponse(ErrorCode.UNKNOWN_SERVER_ERROR, _INTERNAL_ERROR)
-        self.fill(slot, response)
-
-    async def _complete_produces(self) -> None:
-        """Complete queued produce waits in order until none is left.
-
-        Every produce whose data is already durable is answered at once (``Pending.ready``),
-        so one group commit fills a whole run of slots before the writer next runs.
-        """
-        waits = self.produce_waits
-        try:
-            while waits:
-                slot, pending = waits.popleft()
-                response = pending.ready() if pending.ready is not None else None
-                if response is None:
-                    await self._complete(slot, pending)
-                else:
-                    self.fill(slot, response)
-        finally:
-            self.completing_produces = False
+            return ErrorResponse(ErrorCode.UNKNOWN_SERVER_ERROR, _INTERNAL_ERROR)
 
     def _bad_request(self, event: BadRequest) -> None:
         response = ErrorResponse(event.error_code, event.message)
@@ -272,6 +255,8 @@ class _Connection:
         """Send answers in request order, every ready run of them in one ``send_all``."""
         slots = self.slots
         while True:
+            if slots and slots[0].pending is not None and self.fatal is None:
+                await self._settle_head()
             if not (slots and slots[0].ready):
                 if self.fatal is not None:
                     await self._send(self.fatal)
@@ -281,6 +266,7 @@ class _Connection:
                 self.writer_wakeup = trio.Event()
                 await self.writer_wakeup.wait()
                 continue
+            self._settle_ready()
             frames = []
             now_ms = self.clock.monotonic_ms()
             while slots and slots[0].ready:
@@ -293,6 +279,33 @@ class _Connection:
             if not slots and self.receive_scope is not None and not self.stopping:
                 self.receive_scope.deadline = self._idle_deadline()
             self.wake_reader()  # room for the reader
+
+    async def _settle_head(self) -> None:
+        """Answer the head slot's produce: at once if durable, else when its wait ends."""
+        slot = self.slots[0]
+        pending = slot.pending
+        assert pending is not None and pending.ready is not None and not slot.ready
+        slot.pending = None
+        response = _ready(slot.api, pending.ready)
+        if response is None:
+            response = await self._wait(slot, pending)
+        slot.response = response
+        slot.ready = True
+
+    def _settle_ready(self) -> None:
+        """Answer, in order from the head, every produce that is durable now. Never blocks."""
+        for slot in self.slots:
+            if slot.ready:
+                continue
+            pending = slot.pending
+            if pending is None or pending.ready is None:
+                return
+            response = _ready(slot.api, pending.ready)
+            if response is None:
+                return
+            slot.pending = None
+            slot.response = response
+            slot.ready = True
 
     def _encode(self, slot: _Slot, response: Response) -> bytes:
         try:
@@ -313,6 +326,17 @@ def _guarded(api: str, begin: Callable[[], Response | Pending | None]) -> Respon
     """
     try:
         return begin()
+    except (SyncFailedError, AssertionError):
+        raise
+    except Exception:
+        log.exception("the %s handler failed", api)
+        return ErrorResponse(ErrorCode.UNKNOWN_SERVER_ERROR, _INTERNAL_ERROR)
+
+
+def _ready(api: str, ready: Callable[[], Response | None]) -> Response | None:
+    """``ready()``, with a bug in it logged and answered (like ``_guarded``)."""
+    try:
+        return ready()
     except (SyncFailedError, AssertionError):
         raise
     except Exception:
