@@ -26,11 +26,15 @@ answered with an ``ErrorResponse`` in the request's correlation id and the conne
 a frame over the size limit (framing lost) is answered in correlation id 0 after the answers
 already queued, and the connection closes.
 
-Idle timeout: while no request is open, the reader's receive has a deadline of
-``idle_timeout_ms`` (reset by every byte and by the last answer going out). A client that
-sends nothing, or half a frame and stalls, is closed when it passes; a client waiting for a
-long-poll is not idle. Durations are trio cancel-scope deadlines (trio's clock is the virtual
-clock under the simulator); request latencies are measured with ``env.clock``.
+Idle timeout: a connection is idle when the reader is waiting for bytes, no answer is owed,
+and nothing arrived or left for ``idle_timeout_ms``. A client that sends nothing, or half a
+frame and stalls, is closed then; a client waiting for a long-poll is not idle. The reader
+and writer only note the time of their last activity (a float, no timer per request); one
+watchdog task per connection sleeps until that time plus the timeout, looks again if there
+was activity meanwhile, and otherwise cancels the reader's scope. The scope is cancelled only
+while the reader waits in ``receive_some``, and the reader re-checks it after every receive,
+so a cancel never lands in the middle of handling a request. Durations use trio's clock (the
+virtual clock under the simulator); request latencies are measured with ``env.clock``.
 
 Shutdown: ``stop_reading()`` makes the reader stop (dropping bytes not yet read as requests);
 answers already owed are still written, then the connection closes.
@@ -39,7 +43,6 @@ answers already owed are still written, then the connection closes.
 from __future__ import annotations
 
 import logging
-import math
 from collections import deque
 from typing import TYPE_CHECKING, Callable
 
@@ -124,7 +127,10 @@ class _Connection:
         self.reading = True
         self.stopping = False
         self.fatal: bytes | None = None  # the closing error frame, after a fatal BadRequest
-        self.receive_scope: trio.CancelScope | None = None
+        self.read_scope = trio.CancelScope()  # cancelled (only while receiving) to stop
+        self.receiving = False  # the reader is waiting in receive_some
+        self.idle_closed = False  # the watchdog found the connection idle
+        self.last_active = trio.current_time()  # bytes in, or the last answer out
 
     # --- shared helpers ----------------------------------------------------------------------
 
@@ -142,15 +148,24 @@ class _Connection:
     def stop_reading(self) -> None:
         """Stop taking requests; answers already owed are still sent. Never blocks."""
         self.stopping = True
-        if self.receive_scope is not None:
-            self.receive_scope.cancel()
+        if self.receiving:
+            self.read_scope.cancel()
         self.wake_reader()
         self.wake_writer()
 
-    def _idle_deadline(self) -> float:
-        if self.slots:
-            return math.inf
-        return trio.current_time() + self.settings.idle_timeout_ms / 1000
+    async def watch_idle(self) -> None:
+        """Close the reader once the connection has been idle for the timeout. Returns then."""
+        timeout_s = self.settings.idle_timeout_ms / 1000
+        while True:
+            deadline = self.last_active + timeout_s
+            if trio.current_time() < deadline:
+                await trio.sleep_until(deadline)
+            elif self.slots or not self.receiving:  # an answer owed or a request in hand
+                await trio.sleep(timeout_s)  # the writer notes when the last answer leaves
+            else:
+                self.idle_closed = True
+                self.read_scope.cancel()
+                return
 
     # --- the reader --------------------------------------------------------------------------
 
@@ -159,6 +174,13 @@ class _Connection:
 
         Returns why it stopped: ``eof``, ``idle``, ``fatal`` or ``stopped``.
         """
+        with self.read_scope:
+            reason = await self._read_requests(nursery)
+        if self.read_scope.cancel_called:
+            return "idle" if self.idle_closed else "stopped"
+        return reason
+
+    async def _read_requests(self, nursery: trio.Nursery) -> str:
         core = self.core
         in_flight_max = self.settings.in_flight_requests_max
         while not self.stopping:
@@ -182,14 +204,14 @@ class _Connection:
         return "stopped"
 
     async def _receive(self) -> str | None:
-        with trio.CancelScope(deadline=self._idle_deadline()) as scope:
-            self.receive_scope = scope
-            try:
-                data = await self.stream.receive_some(_RECEIVE_BYTES)
-            finally:
-                self.receive_scope = None
-        if scope.cancelled_caught:
-            return "stopped" if self.stopping else "idle"
+        self.receiving = True
+        try:
+            data = await self.stream.receive_some(_RECEIVE_BYTES)
+        finally:
+            self.receiving = False
+        if self.read_scope.cancel_called:  # cancelled as the bytes came in: drop them
+            return "cancelled"
+        self.last_active = trio.current_time()
         if not data:
             return "eof"
         self.metrics.bytes_in(len(data))
@@ -276,8 +298,8 @@ class _Connection:
                 frames.append(self._encode(slot, response))
                 self.metrics.request_done(slot.api, _error_code(response), now_ms - slot.start_ms)
             await self._send(frames[0] if len(frames) == 1 else b"".join(frames))
-            if not slots and self.receive_scope is not None and not self.stopping:
-                self.receive_scope.deadline = self._idle_deadline()
+            if not slots:
+                self.last_active = trio.current_time()
             self.wake_reader()  # room for the reader
 
     async def _settle_head(self) -> None:
@@ -424,6 +446,7 @@ async def serve_client_connection(
                 nursery.cancel_scope.cancel()  # nothing more will be sent: drop what is left
 
             nursery.start_soon(write_then_end)
+            nursery.start_soon(connection.watch_idle)
             try:
                 reason = await connection.read_loop(nursery)
             except (trio.BrokenResourceError, trio.ClosedResourceError):

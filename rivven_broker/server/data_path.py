@@ -185,7 +185,7 @@ class DataPath:
         deadline = trio.current_time() + timeout_ms / 1000
 
         async def wait() -> ProduceResponse:
-            with trio.move_on_at(deadline):
+            with trio.CancelScope(deadline=deadline):  # move_on_at without contextlib
                 for _, _, plog, last_offset in waits:
                     await context.sync_worker.wait_durable(plog, last_offset)
             for name, partition, plog, last_offset in waits:
