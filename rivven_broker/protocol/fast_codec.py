@@ -16,6 +16,12 @@ one gives an equal message.
 Building skips the attrs validators (``object.__new__`` and ``object.__setattr__`` on the
 frozen, slotted classes) only because every field was checked here first against the same
 ``FieldKind`` the validator reads; a test compares both paths on generated messages.
+
+The broker's own answer to a successful append is built the same way
+(``produce_partition_appended``, ``produce_response_of``): its fields are a partition number
+and a topic name from a request that was already validated, offsets and times the log
+assigned, and partition answers made here or by the validating constructors (errors, which
+are rare, keep those). Cheap ``assert``s state what the validators would have checked.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 
 import attrs
 
+from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.message_base import field_kind
 from rivven_broker.protocol.messages import (
     Produce,
@@ -31,9 +38,15 @@ from rivven_broker.protocol.messages import (
     ProducePartitionResponse,
     ProduceResponse,
     ProduceTopic,
+    ProduceTopicResponse,
 )
 
-__all__ = ["decode_produce", "produce_response_to_wire"]
+__all__ = [
+    "decode_produce",
+    "produce_response_to_wire",
+    "produce_partition_appended",
+    "produce_response_of",
+]
 
 _new = object.__new__
 _set = object.__setattr__
@@ -52,6 +65,7 @@ assert _names(Produce) == ("acks", "timeout_ms", "topics", "transactional_id")
 assert _names(ProduceTopic) == ("name", "partitions")
 assert _names(ProducePartition) == ("partition", "records")
 assert _names(ProduceResponse) == ("topics", "throttle_time_ms")
+assert _names(ProduceTopicResponse) == ("name", "partitions")
 assert _names(ProducePartitionResponse) == (
     "partition", "error_code", "base_offset", "log_append_time_ms", "log_start_offset",
     "error_message", "duplicate",
@@ -174,3 +188,40 @@ def produce_response_to_wire(response: ProduceResponse, version: int) -> dict[st
         topics.append({"name": topic.name, "partitions": partitions})
     return {"topics": topics, "throttle_time_ms": response.throttle_time_ms}
 
+
+
+def produce_partition_appended(
+    partition: int, base_offset: int, log_append_time_ms: int, log_start_offset: int
+) -> ProducePartitionResponse:
+    """``ProducePartitionResponse(partition, ErrorCode.NONE, base_offset, log_append_time_ms,
+    log_start_offset)`` without the validators (see the module docstring). Pure."""
+    assert type(base_offset) is int and 0 <= log_start_offset <= base_offset, (
+        log_start_offset, base_offset
+    )
+    result = _new(ProducePartitionResponse)
+    _set(result, "partition", partition)
+    _set(result, "error_code", ErrorCode.NONE)
+    _set(result, "base_offset", base_offset)
+    _set(result, "log_append_time_ms", log_append_time_ms)
+    _set(result, "log_start_offset", log_start_offset)
+    _set(result, "error_message", None)
+    _set(result, "duplicate", False)
+    return result
+
+
+def produce_response_of(
+    topics: list[tuple[str, list[ProducePartitionResponse]]],
+) -> ProduceResponse:
+    """``ProduceResponse`` of ``(topic name, partition answers)`` without the validators: the
+    names come from a validated request, the answers from ``produce_partition_appended`` or
+    the validating constructor. Pure."""
+    built = []
+    for name, partitions in topics:
+        topic = _new(ProduceTopicResponse)
+        _set(topic, "name", name)
+        _set(topic, "partitions", tuple(partitions))
+        built.append(topic)
+    result = _new(ProduceResponse)
+    _set(result, "topics", tuple(built))
+    _set(result, "throttle_time_ms", 0)
+    return result

@@ -77,8 +77,8 @@ from rivven_broker.protocol.messages import (
     Produce,
     ProducePartitionResponse,
     ProduceResponse,
-    ProduceTopicResponse,
 )
+from rivven_broker.protocol.fast_codec import produce_partition_appended, produce_response_of
 from rivven_broker.protocol.names import topic_name_error
 from rivven_broker.records.header import BatchError, BatchHeader
 from rivven_broker.storage.errors import StorageError, SyncFailedError, UnknownTopicOrPartitionError
@@ -164,11 +164,8 @@ class DataPath:
                 context.sync_worker.mark_dirty(plog)
                 context.waker.poke(key)
                 records_in += info.last_offset - info.base_offset + 1
-                outcome[key] = ProducePartitionResponse(
-                    part.partition,
-                    ErrorCode.NONE,
-                    info.base_offset,
-                    info.log_append_time_ms,
+                outcome[key] = produce_partition_appended(
+                    part.partition, info.base_offset, info.log_append_time_ms,
                     plog.log_start_offset,
                 )
                 waits.append((topic.name, part.partition, plog, info.last_offset))
@@ -415,12 +412,10 @@ def _produce_error(partition: int, error: _PartitionError) -> ProducePartitionRe
 def _produce_response(
     request: Produce, outcome: dict[tuple[str, int], ProducePartitionResponse]
 ) -> ProduceResponse:
-    return ProduceResponse(
-        tuple(
-            ProduceTopicResponse(
-                topic.name, tuple(outcome[(topic.name, p.partition)] for p in topic.partitions)
-            )
+    return produce_response_of(
+        [
+            (topic.name, [outcome[(topic.name, p.partition)] for p in topic.partitions])
             for topic in request.topics
-        )
+        ]
     )
 

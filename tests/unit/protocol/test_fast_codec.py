@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rivven_broker.protocol import codec, fast_codec
-from rivven_broker.protocol.errors import LocalProtocolError, RemoteProtocolError
+from rivven_broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from rivven_broker.protocol.messages import (
     Produce,
     ProducePartition,
@@ -144,3 +144,34 @@ def test_a_good_body_takes_the_fast_path() -> None:
     response = ProduceResponse((ProduceTopicResponse("t", (ProducePartitionResponse(0),)),))
     wire = fast_codec.produce_response_to_wire(response, 1)
     assert wire == codec.struct_to_wire(response, 1)
+
+
+@settings(max_examples=100)
+@given(
+    partitions=st.lists(
+        st.tuples(
+            st.integers(0, 2**31 - 1),
+            st.integers(0, 2**62),
+            st.integers(-1, 2**62),
+            st.integers(0, 2**62),
+        ),
+        max_size=4,
+    ),
+    name=st.text("abcXYZ09._-", min_size=1, max_size=20),
+)
+def test_the_unvalidated_produce_answers_equal_the_validated_ones(partitions, name) -> None:
+    trusted, checked = [], []
+    for partition, base_offset, append_ms, start in partitions:
+        start = min(start, base_offset)
+        trusted.append(
+            fast_codec.produce_partition_appended(partition, base_offset, append_ms, start)
+        )
+        checked.append(
+            ProducePartitionResponse(partition, ErrorCode.NONE, base_offset, append_ms, start)
+        )
+    fast = fast_codec.produce_response_of([(name, trusted)])
+    assert fast == ProduceResponse((ProduceTopicResponse(name, tuple(checked)),))
+    for version in (0, 1):
+        assert codec.encode_response(fast, version) == codec.encode_response(
+            ProduceResponse((ProduceTopicResponse(name, tuple(checked)),)), version
+        )
