@@ -32,6 +32,7 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 import trio
 
+from rivven_broker.server.eager_stream import EagerSendStream
 from rivven_broker.server.sync_thread import SyncThread
 from rivven_broker.storage.file_store import FileStore, OsFileStore
 
@@ -109,13 +110,17 @@ class RealNet:
     ) -> None:
         listeners = await trio.open_tcp_listeners(port, host=host, backlog=1024)
         bound_port = listeners[0].socket.getsockname()[1]
+
+        async def eager(stream: trio.SocketStream) -> None:
+            await handler(EagerSendStream(stream))  # no checkpoint per send (eager_stream.py)
+
         if handler_nursery is not None:
             task_status.started(bound_port)
-            await trio.serve_listeners(handler, listeners, handler_nursery=handler_nursery)
+            await trio.serve_listeners(eager, listeners, handler_nursery=handler_nursery)
             return
         async with trio.open_nursery() as nursery:
             task_status.started(bound_port)
-            await trio.serve_listeners(handler, listeners, handler_nursery=nursery)
+            await trio.serve_listeners(eager, listeners, handler_nursery=nursery)
 
     async def open_tcp_stream(self, host: str, port: int) -> trio.abc.Stream:
         stream = await trio.open_tcp_stream(host, port)
