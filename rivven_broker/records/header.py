@@ -53,6 +53,7 @@ __all__ = [
     "InvalidBatchError",
     "CorruptBatchError",
     "parse_header",
+    "batch_length_at",
     "validate",
     "compute_crc",
     "stamp",
@@ -67,6 +68,7 @@ MAGIC = 2
 CRC_START = 21
 _CRC_OFFSET = 17
 _STAMP = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch
+_BATCH_LENGTH = struct.Struct(">i")  # at byte 8, after base_offset
 
 COMPRESSION_MASK = 0x07
 COMPRESSION_NONE = 0
@@ -135,6 +137,11 @@ class CorruptBatchError(BatchError):
 def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
     """Decode the header at ``pos`` without any check. Needs ``HEADER_BYTES`` bytes there."""
     return BatchHeader._make(HEADER.unpack_from(buf, pos))
+
+
+def batch_length_at(buf: bytes | bytearray | memoryview, pos: int = 0) -> int:
+    """The ``batch_length`` field of the header at ``pos``, unchecked (needs 12 bytes there)."""
+    return _BATCH_LENGTH.unpack_from(buf, pos + 8)[0]
 
 
 def compute_crc(buf: bytes | bytearray | memoryview, pos: int = 0, size: int | None = None) -> int:

@@ -50,8 +50,8 @@ from rivven_broker.records.header import (
     LOG_OVERHEAD_BYTES,
     BatchHeader,
     InvalidBatchError,
+    batch_length_at,
     iter_batches,
-    parse_header,
     stamp,
     validate,
 )
@@ -193,9 +193,7 @@ class PartitionLog:
         view = memoryview(records)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
-        batches = self._validate(view)
-        total = sum(size for _, size, _ in batches)
-        span = sum(header.last_offset_delta + 1 for _, _, header in batches)
+        batches, total, span = self._validate(view)
         if self._should_roll(total, span, now_ms):
             self.roll(now_ms)
         active = self._segments[-1]
@@ -225,14 +223,16 @@ class PartitionLog:
         self._appended_bytes += total
         return AppendInfo(base_offset, offset - 1, now_ms, len(batches), total)
 
-    def _validate(self, view: memoryview) -> list[tuple[int, int, BatchHeader]]:
+    def _validate(self, view: memoryview) -> tuple[list[tuple[int, int, BatchHeader]], int, int]:
+        """Every batch's ``(position, size, header)``, their total bytes and offset span."""
         batches = []
+        total = span = 0
         position, end = 0, len(view)
         max_bytes = self.config.max_message_bytes
         while position < end:
             if end - position < HEADER_BYTES:
                 raise InvalidBatchError(f"{end - position} trailing bytes are not a batch")
-            size = parse_header(view, position).batch_length + LOG_OVERHEAD_BYTES
+            size = batch_length_at(view, position) + LOG_OVERHEAD_BYTES
             if size > end - position:
                 raise InvalidBatchError(f"batch of {size} bytes runs past the request's end")
             if size > max_bytes:
@@ -241,10 +241,12 @@ class PartitionLog:
             if header.last_offset_delta >= limits.batch_records_max:
                 raise InvalidBatchError(f"batch spans {header.last_offset_delta + 1} offsets")
             batches.append((position, size, header))
+            total += size
+            span += header.last_offset_delta + 1
             position += size
         if not batches:
             raise InvalidBatchError("no record batch to append")
-        return batches
+        return batches, total, span
 
     def _should_roll(self, total: int, span: int, now_ms: int) -> bool:
         active = self._segments[-1]

@@ -245,12 +245,15 @@ class Segment:
             target = max(end, min(end + preallocate_bytes, preallocate_limit))
             self.store.allocate(self.log_handle, target)
             self.allocated = target
-        write_at = position
-        for start in range(0, len(parts), IOV_MAX):
-            chunk = parts[start : start + IOV_MAX]
-            self.store.pwritev(self.log_handle, chunk, write_at)
-            write_at += sum(len(part) for part in chunk)
-        assert write_at == end, (write_at, end)
+        if len(parts) <= IOV_MAX:  # the common case: one system call
+            self.store.pwritev(self.log_handle, parts, position)
+        else:
+            write_at = position
+            for start in range(0, len(parts), IOV_MAX):
+                chunk = parts[start : start + IOV_MAX]
+                self.store.pwritev(self.log_handle, chunk, write_at)
+                write_at += sum(len(part) for part in chunk)
+            assert write_at == end, (write_at, end)
         self.size = end
         assert next_offset > batches[-1][0]
         self.next_offset = next_offset
