@@ -72,7 +72,6 @@ NONDETERMINISM_EXEMPT = {
     "rivven_broker.client": "the blocking client driver runs a sender thread over real sockets",
     "rivven_broker.cli": "command-line entry points print wall-clock times and use sockets",
     "rivven_broker.bench": "the benchmark measures real time on real processes",
-    "rivven_broker.storage.sync_worker": "hands fsync to a worker thread via trio.to_thread",
     "rivven_spark": "runs inside Spark executors with the blocking client",
 }
 BANNED_MODULES = {"time", "threading", "socket", "uuid", "secrets"}

@@ -11,8 +11,8 @@ The worker loop (``run``), under ``always``:
 
 1. sleep until some log is dirty;
 2. take the whole dirty set as one *group*: ``ticket = log.begin_sync()`` for each log;
-3. make ONE ``run_sync`` call (off the trio thread in production) that fsyncs every handle of
-   every ticket;
+3. make ONE ``run_sync`` call (on the broker's fsync thread in production, see
+   ``server/sync_thread.py``) that fsyncs every handle of every ticket;
 4. ``log.complete_sync(ticket)`` for each, then wake every waiter whose offset is now durable
    (per-log heaps of ``(offset, trio.Event)``: exact wake-ups, no polling);
 5. go straight back to 1: whatever was appended while the group's fsync ran is already dirty
@@ -53,7 +53,6 @@ __all__ = [
     "SyncWorker",
     "SyncWorkerStatistics",
     "RunSync",
-    "thread_run_sync",
     "inline_run_sync",
 ]
 
@@ -119,16 +118,6 @@ class SyncableLog(Protocol):
     def dirty(self) -> bool: ...
     def begin_sync(self) -> Any: ...
     def complete_sync(self, ticket: Any) -> None: ...
-
-
-def thread_run_sync(limiter: trio.CapacityLimiter | None = None) -> RunSync:
-    """Production ``RunSync``: run the function on a trio worker thread, one at a time."""
-    capacity = trio.CapacityLimiter(1) if limiter is None else limiter
-
-    async def run_sync(function: Callable[[], Any]) -> Any:
-        return await trio.to_thread.run_sync(function, limiter=capacity)
-
-    return run_sync
 
 
 async def inline_run_sync(function: Callable[[], Any]) -> Any:

@@ -20,11 +20,11 @@ from rivven_broker.storage.errors import SyncFailedError
 from rivven_broker.storage.log_config import LogConfig
 from rivven_broker.storage.memory_store import MemoryFileStore
 from rivven_broker.storage.partition_log import PartitionLog
+from rivven_broker.server.sync_thread import SyncThread
 from rivven_broker.storage.sync_worker import (
     SyncPolicy,
     SyncWorker,
     inline_run_sync,
-    thread_run_sync,
 )
 
 from .log_batches import make_batch
@@ -298,10 +298,10 @@ async def test_aclose_without_run_flushes() -> None:
         await worker.wait_durable(log, log.append(BATCH, 0).last_offset)
 
 
-async def test_thread_runner_really_fsyncs() -> None:
+async def test_the_production_sync_thread_really_fsyncs() -> None:
     store = MemoryFileStore()
     log = _open(store)
-    worker = SyncWorker(SyncPolicy.parse("always"), thread_run_sync())
+    worker = SyncWorker(SyncPolicy.parse("always"), SyncThread().run_sync)
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
         info = log.append(BATCH, 0)
