@@ -12,8 +12,11 @@ section once, and turns every record into a ``Record``. Records below ``min_offs
 batches are skipped. ``iter_records`` is the lazy, one-batch form, which also yields control
 records (see ``control.py`` to interpret them).
 
-Speed: records of one shape (same key and value lengths, no headers) are unpacked with one
-precompiled ``Struct`` each, learned from the first two records of that shape in a batch. A
+Speed: a batch whose records all have one shape (same key and value lengths, a value, no
+headers; what a producer usually sends) is decoded in one ``Struct.iter_unpack`` over its
+section, after strided slices have checked every record's length, key length, value length
+and header count at once. Otherwise records of one shape are unpacked with one precompiled
+``Struct`` each, learned from the first two records of that shape in a batch. A
 shape guess is only accepted when the unpacked length, key length, value length and header
 count all agree with it, so a wrong guess costs one extra unpack and falls back to the generic
 path, which reads the fields one by one and checks every bound. Either way a record that runs
@@ -28,6 +31,7 @@ unless the caller passes one in (and then it must not be used by two threads at 
 
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Callable, Iterator
 
@@ -168,7 +172,13 @@ def decode_records(
         first_timestamp = header.first_timestamp
         if base_offset >= min_offset:
             before = len(out)
-            _decode_section(data, start, end, base_offset, first_timestamp, out, record_type, prefix)
+            if not _decode_uniform(
+                data, start, end, header.record_count, base_offset, first_timestamp, out,
+                record_type, prefix,
+            ):
+                _decode_section(
+                    data, start, end, base_offset, first_timestamp, out, record_type, prefix
+                )
             count = len(out) - before
         else:
             partial: list[Record] = []
@@ -222,6 +232,116 @@ def _records_section(
     except zstandard.ZstdError as error:
         raise CorruptBatchError(f"zstd section of batch at {pos}: {error}") from error
     return data, 0, len(data)
+
+
+#: Plans for batches of up to this many records are kept (64 of them: at most 4 MiB).
+_PLAN_CACHE_COUNT_MAX = 4096
+
+
+def _uniform_plan(
+    key_length: int, value_length: int, count: int
+) -> tuple[Callable[[Buffer], Iterator[tuple]], tuple[tuple[int, bytes], ...]]:
+    """``(iter_unpack, checks)`` for a section of ``count`` header-less records of this shape.
+
+    ``iter_unpack`` yields ``(timestamp_delta, offset_delta, value)`` per record, or
+    ``(timestamp_delta, offset_delta, key, value)`` when the key is not null: the other fields
+    are padding to it, so no object is built for them. ``checks`` pairs the offset, within a
+    record, of every byte of its length, key length, value length and header count fields with
+    the ``count`` bytes a strided slice of the section must show there when every record has
+    the shape.
+    """
+    if count <= _PLAN_CACHE_COUNT_MAX:
+        return _cached_uniform_plan(key_length, value_length, count)
+    return _build_uniform_plan(key_length, value_length, count)
+
+
+def _build_uniform_plan(
+    key_length: int, value_length: int, count: int
+) -> tuple[Callable[[Buffer], Iterator[tuple]], tuple[tuple[int, bytes], ...]]:
+    # Skipped: length and attributes (5x), key and value lengths, header count (4x each).
+    if key_length < 0:
+        compiled = struct.Struct(f">5xqi8x{value_length}s4x")
+    else:
+        compiled = struct.Struct(f">5xqi4x{key_length}s4x{value_length}s4x")
+    key_bytes = max(key_length, 0)
+    assert compiled.size == RECORD_OVERHEAD_BYTES + key_bytes + value_length
+    fields = (
+        (0, compiled.size - 4),
+        (RECORD_PREFIX_BYTES - 4, key_length),
+        (RECORD_PREFIX_BYTES + key_bytes, value_length),
+        (compiled.size - 4, 0),
+    )
+    checks = tuple(
+        (at + index, bytes((byte,)) * count)
+        for at, field in fields
+        for index, byte in enumerate(I32.pack(field))
+    )
+    return compiled.iter_unpack, checks
+
+
+_cached_uniform_plan = functools.lru_cache(maxsize=64)(_build_uniform_plan)
+
+
+def _decode_uniform(
+    buf: bytes,
+    start: int,
+    end: int,
+    count: int,
+    base: int,
+    first: int,
+    out: list[Record],
+    cls: type,
+    prefix: tuple,
+) -> bool:
+    """Append the records of ``buf[start:end]`` to ``out`` as ``_decode_section`` would, when
+    all ``count`` of them have the first one's shape (same key and value lengths, a value, no
+    headers); return False, having appended nothing, when they do not.
+
+    The common case of a producer's batch, decoded by one ``Struct.iter_unpack`` over the
+    whole section: the shape is checked first for every record at once, one strided slice per
+    byte of the length, key length, value length and header count fields, so the unpack can
+    neither misread a record nor read outside the section.
+    """
+    if count < 2:
+        return False
+    try:
+        length, _, _, _, key_length, value_length = _unpack_head(buf, start)
+        if key_length >= 0:
+            (value_length,) = _unpack_i32(buf, start + RECORD_PREFIX_BYTES + key_length)
+    except struct.error:
+        return False
+    size = length + 4
+    if (
+        value_length < 0
+        or key_length < -1
+        or size * count != end - start
+        or size != RECORD_OVERHEAD_BYTES + max(key_length, 0) + value_length
+    ):
+        return False
+    iter_unpack, checks = _uniform_plan(key_length, value_length, count)
+    for at, expected in checks:
+        if buf[start + at : end : size] != expected:
+            return False
+    records = iter_unpack(memoryview(buf)[start:end])
+    new = tuple.__new__
+    empty = _NO_HEADERS
+    if prefix:
+        topic, partition = prefix
+        if key_length < 0:
+            out += [new(cls, (topic, partition, base + offset_delta, first + delta_ms, None,
+                              value, empty))
+                    for delta_ms, offset_delta, value in records]
+        else:
+            out += [new(cls, (topic, partition, base + offset_delta, first + delta_ms, key,
+                              value, empty))
+                    for delta_ms, offset_delta, key, value in records]
+    elif key_length < 0:
+        out += [new(cls, (base + offset_delta, first + delta_ms, None, value, empty))
+                for delta_ms, offset_delta, value in records]
+    else:
+        out += [new(cls, (base + offset_delta, first + delta_ms, key, value, empty))
+                for delta_ms, offset_delta, key, value in records]
+    return True
 
 
 def _decode_section(
