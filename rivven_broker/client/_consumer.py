@@ -13,7 +13,7 @@ wakes the fetch thread, so the next Fetch is in flight while the user works), de
 call, advancing positions. The consumer is therefore never stop-and-wait, and the buffer is
 bounded: per partition one completed fetch waiting, one being consumed, one in flight. From
 its first decode until it returns, ``poll`` pauses Python's cyclic garbage collector
-(``_CollectorPause``: records cannot form cycles, and scanning them cost a third of the
+(``CollectorPause``: records cannot form cycles, and scanning them cost a third of the
 decode), never while it waits or runs group work.
 
 The consumer is not thread-safe (like Kafka's): one thread calls its methods; only the fetch
@@ -29,12 +29,12 @@ consumers that ``assign`` partitions (those commit outside membership). See docs
 
 from __future__ import annotations
 
-import gc
 import random
 import re
 import threading
 from typing import Any, Callable, Iterable, Iterator
 
+from rivven_broker.client._collector import CollectorPause
 from rivven_broker.client._cluster import ClusterIO
 from rivven_broker.client._group import CommitCallback, GroupMember, RebalanceCallbacks
 from rivven_broker.client._network import NetworkClient, monotonic_ms
@@ -68,34 +68,6 @@ from rivven_broker.protocol.errors import ErrorCode
 __all__ = ["Consumer"]
 
 _IDLE_WAIT_MS = 1000
-
-
-class _CollectorPause:
-    """Python's cyclic garbage collector paused while ``poll`` decodes and hands out records.
-
-    Each record is a tuple the collector tracks (a ``NamedTuple`` is never untracked), so one
-    fetch of tens of thousands of records ran dozens of collections that re-scanned the records
-    already decoded. Records hold only bytes, ints, strings and ``None``: no cycles. Paused,
-    records the caller drops before its next allocation are never scanned, and those it keeps
-    are scanned by the first collection after ``poll``. ``end`` restores what ``begin`` found
-    (a caller's own ``gc.disable()`` stays). The switch is process-wide: another thread that
-    toggles it during a ``poll`` may see its change undone.
-    """
-
-    __slots__ = ("_was_enabled",)
-
-    def __init__(self) -> None:
-        self._was_enabled: bool | None = None  # None: not paused by this object
-
-    def begin(self) -> None:
-        if self._was_enabled is None:
-            self._was_enabled = gc.isenabled()
-            gc.disable()
-
-    def end(self) -> None:
-        if self._was_enabled:
-            gc.enable()
-        self._was_enabled = None
 
 
 class Consumer:
@@ -403,7 +375,7 @@ class Consumer:
         out: list[Record] = []
         deadline = monotonic_ms() + timeout_ms
         group = self._group
-        collector = _CollectorPause()
+        collector = CollectorPause()
         try:
             while len(out) < limit:
                 if group is not None and not out:

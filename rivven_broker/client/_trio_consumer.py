@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
 import trio
 
+from rivven_broker.client._collector import CollectorPause
 from rivven_broker.client._group import CommitCallback, RebalanceCallbacks
 from rivven_broker.client._trio_group import TrioGroupMember
 from rivven_broker.client._trio_net import ClientEnv, Signal, TrioCluster
@@ -285,6 +286,13 @@ class TrioConsumer:
         return out
 
     def _fill(self, out: list[Record], limit: int) -> None:
+        collector = CollectorPause()  # records cannot form cycles: see _collector.py
+        try:
+            self._fill_paused(out, limit, collector)
+        finally:
+            collector.end()
+
+    def _fill_paused(self, out: list[Record], limit: int, collector: CollectorPause) -> None:
         while len(out) < limit:
             if self._inline is None:
                 self._check_open()
@@ -295,6 +303,7 @@ class TrioConsumer:
                 if completed is None:
                     return
                 self._wake.fire()  # prefetch the partition's next chunk meanwhile
+                collector.begin()
                 records = decode_completed(completed, check_crc=self._config.check_crcs)
                 if not records:
                     self._state.advance(completed.tp, completed.epoch, completed.next_offset)

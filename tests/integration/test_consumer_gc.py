@@ -1,7 +1,7 @@
 """The blocking ``Consumer`` pauses the cyclic garbage collector only while ``poll`` decodes.
 
 Goal: ``poll`` turns the collector off while it decodes fetched batches and hands the records
-out (a speed measure, see ``_CollectorPause``), and must always put back the state it found:
+out (a speed measure, see ``CollectorPause``), and must always put back the state it found:
 on a normal return, when decoding raises, and when the caller had disabled the collector
 itself. Method: the public ``Consumer`` against ``FakeBroker`` (tests/unit/client/
 fake_broker.py) over loopback sockets, checking ``gc.isenabled()`` after each ``poll`` and
@@ -16,7 +16,7 @@ import gc
 import pytest
 
 from rivven_broker.client import Consumer, CorruptMessageError, Producer, TopicPartition
-from rivven_broker.client._consumer import _CollectorPause
+from rivven_broker.client._collector import CollectorPause
 from tests.unit.client.fake_broker import FakeBroker
 
 
@@ -95,7 +95,7 @@ def test_poll_restores_the_collector_when_decoding_raises(fake, collector_enable
 
 
 def test_the_pause_puts_back_what_it_found(collector_enabled):
-    pause = _CollectorPause()
+    pause = CollectorPause()
     pause.end()  # ending what never began changes nothing
     assert gc.isenabled()
     pause.begin()
@@ -109,3 +109,19 @@ def test_the_pause_puts_back_what_it_found(collector_enabled):
     pause.begin()
     pause.end()
     assert not gc.isenabled()
+
+
+async def test_the_trio_consumer_restores_the_collector_too(fake, collector_enabled):
+    import trio
+
+    from rivven_broker.client.trio import open_consumer
+
+    _fill(fake, 200)
+    got = []
+    with trio.fail_after(20):
+        async with open_consumer(fake.bootstrap, auto_offset_reset="earliest") as consumer:
+            consumer.assign([TopicPartition("t", 0)])
+            while len(got) < 200:
+                got += await consumer.poll(timeout_ms=1000, max_records=70)
+                assert gc.isenabled()
+    assert [r.value for r in got] == [b"v%d" % i for i in range(200)]
