@@ -233,8 +233,15 @@ def _receive(
     timeout_s: float,
     complete: Callable[[Channel, int, float], None],
 ) -> None:
-    timeout_ms = min(_POLL_MS_MAX, int(timeout_s * 1000) + 1) if timeout_s > 0 else 0
-    for fd, _ in poller.poll(timeout_ms):
+    # Whole milliseconds, rounded down: waking late would send late, and a fixed-rate load
+    # measures latency from the intended send time, so the generator's own lateness would
+    # count as the server's. Under a millisecond: poll without waiting, yield the CPU to the
+    # other load processes, and come back (the caller loops until the send is due).
+    timeout_ms = min(_POLL_MS_MAX, int(timeout_s * 1000))
+    events = poller.poll(timeout_ms)
+    if not events and timeout_ms == 0 and timeout_s > 0:
+        os.sched_yield()
+    for fd, _ in events:
         channel = by_fd[fd]
         data = channel.sock.recv(_RECEIVE_BYTES)
         if not data:
