@@ -139,6 +139,7 @@ class Broker:
         states = await self._open_producer_states(logs)
         policy = SyncPolicy.parse(config.sync_policy)
         sync_worker = SyncWorker(policy, env.run_sync)
+        self.metrics.track_sync(sync_worker.statistics)
         self.context = ServerContext(
             env, config, logs, sync_worker, self.metrics, _advertised_host(config.listen.host), 0,
             producer_states=states,

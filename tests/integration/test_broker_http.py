@@ -67,6 +67,8 @@ async def test_health_metrics_and_dashboard(broker, connect):
     assert 'rivven_log_end_offset{partition="1",topic="shown"} 1.0' in text
     assert 'rivven_log_end_offset{partition="0",topic="shown"} 0.0' in text
     assert 'rivven_high_watermark{partition="1",topic="shown"} 1.0' in text
+    groups = [line for line in text.splitlines() if line.startswith("rivven_sync_groups_total ")]
+    assert groups and float(groups[0].split()[1]) >= 1  # the acks=-1 produce waited for one
     assert "rivven_produce_latency_seconds_bucket" in text
     assert "rivven_fetch_latency_seconds_count" in text
     assert "rivven_connections 1.0" in text

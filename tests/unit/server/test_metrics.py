@@ -53,3 +53,25 @@ def test_latency_histograms_are_cumulative_in_seconds() -> None:
     produce = "rivven_produce_latency_seconds"
     assert bucket(produce, "0.0025") == 0 and bucket(produce, "0.005") == 1
     assert metrics.registry.get_sample_value(f"{produce}_count") == 1
+
+
+def test_group_commit_counters_are_read_from_the_sync_worker_when_scraped() -> None:
+    from rivven_broker.storage.sync_worker import SyncWorkerStatistics
+
+    metrics = BrokerMetrics(1)
+    figures = {"groups": 0}
+
+    def statistics() -> SyncWorkerStatistics:
+        return SyncWorkerStatistics(
+            policy="always", groups=figures["groups"], fsyncs=7, logs_synced=5, waits=9,
+            waiters=2, dirty_logs=1, failed=False,
+        )
+
+    metrics.track_sync(statistics)
+    value = metrics.registry.get_sample_value
+    assert value("rivven_sync_groups_total") == 0
+    figures["groups"] = 4  # read at scrape time, never stale
+    assert value("rivven_sync_groups_total") == 4
+    assert value("rivven_sync_fsyncs_total") == 7
+    assert value("rivven_sync_logs_synced_total") == 5
+    assert value("rivven_sync_waiters") == 2
