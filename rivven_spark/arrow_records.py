@@ -361,16 +361,28 @@ def _concat(arrays: Sequence[pa.Array]) -> pa.Array:
 
 
 def _headers(pieces: Sequence[_Piece]) -> pa.Array:
-    """The headers column: empty lists where a piece had none."""
+    """The headers column: empty lists where a piece had none. When no piece has headers (the
+    usual case) it is one array of empty lists over a shared buffer of zero offsets."""
+    if all(piece.headers is None for piece in pieces):
+        return _no_headers(sum(len(piece.offsets) for piece in pieces))
     parts = []
     for piece in pieces:
-        if piece.headers is not None:
-            parts.append(piece.headers)
-            continue
-        rows = len(piece.offsets)
-        empty = pa.array([], _HEADER_STRUCT)
-        parts.append(pa.Array.from_buffers(
-            HEADER_TYPE, rows, [None, pa.py_buffer(np.zeros(rows + 1, np.int32))],
-            children=[empty],
-        ))
+        parts.append(piece.headers if piece.headers is not None
+                     else _no_headers(len(piece.offsets)))
     return _concat(parts)
+
+
+#: All-zero list offsets (read-only), shared by every empty headers column of up to
+#: ``_ZERO_OFFSETS_COUNT - 1`` rows, so the usual column costs no allocation at all.
+_ZERO_OFFSETS_COUNT = 1 << 17
+_ZERO_OFFSETS = pa.py_buffer(np.zeros(_ZERO_OFFSETS_COUNT, np.int32))
+_EMPTY_HEADERS = pa.array([], _HEADER_STRUCT)
+
+
+def _no_headers(rows: int) -> pa.Array:
+    """``rows`` empty header lists: a validity-free list array over zero offsets."""
+    if rows < _ZERO_OFFSETS_COUNT:
+        offsets = _ZERO_OFFSETS.slice(0, (rows + 1) * 4)
+    else:
+        offsets = pa.py_buffer(np.zeros(rows + 1, np.int32))
+    return pa.Array.from_buffers(HEADER_TYPE, rows, [None, offsets], children=[_EMPTY_HEADERS])

@@ -11,12 +11,18 @@ same machine, in the same run. The benchmark
    records of ``--size`` (100) random bytes each (seeded), no keys, no headers;
 3. reads the topic once with Spark and writes it to a parquet file, so the parquet side holds
    exactly the same rows and columns;
-4. then, ``--rounds`` times, alternating, reads each source in full into Spark's ``noop`` sink
+4. reads each source ``--warmup`` (1) times untimed, alternating, then, ``--rounds`` times,
+   alternating, reads each source in full into Spark's ``noop`` sink
    (``spark.read...load().write.format("noop")``) and times it.
 
 It reports rows/s per round, best and median, and the ratio median(rivven) / median(parquet).
 Spark runs ``local[2]`` (the same session settings as the tests); the broker process runs
 beside it on the same machine, so the figure includes the broker's own work.
+
+Wall time on a shared machine moves with whatever else runs, so each read also reports the
+CPU seconds this process's children spent on it (the broker, Spark's JVM and its Python
+workers; read from ``/proc``, Linux only, else omitted): a figure that waiting for the CPU
+does not inflate, and that says where the cost is.
 """
 
 from __future__ import annotations
@@ -94,6 +100,42 @@ def _timed_noop(df: Any) -> float:
     return time.perf_counter() - started
 
 
+def _children_cpu_s() -> float | None:
+    """CPU seconds (user + system) of every live descendant of this process; None off Linux."""
+    proc = pathlib.Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return None
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    tick_hz = os.sysconf("SC_CLK_TCK")
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # exited meanwhile
+        fields = stat[stat.rfind(")") + 2:].split()
+        parent[int(entry.name)] = int(fields[1])
+        cpu[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick_hz
+    me, total = os.getpid(), 0.0
+    for pid, seconds in cpu.items():
+        ancestor = parent.get(pid, 0)
+        while ancestor > 1 and ancestor != me:
+            ancestor = parent.get(ancestor, 0)
+        if ancestor == me:
+            total += seconds
+    return total
+
+
+def _measured_noop(df: Any) -> tuple[float, float | None]:
+    """(wall seconds, children's CPU seconds or None) of one read into the noop sink."""
+    before = _children_cpu_s()
+    wall_s = _timed_noop(df)
+    after = _children_cpu_s()
+    return wall_s, None if before is None or after is None else after - before
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark; returns every figure (see the module docstring). Blocks."""
     with tempfile.TemporaryDirectory(prefix="rivven-spark-bench-", dir=args.dir) as tmp:
@@ -112,12 +154,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rivven.write.parquet(parquet_path)
             parquet = spark.read.parquet(parquet_path)
             assert parquet.count() == args.records
-            _timed_noop(rivven)  # warm both paths: JIT, Python workers, file cache
-            _timed_noop(parquet)
+            for _ in range(args.warmup):  # warm both paths: JIT, Python workers, file cache
+                _timed_noop(rivven)
+                _timed_noop(parquet)
             rivven_s, parquet_s = [], []
+            rivven_cpu_s, parquet_cpu_s = [], []
             for _ in range(args.rounds):
-                rivven_s.append(_timed_noop(rivven))
-                parquet_s.append(_timed_noop(parquet))
+                wall_s, cpu_s = _measured_noop(rivven)
+                rivven_s.append(wall_s)
+                rivven_cpu_s.append(cpu_s)
+                wall_s, cpu_s = _measured_noop(parquet)
+                parquet_s.append(wall_s)
+                parquet_cpu_s.append(cpu_s)
             spark.stop()
         finally:
             if popen is not None:
@@ -128,7 +176,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = args.records
     result = {
         "records": rows, "size_bytes": args.size, "partitions": args.partitions,
-        "rounds": args.rounds, "produce_s": round(produce_s, 3),
+        "rounds": args.rounds, "warmup": args.warmup, "produce_s": round(produce_s, 3),
         "rivven_s": [round(s, 3) for s in rivven_s],
         "parquet_s": [round(s, 3) for s in parquet_s],
         "rivven_rows_per_s_best": round(rows / min(rivven_s)),
@@ -138,6 +186,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     result["ratio_median"] = round(statistics.median(parquet_s) / statistics.median(rivven_s), 3)
     result["ratio_best"] = round(min(parquet_s) / min(rivven_s), 3)
+    if None not in rivven_cpu_s + parquet_cpu_s:
+        result["rivven_cpu_s"] = [round(s, 2) for s in rivven_cpu_s]  # type: ignore[arg-type]
+        result["parquet_cpu_s"] = [round(s, 2) for s in parquet_cpu_s]  # type: ignore[arg-type]
     return result
 
 
@@ -150,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=100, help="value bytes per record")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed reads of each source first, alternating (default 1)")
     parser.add_argument("--dir", default=None, help="parent of the temporary directory")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
@@ -165,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
           f" median {result['parquet_rows_per_s_median']:,} rows/s")
     print(f"  rivven / parquet: {result['ratio_median']}x (medians), "
           f"{result['ratio_best']}x (bests)")
+    if "rivven_cpu_s" in result:
+        print(f"  CPU s per read (broker + JVM + Python workers): rivven {result['rivven_cpu_s']}"
+              f", parquet {result['parquet_cpu_s']}")
     return 0
 
 

@@ -45,8 +45,11 @@ LATEST = -1
 ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
 
 _DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-#: Bytes asked of one partition per Fetch. Big fetches amortise the per-request cost.
-_FETCH_BYTES_DEFAULT = 8 * 1024 * 1024
+#: Bytes asked of one partition per Fetch: big enough to amortise the per-request cost, small
+#: enough that a fetch's buffers stay in the CPU caches and are reused by the allocator
+#: (measured in a Spark read of 100 B records: 8 MiB cost the Python worker about a third more
+#: CPU than 2 MiB, mostly page faults and cache misses while copying).
+_FETCH_BYTES_DEFAULT = 2 * 1024 * 1024
 #: Distinct destination topics one writer task may produce to, unless the option says.
 MAX_TOPICS_DEFAULT = 100
 

@@ -49,7 +49,7 @@ from rivven_spark.offsets import Offsets, admit, canonical, from_pairs, plan_ran
 from rivven_spark.options import ReaderOptions
 
 __all__ = ["RivvenInputPartition", "RivvenStreamReader", "RivvenBatchReader", "DataLossError",
-           "read_range"]
+           "read_range", "fetch_bytes"]
 
 log = logging.getLogger("rivven_spark")
 
@@ -57,6 +57,27 @@ log = logging.getLogger("rivven_spark")
 _ROWS_PER_BATCH = 32_768
 #: Empty answers in a row, below the planned end, before a range is declared truncated.
 _EMPTY_FETCHES_MAX = 3
+#: Bytes of the first fetch of a range per offset it spans (no size seen yet), and the least
+#: any fetch asks for (the broker answers at least one whole batch whatever the budget).
+_FIRST_FETCH_BYTES_PER_OFFSET = 1024
+_FETCH_BYTES_MIN = 64 * 1024
+
+
+def fetch_bytes(remaining_offsets: int, bytes_seen: int, offsets_seen: int,
+                bytes_max: int) -> int:
+    """The byte budget of the next fetch of a range: enough for the ``remaining_offsets`` at
+    the bytes per offset seen so far in this range (1 KiB before the first answer) plus an
+    eighth, at least 64 KiB, at most ``bytes_max``. A size hint only: the read loop goes on
+    until the range is done, so a low guess costs a round trip and a high one reads a little
+    past the range's end (dropped), instead of a whole ``bytes_max`` past it. Pure.
+    """
+    assert remaining_offsets > 0 and bytes_max > 0
+    if offsets_seen > 0:
+        want = remaining_offsets * bytes_seen // offsets_seen
+        want += want // 8
+    else:
+        want = remaining_offsets * _FIRST_FETCH_BYTES_PER_OFFSET
+    return min(bytes_max, max(_FETCH_BYTES_MIN, want))
 
 
 class DataLossError(RuntimeError):
@@ -86,16 +107,21 @@ def read_range(options: ReaderOptions, part: RivvenInputPartition,
     decoder = RangeDecoder(part.topic, part.partition, part.start, part.end,
                            read_committed=options.isolation_level == "read_committed")
     empty = 0
+    bytes_seen = offsets_seen = 0
     try:
         while not decoder.done:
+            budget = fetch_bytes(decoder.end - decoder.position, bytes_seen, offsets_seen,
+                                 options.fetch_bytes_max)
             try:
-                result = io.fetch(part.topic, part.partition, decoder.position,
-                                  options.fetch_bytes_max, options.isolation_level)
+                result = io.fetch(part.topic, part.partition, decoder.position, budget,
+                                  options.isolation_level)
             except OffsetOutOfRangeError:
                 _on_out_of_range(options, io, decoder)
                 continue
             before = decoder.position
             decoder.feed(result.records, result.aborted)
+            bytes_seen += len(result.records)
+            offsets_seen += decoder.position - before
             if decoder.position == before:
                 empty += 1
                 stable = result.last_stable_offset if decoder.read_committed else (
