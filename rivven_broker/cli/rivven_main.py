@@ -83,10 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     topics.add_parser("list", help="list topics")
     topics.add_parser("describe", help="partitions, leaders and configs").add_argument("name")
     topics.add_parser("delete", help="delete a topic and its data").add_argument("name")
-    alter = topics.add_parser("alter", help="change topic configs (KEY= resets to default)")
+    alter = topics.add_parser(
+        "alter", help="change topic configs (KEY= resets to default) and/or grow partitions")
     alter.add_argument("name")
-    alter.add_argument("--config", type=_key_value, action="append", required=True,
+    alter.add_argument("--config", type=_key_value, action="append", default=[],
                        metavar="KEY=VALUE")
+    alter.add_argument("--partitions", type=int, metavar="N",
+                       help="grow the topic to N partitions in total (it can only grow)")
 
     produce = commands.add_parser("produce", help="produce --value, or one record per stdin line")
     produce.add_argument("topic")
@@ -194,12 +197,28 @@ def cmd_topic(args: argparse.Namespace, out: Output) -> int:
             admin.delete_topic(args.name)
             out.document({"topic": args.name, "deleted": True},
                          lambda o: o.write(f"deleted topic {args.name}\n"))
-        else:  # alter
-            changes = {key: (value if value != "" else None) for key, value in args.config}
-            admin.alter_topic_config(args.name, changes)
-            out.document({"topic": args.name, "configs": changes},
-                         lambda o: o.write(f"updated {len(changes)} config(s) of {args.name}\n"))
+        else:
+            _alter(admin, args, out)
     return EXIT_OK
+
+
+def _alter(admin: Admin, args: argparse.Namespace, out: Output) -> None:
+    """``topic alter``: configs (all or none) and/or a partition count (checked first)."""
+    assert args.config or args.partitions is not None, "main() checks this"
+    doc: dict[str, Any] = {"topic": args.name}
+    lines = []
+    if args.partitions is not None:  # refuse a bad count before changing any config
+        admin.create_partitions(args.name, args.partitions, validate_only=True)
+    if args.config:
+        changes = {key: (value if value != "" else None) for key, value in args.config}
+        admin.alter_topic_config(args.name, changes)
+        doc["configs"] = changes
+        lines.append(f"updated {len(changes)} config(s) of {args.name}\n")
+    if args.partitions is not None:
+        admin.create_partitions(args.name, args.partitions)
+        doc["partitions"] = args.partitions
+        lines.append(f"topic {args.name} now has {args.partitions} partitions\n")
+    out.document(doc, lambda o: o.write("".join(lines)))
 
 
 def _describe(description: Any, out: Output) -> None:
@@ -457,6 +476,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.args = argv[argv.index("bench") + 1:]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "topic" and args.action == "alter":
+        if not args.config and args.partitions is None:
+            parser.error("topic alter needs --config KEY=VALUE and/or --partitions N")
     out = Output(args.json, sys.stdout)
     try:
         return COMMANDS[args.command](args, out)

@@ -114,6 +114,27 @@ class Admin:
         response = check_response(self._client.call(request), m.AlterTopicConfigResponse)
         raise_for(response.error_code, response.error_message, f"alter topic {name!r}")
 
+    def create_partitions(
+        self, topic: str, total_count: int, *, validate_only: bool = False
+    ) -> None:
+        """Grow ``topic`` to ``total_count`` partitions (Kafka's CreatePartitions).
+
+        The count only grows; existing partitions keep their data, new ones start empty.
+        Keyed records map to ``murmur2(key) % count``, so after the change a key may go to a
+        different partition (as in Kafka). Producers and consumers see the new count at their
+        next metadata refresh. ``validate_only``: check everything, change nothing.
+
+        Raises:
+            InvalidPartitionsError: ``total_count`` is not above the current count, or is
+                above the broker's limit.
+            UnknownTopicOrPartitionError: no such topic.
+            BrokerError: ``POLICY_VIOLATION`` for internal topics, and other broker answers.
+            ConnectionFailedError / ClientTimeoutError: no broker answered.
+        """
+        request = m.CreatePartitions(name=topic, count=total_count, validate_only=validate_only)
+        response = check_response(self._client.call(request), m.CreatePartitionsResponse)
+        raise_for(response.error_code, response.error_message, f"create partitions of {topic!r}")
+
     def delete_topic(self, name: str) -> None:
         """Delete a topic and its data.
 

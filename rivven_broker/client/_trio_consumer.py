@@ -497,6 +497,12 @@ class TrioAdmin:
         response = check_response(await self._cluster.call(request), m.AlterTopicConfigResponse)
         raise_for(response.error_code, response.error_message, f"alter topic {name!r}")
 
+    async def create_partitions(self, topic: str, total_count: int, *,
+                                validate_only: bool = False) -> None:
+        request = m.CreatePartitions(name=topic, count=total_count, validate_only=validate_only)
+        response = check_response(await self._cluster.call(request), m.CreatePartitionsResponse)
+        raise_for(response.error_code, response.error_message, f"create partitions of {topic!r}")
+
     async def delete_topic(self, name: str) -> None:
         response = check_response(
             await self._cluster.call(m.DeleteTopic(name=name)), m.DeleteTopicResponse

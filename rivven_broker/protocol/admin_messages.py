@@ -61,6 +61,8 @@ __all__ = [
     "ConfigEntry",
     "AlterTopicConfig",
     "AlterTopicConfigResponse",
+    "CreatePartitions",
+    "CreatePartitionsResponse",
 ]
 
 #: The protocol generation this code speaks, exchanged in the handshake.
@@ -289,3 +291,26 @@ class AlterTopicConfigResponse(Response):
     name: str = text(_NAME)
     error_code: ErrorCode = error_code()
     error_message: str | None = text(_MESSAGE, None, nullable=True)
+
+
+@attrs.frozen
+class CreatePartitions(Request):
+    """Grow a topic to ``count`` partitions in total (never shrink). ``validate_only``: check
+    everything, create nothing."""
+
+    API_KEY: ClassVar[ApiKey] = ApiKey.CREATE_PARTITIONS
+    name: str = text(_NAME)
+    count: int = i32(1)
+    validate_only: bool = boolean(False)
+
+
+@attrs.frozen
+class CreatePartitionsResponse(Response):
+    """The outcome of ``CreatePartitions`` with the topic's partition count afterwards (-1:
+    unknown topic)."""
+
+    API_KEY: ClassVar[ApiKey] = ApiKey.CREATE_PARTITIONS
+    name: str = text(_NAME)
+    error_code: ErrorCode = error_code()
+    error_message: str | None = text(_MESSAGE, None, nullable=True)
+    count: int = i32(-1)

@@ -77,6 +77,7 @@ class ApiKey(enum.IntEnum):
     FETCH = 9
     LIST_OFFSETS = 10
     DELETE_RECORDS = 11
+    CREATE_PARTITIONS = 12
     ERROR = 19  # responses only: the generic frame-level error answer
     # 20-39: consumer groups (group_messages.py)
     JOIN_GROUP = 20

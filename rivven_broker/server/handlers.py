@@ -8,8 +8,10 @@ answer), or a ``Pending`` (see ``context.py``). Everything that changes state ha
 ``begin`` itself or, for the one change that must first wait for the sync worker to let go of
 a topic's files (DeleteTopic), inside a *serial* pending that the reader awaits before it reads
 on. AlterTopicConfig changes the logs' settings in place (they apply from the next append,
-roll or retention pass). Produce, Fetch, ListOffsets and DeleteRecords live in
-``data_path.py``; the rest is here.
+roll or retention pass). CreatePartitions grows a topic inside ``begin`` (new empty logs, then
+the registry: see ``LogManager.add_partitions``), then pokes fetches waiting on the topic so
+they re-plan; the next Metadata answer lists the new count. Produce, Fetch, ListOffsets and
+DeleteRecords live in ``data_path.py``; the rest is here.
 
 This node leads every partition: Metadata lists one broker (itself, at the address clients
 reached), leader = this node, leader epoch 0, replicas = isr = [node id]. A replication factor
@@ -24,7 +26,7 @@ and the handshake advertises only the apis handled. InitProducerId and the trans
 (40-44) are served by the transaction coordinator's driver (``txn_driver.py``); the group apis
 (20-29) and FindCoordinator by the group coordinator's driver (``group_driver.py``). Internal
 topics (``__consumer_offsets``, ``__transaction_state``) are left out of ListTopics (unless
-``include_internal``) and of an all-topics Metadata answer, and cannot be deleted.
+``include_internal``) and of an all-topics Metadata answer, and cannot be deleted or grown.
 
 ``gate(request)`` names the event a request must wait for when it touches a topic that is in
 the middle of being deleted (see ``TopicGates``).
@@ -46,6 +48,8 @@ from rivven_broker.protocol.messages import (
     AlterTopicConfigResponse,
     BrokerMetadata,
     ConfigEntry,
+    CreatePartitions,
+    CreatePartitionsResponse,
     CreateTopic,
     CreateTopicResponse,
     DeleteRecords,
@@ -83,7 +87,7 @@ __all__ = ["Handlers"]
 log = logging.getLogger(__name__)
 
 _TOPIC_LIST_REQUESTS = (Produce, Fetch, ListOffsets, DeleteRecords)
-_NAMED_REQUESTS = (CreateTopic, DeleteTopic, DescribeTopic, AlterTopicConfig)
+_NAMED_REQUESTS = (CreateTopic, DeleteTopic, DescribeTopic, AlterTopicConfig, CreatePartitions)
 #: Leaves room in a topic error message for the name.
 _MESSAGE_BYTES_MAX = limits.error_message_bytes_max
 
@@ -119,6 +123,7 @@ class Handlers:
             ListTopics: self._list_topics,
             DescribeTopic: self._describe_topic,
             AlterTopicConfig: self._alter_topic_config,
+            CreatePartitions: self._create_partitions,
             Produce: self.data.produce,
             Fetch: lambda request, now_ms: self.data.fetch(request),
             ListOffsets: lambda request, now_ms: self.data.list_offsets(request),
@@ -348,3 +353,33 @@ class Handlers:
         if not request.validate_only:
             log.info("altered topic %s: %s", name, dict(request.configs))
         return AlterTopicConfigResponse(name, ErrorCode.NONE)
+
+    def _create_partitions(
+        self, request: CreatePartitions, now_ms: int
+    ) -> CreatePartitionsResponse:
+        name = request.name
+        problem = self._topic_problem(name)
+        if is_internal_topic(name):  # whether or not it exists yet
+            problem = ErrorCode.POLICY_VIOLATION, "internal topics cannot be given partitions"
+        if problem is not None:
+            return CreatePartitionsResponse(name, *problem)
+        logs = self._context.logs
+        current = logs.topics()[name].partitions
+        if request.count <= current:
+            problem = (ErrorCode.INVALID_PARTITIONS,
+                       f"topic {name!r} has {current} partitions; the count can only grow")
+        elif request.count > limits.partitions_per_topic_max:
+            problem = (ErrorCode.INVALID_PARTITIONS,
+                       f"partitions must be at most {limits.partitions_per_topic_max}")
+        if problem is not None:
+            return CreatePartitionsResponse(name, *problem, current)
+        if request.validate_only:
+            return CreatePartitionsResponse(name, ErrorCode.NONE, None, request.count)
+        try:
+            logs.add_partitions(name, request.count, now_ms)
+        except (StorageError, OSError) as exc:
+            code, message = _failure(exc)
+            return CreatePartitionsResponse(name, code, message, logs.topics()[name].partitions)
+        self._context.waker.poke_topic(name)
+        log.info("grew topic %s from %d to %d partitions", name, current, request.count)
+        return CreatePartitionsResponse(name, ErrorCode.NONE, None, request.count)

@@ -19,6 +19,11 @@ The registry is the commit point: a topic exists exactly when ``topics.json`` li
   no longer parses as a partition, and ``open`` finishes the removal of ``*-delete`` directories
   and of orphans. (The rename first also keeps a half-removed directory from ever being read as
   a partition, even by the registry's fallback scan.)
+- ``add_partitions``: validate (the count only grows), retire stale directories of the new
+  partition numbers (orphans of a failed grow), make the new partition directories (fsync the
+  data directory), open an empty log in each, then save the registry with the new count. A
+  crash before the save leaves the old count and the new directories as orphans, which
+  ``open`` deletes; after it, the new count with every directory in place.
 - ``open``: remove leftover ``*-delete`` directories, load the registry (falling back to a
   directory scan, which is then saved as the new registry; a fresh directory gets an empty
   registry at once, so a missing ``topics.json`` later means damage), delete orphans, create missing
@@ -222,6 +227,55 @@ class LogManager:
                 self._logs.pop((name, p)).close()
             raise
         return info
+
+    def add_partitions(self, name: str, count: int, now_ms: int) -> TopicInfo:
+        """Grow topic ``name`` to ``count`` partitions; the new ones start empty at offset 0.
+
+        Existing partitions are untouched. Blocks on file I/O (two directory fsyncs and the
+        registry's).
+
+        Raises:
+            UnknownTopicOrPartitionError: no such topic.
+            InvalidPartitionsError: ``count`` is not above the current count, or is above
+                ``limits.partitions_per_topic_max`` (nothing changes).
+            OSError: the store failed (the count is then unchanged; ``open`` removes whatever
+                directories were made).
+        """
+        assert not self._closed
+        info = self._topics.get(name)
+        if info is None:
+            raise UnknownTopicOrPartitionError(name)
+        if count <= info.partitions:
+            raise InvalidPartitionsError(
+                count, f"topic {name!r} has {info.partitions}; the count can only grow"
+            )
+        if count > limits.partitions_per_topic_max:
+            raise InvalidPartitionsError(
+                count, f"must be at most {limits.partitions_per_topic_max}"
+            )
+        new_info = attrs.evolve(info, partitions=count)
+        added = range(info.partitions, count)
+        stale = [partition_dir(name, p) for p in added]
+        stale = [d for d in stale if self._store.exists(d)]  # orphans of a failed grow
+        retired = [self._retire_dir(d, info.topic_id) for d in stale]
+        for p in added:
+            self._store.makedirs(partition_dir(name, p))
+        self._store.fsync_dir("")
+        for directory in retired:
+            self._remove_dir(directory)
+        opened = []
+        try:
+            for p in added:
+                self._open_log(new_info, p, now_ms)
+                opened.append(p)
+            self._topics[name] = new_info
+            self._save()  # the commit point
+        except BaseException:
+            self._topics[name] = info
+            for p in opened:
+                self._logs.pop((name, p)).close()
+            raise
+        return new_info
 
     def delete_topic(self, name: str) -> None:
         """Delete a topic and all its data for real. Blocks on file I/O.

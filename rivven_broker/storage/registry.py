@@ -2,8 +2,9 @@
 
 Theory of operation
 -------------------
-The registry is the commit point for creating and deleting topics: a topic exists exactly when
-``topics.json`` lists it. The file holds, per topic, its name, id, partition count, replication
+The registry is the commit point for creating and deleting topics and for growing their
+partition counts: a topic exists exactly when ``topics.json`` lists it, with the partitions it
+lists. The file holds, per topic, its name, id, partition count, replication
 factor, explicit (non-default) configs and creation time, plus the counter for topic ids::
 
     {"format": 1, "next_topic_number": 3,

@@ -27,6 +27,7 @@ def test_defaults_and_environment(monkeypatch):
 @pytest.mark.parametrize(
     "argv",
     [[], ["topic"], ["topic", "create"], ["topic", "alter", "t"], ["nope"],
+     ["topic", "alter", "t", "--partitions", "many"],
      ["topic", "create", "t", "--config", "novalue"], ["produce", "t", "--acks", "2"]],
 )
 def test_usage_errors_exit_1(argv, capsys):

@@ -167,7 +167,7 @@ def test_bad_envelopes_are_invalid(payload):
     _refused(payload, INVALID, response=True)
 
 
-@pytest.mark.parametrize("api_key", [12, 18, 19, 99, 2**40, -1])
+@pytest.mark.parametrize("api_key", [13, 18, 19, 99, 2**40, -1])
 def test_unknown_request_api_keys_are_unsupported(api_key):
     message = _refused(_raw(api_key, 0, {}), UNSUPPORTED)
     assert str(api_key) in message

@@ -21,7 +21,8 @@ MODULES = sorted(p.stem for p in PACKAGE_DIR.glob("*.py") if p.stem != "__init__
 EXPECTED = """
 ACKS_ALL ACKS_LEADER ACKS_NONE API_PAIRS AbortedTransaction AlterTopicConfig
 AlterTopicConfigResponse ApiKey BadRequest BrokerMetadata CONNECTION_ERROR_CORRELATION_ID
-ClientConnection ConfigEntry CreateTopic CreateTopicResponse DELETE_TO_HIGH_WATERMARK
+ClientConnection ConfigEntry CreatePartitions CreatePartitionsResponse CreateTopic
+CreateTopicResponse DELETE_TO_HIGH_WATERMARK
 DeleteRecords DeleteRecordsPartition DeleteRecordsPartitionResponse DeleteRecordsResponse
 DeleteRecordsTopic DeleteRecordsTopicResponse DeleteTopic DeleteTopicResponse DescribeTopic
 DescribeTopicResponse EARLIEST_TIMESTAMP ErrorCode ErrorResponse FORMAT_MSGPACK
