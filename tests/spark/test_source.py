@@ -121,6 +121,22 @@ def test_subscribe_pattern_picks_up_new_topics_between_runs(spark, broker, tmp_p
     assert {r["topic"]: r["count"] for r in rows} == {"pattern-a": 15, "pattern-b": 30}
 
 
+def test_partitions_added_to_a_topic_are_read_from_their_start(spark, broker, tmp_path):
+    topic = broker.create("grown", partitions=2)
+    broker.produce(topic, ((i % 2, None, b"old%d" % i) for i in range(20)))
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    df = stream(spark, broker, subscribe=topic, startingOffsets="latest")
+    selected = df.select("partition", "offset", "value")
+    run_available_now(selected, checkpoint, "parquet", out)  # starts at the end: reads nothing
+    broker.admin.create_partitions(topic, 4)
+    broker.produce(topic, ((p, None, b"new%d" % p) for p in (0, 1, 2, 3, 3)))
+    run_available_now(selected, checkpoint, "parquet", out)
+    assert parquet_rows(spark, out) == Counter(
+        {(0, 10, b"new0"): 1, (1, 10, b"new1"): 1, (2, 0, b"new2"): 1, (3, 0, b"new3"): 1,
+         (3, 1, b"new3"): 1}
+    )  # the new partitions from offset 0 (Kafka's rule), though the query began at "latest"
+
+
 def test_batch_read_with_ending_offsets_min_partitions_and_headers(spark, broker):
     topic = broker.create("batch-read", partitions=2)
     records = [(i % 2, b"k%d" % i, b"v%d" % i, [("h", b"%d" % i)] if i % 3 == 0 else None)
