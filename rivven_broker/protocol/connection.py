@@ -37,7 +37,6 @@ from rivven_broker.protocol.framing import (
     FrameDecoder,
     describe_format,
     encode_frame_parts,
-    frame_parts,
 )
 from rivven_broker.protocol.message_base import Request, Response
 from rivven_broker.protocol.messages import ErrorResponse
@@ -156,14 +155,7 @@ class ServerConnection:
         return RequestReceived(correlation_id, request, version)
 
     def send_response(self, correlation_id: int, response: Response) -> bytes:
-        """The frame of ``send_response_parts``, joined. Raises as it; does not block."""
-        return b"".join(self.send_response_parts(correlation_id, response))
-
-    def send_response_parts(
-        self, correlation_id: int, response: Response
-    ) -> list[bytes | bytearray | memoryview]:
-        """The frame answering the oldest pending request, which must be ``correlation_id``,
-        as pieces (``framing.frame_parts``: record bytes by reference, for ``writev``).
+        """The frame answering the oldest pending request, which must be ``correlation_id``.
 
         ``response`` must be of the request's api (encoded at the request's version) or an
         ``ErrorResponse``. After a fatal error, an ``ErrorResponse`` in correlation id 0 is
@@ -180,7 +172,7 @@ class ServerConnection:
             and correlation_id == CONNECTION_ERROR_CORRELATION_ID
             and not (self._pending and self._pending[0].correlation_id == correlation_id)
         ):
-            return self._frame_parts(correlation_id, response, None)
+            return self._frame(correlation_id, response, None)
         if not self._pending or self._pending[0].correlation_id != correlation_id:
             oldest = self._pending[0].correlation_id if self._pending else None
             raise LocalProtocolError(
@@ -191,23 +183,19 @@ class ServerConnection:
             raise LocalProtocolError(
                 f"{type(response).__name__} does not answer api {pending.api_key}"
             )
-        parts = self._frame_parts(
-            correlation_id, response, None if is_error else pending.api_version
-        )
+        data = self._frame(correlation_id, response, None if is_error else pending.api_version)
         self._pending.popleft()
-        return parts
+        return data
 
     def send_error(self, correlation_id: int, error_code: ErrorCode, message: str = "") -> bytes:
         """An ``ErrorResponse`` frame (``message`` clipped to fit). Raises as ``send_response``."""
         return self.send_response(correlation_id, ErrorResponse(error_code, _clip(message)))
 
-    def _frame_parts(
-        self, correlation_id: int, response: Response, version: int | None
-    ) -> list[bytes | bytearray | memoryview]:
+    def _frame(self, correlation_id: int, response: Response, version: int | None) -> bytes:
         if not isinstance(response, Response):
             raise LocalProtocolError(f"{type(response).__name__} is not a response")
         parts = codec.encode_parts(response, version)
-        return frame_parts(
+        return encode_frame_parts(
             FORMAT_MSGPACK, correlation_id, parts, frame_bytes_max=limits.response_bytes_max
         )
 

@@ -46,7 +46,6 @@ __all__ = [
     "FrameDecoder",
     "encode_frame",
     "encode_frame_parts",
-    "frame_parts",
     "describe_format",
 ]
 
@@ -125,20 +124,6 @@ def encode_frame_parts(
     so a multi-MiB fetch response is copied exactly once, here. Pieces must be byte buffers
     (memoryviews of item size 1). Raises as ``encode_frame``.
     """
-    return b"".join(frame_parts(format, correlation_id, parts, frame_bytes_max=frame_bytes_max))
-
-
-def frame_parts(
-    format: int,
-    correlation_id: int,
-    parts: Sequence[bytes | bytearray | memoryview],
-    *,
-    frame_bytes_max: int = limits.frame_bytes_max,
-) -> list[bytes | bytearray | memoryview]:
-    """The frame of ``encode_frame_parts`` as ``[header, *parts]``, not joined: for a writer
-    that gathers them in one system call (``writev``) and so never copies the record bytes.
-    Raises as ``encode_frame``.
-    """
     _check_header(format, correlation_id)
     payload_bytes = 0
     for part in parts:
@@ -149,7 +134,7 @@ def frame_parts(
             f"frame of {length} bytes exceeds the maximum of {frame_bytes_max}",
             ErrorCode.MESSAGE_TOO_LARGE,
         )
-    return [_HEADER.pack(length, format, correlation_id), *parts]
+    return b"".join([_HEADER.pack(length, format, correlation_id), *parts])
 
 
 class FrameDecoder:

@@ -15,8 +15,7 @@ the tasks and the timers. Two loops share one ``_Connection``:
   acks=0 produces get no slot. When ``in_flight_requests_max`` slots are open the reader stops
   reading: TCP backpressure reaches the client.
 - The *writer* waits until the head slot is filled, then takes every filled slot from the head,
-  encodes them in order and writes them with ONE send (a gathered ``writev`` of the frames'
-  pieces on real sockets, so fetched record bytes are never joined): answers that become ready
+  encodes them in order and writes them with ONE ``send_all``: answers that become ready
   together leave together. A head slot still holding a produce is settled by the writer
   itself: it asks ``ready()``, else awaits the wait, and then asks ``ready()`` of the produces
   behind it, so one group commit answers a whole pipelined run with one wake-up and one
@@ -83,7 +82,6 @@ __all__ = ["ConnectionSettings", "serve_client_connection", "ClientConnections"]
 log = logging.getLogger(__name__)
 
 _RECEIVE_BYTES = 256 * 1024
-Buffer = bytes | bytearray | memoryview
 _PARTITIONED_RESPONSES = (
     ProduceResponse, FetchResponse, ListOffsetsResponse, DeleteRecordsResponse
 )
@@ -118,8 +116,6 @@ class _Connection:
         metrics: BrokerMetrics,
     ) -> None:
         self.stream = stream
-        # EagerSendStream (real sockets) gathers pieces; simulated streams get them joined.
-        self.send_all_parts = getattr(stream, "send_all_parts", None)
         self.handlers = handlers
         self.settings = settings
         self.clock = clock
@@ -278,7 +274,7 @@ class _Connection:
     # --- the writer --------------------------------------------------------------------------
 
     async def write_loop(self) -> None:
-        """Send answers in request order, every ready run of them in one send."""
+        """Send answers in request order, every ready run of them in one ``send_all``."""
         slots = self.slots
         while True:
             if slots and slots[0].pending is not None and self.fatal is None:
@@ -293,15 +289,15 @@ class _Connection:
                 await self.writer_wakeup.wait()
                 continue
             self._settle_ready()
-            parts: list[Buffer] = []
+            frames = []
             now_ms = self.clock.monotonic_ms()
             while slots and slots[0].ready:
                 slot = slots.popleft()
                 response = slot.response
                 assert response is not None
-                parts += self._encode(slot, response)
+                frames.append(self._encode(slot, response))
                 self.metrics.request_done(slot.api, _error_code(response), now_ms - slot.start_ms)
-            await self._send_parts(parts)
+            await self._send(frames[0] if len(frames) == 1 else b"".join(frames))
             if not slots:
                 self.last_active = trio.current_time()
             self.wake_reader()  # room for the reader
@@ -333,24 +329,16 @@ class _Connection:
             slot.response = response
             slot.ready = True
 
-    def _encode(self, slot: _Slot, response: Response) -> list[Buffer]:
+    def _encode(self, slot: _Slot, response: Response) -> bytes:
         try:
-            return self.core.send_response_parts(slot.correlation_id, response)
+            return self.core.send_response(slot.correlation_id, response)
         except LocalProtocolError as exc:  # an answer too large for a frame: say so instead
             log.warning("cannot encode the %s answer: %s", slot.api, exc)
-            return [self.core.send_error(slot.correlation_id, exc.code, str(exc))]
+            return self.core.send_error(slot.correlation_id, exc.code, str(exc))
 
     async def _send(self, data: bytes) -> None:
         await self.stream.send_all(data)
         self.metrics.bytes_out(len(data))
-
-    async def _send_parts(self, parts: list[Buffer]) -> None:
-        """Send ``parts`` gathered (``writev``) where the stream can, else joined once."""
-        if self.send_all_parts is not None:
-            await self.send_all_parts(parts)
-            self.metrics.bytes_out(sum(len(part) for part in parts))
-        else:
-            await self._send(parts[0] if len(parts) == 1 else b"".join(parts))
 
 
 def _guarded(api: str, begin: Callable[[], Response | Pending | None]) -> Response | Pending | None:

@@ -11,10 +11,7 @@ answer run, a visible share of the broker's CPU when clients send one request at
 ``EagerSendStream`` wraps a connected ``SocketStream``. ``send_all`` first tries one
 non-blocking ``os.write`` on the socket: if the kernel takes everything, it returns without
 yielding; otherwise the rest goes through the inner stream's ``send_all`` (which waits for
-room as usual). ``send_all_parts`` does the same for a list of buffers with one ``os.writev``
-(scatter/gather): a fetch answer's frame header, msgpack pieces and record bytes leave without
-being joined into one copy first; when the kernel takes only part, it waits until the socket
-is writable and gathers the rest again (slices, never copies). Errors are translated as trio translates them (a closed socket is
+room as usual). Errors are translated as trio translates them (a closed socket is
 ``ClosedResourceError``, any other ``OSError`` ``BrokenResourceError``). Everything else
 delegates to the inner stream.
 
@@ -26,16 +23,12 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Any, Callable, Sequence
 
 import trio
 
 __all__ = ["EagerSendStream"]
 
 _CLOSED = (errno.EBADF, errno.ENOTSOCK)
-_IOV_MAX = 1024  # buffers per writev (Linux's IOV_MAX); more are joined first
-
-Buffer = bytes | bytearray | memoryview
 
 
 class EagerSendStream(trio.abc.HalfCloseableStream):
@@ -59,48 +52,18 @@ class EagerSendStream(trio.abc.HalfCloseableStream):
         self._sending = True
         try:
             view = memoryview(data)
-            sent = self._try(os.write, view) if len(view) else 0
+            try:
+                sent = os.write(self.socket.fileno(), view) if len(view) else 0
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                if exc.errno in _CLOSED:
+                    raise trio.ClosedResourceError("this socket was already closed") from None
+                raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
             if sent < len(view) or not len(view):
                 await self.inner.send_all(view[sent:])
         finally:
             self._sending = False
-
-    async def send_all_parts(self, parts: Sequence[Buffer]) -> None:
-        """Send the concatenation of ``parts`` (byte buffers) as ``send_all`` would, with one
-        ``writev`` first; returns at once (no checkpoint) when the kernel takes them all.
-
-        Raises as ``send_all``.
-        """
-        if self._sending:
-            raise trio.BusyResourceError("another task is already sending on this stream")
-        self._sending = True
-        try:
-            if len(parts) > _IOV_MAX:
-                parts = [b"".join(parts)]
-            total = 0
-            for part in parts:
-                total += len(part)
-            if not total:
-                await self.inner.send_all(b"")
-                return
-            sent = self._try(os.writev, parts)
-            while sent < total:  # the socket is full: wait for room, gather the rest again
-                parts, total = _rest(parts, sent), total - sent
-                await trio.lowlevel.wait_writable(self.socket.fileno())
-                sent = self._try(os.writev, parts)
-        finally:
-            self._sending = False
-
-    def _try(self, write: Callable[[int, Any], int], data: Any) -> int:
-        """One non-blocking ``write(fd, data)``: bytes taken (0 when the socket is full)."""
-        try:
-            return write(self.socket.fileno(), data)
-        except BlockingIOError:
-            return 0
-        except OSError as exc:
-            if exc.errno in _CLOSED:
-                raise trio.ClosedResourceError("this socket was already closed") from None
-            raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.inner.wait_send_all_might_not_block()
@@ -113,15 +76,3 @@ class EagerSendStream(trio.abc.HalfCloseableStream):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
-
-
-def _rest(parts: Sequence[Buffer], sent: int) -> list[Buffer]:
-    """The pieces of ``parts`` after the first ``sent`` bytes (slices, no copies)."""
-    rest: list[Buffer] = []
-    for part in parts:
-        if sent >= len(part):
-            sent -= len(part)
-            continue
-        rest.append(memoryview(part)[sent:] if sent else part)
-        sent = 0
-    return rest

@@ -299,33 +299,3 @@ class PipelineMachine(RuleBasedStateMachine):
 
 PipelineMachine.TestCase.settings = settings(max_examples=30, stateful_step_count=25, deadline=None)
 TestPipeline = PipelineMachine.TestCase
-
-
-def test_a_fetch_answer_in_parts_keeps_the_record_bytes_by_reference():
-    from rivven_broker.protocol.messages import (
-        Fetch,
-        FetchPartition,
-        FetchPartitionResponse,
-        FetchResponse,
-        FetchTopic,
-        FetchTopicResponse,
-    )
-
-    records = bytes(range(256)) * 4096  # stands for 1 MiB of record batches
-    client, server = ClientConnection(), ServerConnection()
-    correlation_id, data = client.send_request(
-        Fetch(topics=(FetchTopic("t", (FetchPartition(0, 0),)),))
-    )
-    server.receive_data(data)
-    _events(server)
-    partition = FetchPartitionResponse(0, ErrorCode.NONE, 1, records=records)
-    response = FetchResponse(topics=(FetchTopicResponse("t", (partition,)),))
-    parts = server.send_response_parts(correlation_id, response)
-    assert any(
-        part is records or (isinstance(part, memoryview) and part.obj is records)
-        for part in parts
-    )  # not copied into the frame
-    client.receive_data(b"".join(parts))
-    (event,) = _events(client)
-    assert isinstance(event, ResponseReceived) and event.correlation_id == correlation_id
-    assert bytes(event.response.topics[0].partitions[0].records) == records

@@ -82,35 +82,3 @@ async def test_two_concurrent_senders_are_refused():
         with pytest.raises(trio.BusyResourceError):
             await eager.send_all(b"z")
         assert await _receive_exactly(peer, len(payload)) == payload
-
-
-async def test_parts_are_gathered_in_one_write_without_a_checkpoint():
-    eager, peer = _pair()
-    parts = [b"head", memoryview(b"--records--")[2:-2], bytearray(b"tail")]
-    with trio.testing.assert_no_checkpoints():
-        await eager.send_all_parts(parts)
-    assert await _receive_exactly(peer, 15) == b"head" + b"records" + b"tail"
-
-
-async def test_parts_larger_than_the_socket_buffers_arrive_whole_and_in_order():
-    eager, peer = _pair()
-    parts = [bytes([i % 251]) * (i * 997 % 300_000 + 1) for i in range(200)]  # ~30 MB
-    parts += [b"x"] * 2000  # more pieces than one writev takes
-    expected = b"".join(parts)
-    received = []
-    async with trio.open_nursery() as nursery:
-
-        async def drain() -> None:
-            received.append(await _receive_exactly(peer, len(expected)))
-
-        nursery.start_soon(drain)
-        await eager.send_all_parts(parts)
-    assert received == [expected]
-
-
-@pytest.mark.parametrize("sent", [0, 1, 3, 4, 5, 9, 10, 11, 12])
-def test_the_rest_after_a_partial_gathered_write(sent):
-    from rivven_broker.server.eager_stream import _rest
-
-    parts = [b"abc", memoryview(b"defg"), b"", bytearray(b"hijkl")]
-    assert b"".join(_rest(parts, sent)) == b"abcdefghijkl"[sent:]
