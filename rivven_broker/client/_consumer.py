@@ -401,6 +401,8 @@ class Consumer:
                         self._state.advance(completed.tp, completed.epoch, completed.next_offset)
         finally:
             collector.end()
+            if group is not None:
+                group.poll_ended()  # max_poll_interval_ms counts from here
         return out
 
     def _next_completed(self, deadline: int) -> CompletedFetch | None:

@@ -18,6 +18,11 @@ Theory of operation
   Stable, so a slow ``poll`` loop keeps its session; a fencing answer only flags the core
   and wakes ``poll`` (which rejoins). It also sends ``commit_async`` commits; their callbacks
   are queued and run on the user's thread at the next ``poll``, ``commit`` or ``close``.
+- ``max_poll_interval_ms`` (KIP-62): ``poll`` tells the core when it starts (``maintain``)
+  and returns (``poll_ended``). When a beat is due and the application has been out of
+  ``poll`` for longer than that, the heartbeat thread sends LeaveGroup instead (dynamic
+  members; a static member just goes silent), logs a warning and stops heartbeating; the
+  next ``poll`` reports the partitions lost (no commit) and rejoins.
 
 The two threads talk to the coordinator over separate connections (one ``SyncClient``
 each), so a JoinGroup the coordinator holds for a whole rebalance never delays a heartbeat.
@@ -61,7 +66,13 @@ from rivven_broker.protocol import limits
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.group_messages import FindCoordinator
 
-__all__ = ["GroupMember", "RebalanceCallbacks", "CommitCallback", "normalise_offsets"]
+__all__ = [
+    "GroupMember",
+    "RebalanceCallbacks",
+    "CommitCallback",
+    "normalise_offsets",
+    "warn_poll_timeout",
+]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +92,14 @@ def normalise_offsets(
             raise ValueError(f"bad offset {offset!r} for {tp}")
         out[TopicPartition(tp[0], tp[1])] = (offset, metadata)
     return out
+
+
+def warn_poll_timeout(group_id: str | None, idle_ms: int, limit_ms: int) -> None:
+    """Log that a member leaves its group because ``poll`` was not called in time."""
+    log.warning(
+        "group %s: poll() was not called for %d ms, more than max_poll_interval_ms (%d); "
+        "leaving the group; the next poll rejoins", group_id, idle_ms, limit_ms,
+    )
 
 
 class RebalanceCallbacks:
@@ -121,6 +140,7 @@ class GroupMember:
             config.group_id, config.group_instance_id, config.session_timeout_ms,
             config.rebalance_timeout_ms, config.heartbeat_interval_ms,
             config.partition_assignment_strategy, conn_config.retry_backoff_ms,
+            config.max_poll_interval_ms,
         ))
         self._cond = cond
         self._fetch = fetch
@@ -157,6 +177,8 @@ class GroupMember:
         Raises:
             The membership's fatal error (FENCED_INSTANCE_ID ...), or a commit callback's.
         """
+        with self._cond:
+            self.core.on_poll(monotonic_ms())
         self._run_async_callbacks()
         if not self.core.subscribed:
             if self.config.enable_auto_commit:
@@ -172,6 +194,11 @@ class GroupMember:
             self._rebalance()
         if self.config.enable_auto_commit:
             self._auto_commit()
+
+    def poll_ended(self) -> None:
+        """``poll`` returned or raised: the poll interval counts from now. Never blocks."""
+        with self._cond:
+            self.core.on_poll_end(monotonic_ms())
 
     def _check_metadata(self) -> None:
         """Re-match a pattern; as the leader, notice new partitions. Rejoin on a change."""
@@ -404,9 +431,17 @@ class GroupMember:
                 if self._stopping:
                     return
                 job = self._async_jobs.popleft() if self._async_jobs else None
-                beat = None if job is not None else self.core.heartbeat_request()
+                expired, leave = (False, None) if job is not None else self._poll_expiry()
+                beat = None if job is not None or expired else self.core.heartbeat_request()
             if job is not None:
                 self._run_async_commit(*job)
+                continue
+            if expired:
+                if leave is not None:
+                    _, error = self._call(self._heartbeat_io, leave, interval)
+                    if error is not None:
+                        log.warning("group %s: LeaveGroup failed: %s", self.config.group_id,
+                                    error)
                 continue
             if beat is None:
                 continue
@@ -417,6 +452,19 @@ class GroupMember:
                     self.core.on_heartbeat(beat, ErrorCode.from_wire(response.error_code))
                 if self.core.needs_attention():
                     self._cond.notify_all()  # wake a waiting poll: it must rejoin
+
+    def _poll_expiry(self) -> tuple[bool, Any]:
+        """Under the lock: ``(True, LeaveGroup or None)`` when the member has just left for
+        want of a ``poll`` within ``max_poll_interval_ms`` (module docstring), else
+        ``(False, None)``."""
+        now = monotonic_ms()
+        if not self.core.poll_timeout_expired(now):
+            return False, None
+        warn_poll_timeout(self.config.group_id, self.core.poll_idle_ms(now),
+                          self.config.max_poll_interval_ms)
+        leave = self.core.leave_for_poll_timeout()
+        self._cond.notify_all()
+        return True, leave
 
     def _run_async_commit(self, wanted: dict, callback: CommitCallback | None) -> None:
         error: RivvenError | None = None

@@ -272,15 +272,19 @@ class TrioConsumer:
         out: list[Record] = []
         group = self._group
         await trio.lowlevel.checkpoint()
-        with trio.move_on_after(max(timeout_ms, 0) / 1000):
-            while not out:
-                if group is not None:
-                    self._check_open()
-                    await group.maintain()
-                arrived = self._arrived.current()
-                self._fill(out, limit)
-                if not out and not (group is not None and group.wants_attention()):
-                    await arrived.wait()
+        try:
+            with trio.move_on_after(max(timeout_ms, 0) / 1000):
+                while not out:
+                    if group is not None:
+                        self._check_open()
+                        await group.maintain()
+                    arrived = self._arrived.current()
+                    self._fill(out, limit)
+                    if not out and not (group is not None and group.wants_attention()):
+                        await arrived.wait()
+        finally:
+            if group is not None:
+                group.poll_ended()  # max_poll_interval_ms counts from here
         if not out:
             self._fill(out, limit)
         return out

@@ -7,9 +7,12 @@ rules are there and in ``group_core.py``): ``poll`` awaits ``maintain`` (rebalan
 callbacks, auto-commit, pattern and partition-count checks), a *heartbeat task* sends a
 Heartbeat every ``heartbeat_interval_ms`` while the member is Stable and fires the
 consumer's ``arrived`` signal when the core wants a rejoin, and ``commit_async`` runs its
-commit in a task of its own (its callback is called there). Group traffic uses a
-``TrioCluster`` of its own, so its connections never queue behind fetches. No locks: state
-changes happen between awaits; a rebalance is guarded so two tasks never run one at once.
+commit in a task of its own (its callback is called there). ``max_poll_interval_ms`` works
+as in the blocking driver: the heartbeat task sends LeaveGroup (dynamic members) instead of a
+heartbeat once ``poll`` has not been called for that long, and the next ``poll`` rejoins.
+Group traffic uses a ``TrioCluster`` of its own, so its connections never queue behind
+fetches. No locks: state changes happen between awaits; a rebalance is guarded so two tasks
+never run one at once.
 """
 
 from __future__ import annotations
@@ -20,7 +23,12 @@ from typing import Any, Iterable, Mapping
 
 import trio
 
-from rivven_broker.client._group import CommitCallback, RebalanceCallbacks, normalise_offsets
+from rivven_broker.client._group import (
+    CommitCallback,
+    RebalanceCallbacks,
+    normalise_offsets,
+    warn_poll_timeout,
+)
 from rivven_broker.client._trio_net import Signal, TrioCluster
 from rivven_broker.client.config import ConnectionConfig, ConsumerConfig
 from rivven_broker.client.errors import ClientTimeoutError, RivvenError, error_for
@@ -60,6 +68,7 @@ class TrioGroupMember:
             config.group_id, config.group_instance_id, config.session_timeout_ms,
             config.rebalance_timeout_ms, config.heartbeat_interval_ms,
             config.partition_assignment_strategy, conn_config.retry_backoff_ms,
+            config.max_poll_interval_ms,
         ))
         self._clock = env.clock
         self._nursery = nursery
@@ -96,6 +105,7 @@ class TrioGroupMember:
         """Rebalance if needed, auto-commit when due, re-check metadata when due. Raises the
         membership's fatal error."""
         now = self._clock.monotonic_ms()
+        self.core.on_poll(now)
         if self.core.subscribed:
             if now >= self._next_check_ms:
                 self._next_check_ms = now + self.conn_config.metadata_max_age_ms
@@ -109,6 +119,10 @@ class TrioGroupMember:
                 await self._commit(self._fetch._positions(None), None)
             except RivvenError as error:
                 log.warning("group %s: auto-commit failed: %s", self.config.group_id, error)
+
+    def poll_ended(self) -> None:
+        """``poll`` returned, raised or was cancelled: the poll interval counts from now."""
+        self.core.on_poll_end(self._clock.monotonic_ms())
 
     async def _check_metadata(self) -> None:
         try:
@@ -260,6 +274,10 @@ class TrioGroupMember:
     async def _heartbeat_loop(self) -> None:
         interval_ms = self.config.heartbeat_interval_ms
         while not self._closed:
+            now = self._clock.monotonic_ms()
+            if self.core.poll_timeout_expired(now):
+                await self._leave_for_poll_timeout(now)
+                continue
             beat = self.core.heartbeat_request()
             if beat is None:
                 await self._state_changed.wait(interval_ms)
@@ -271,6 +289,16 @@ class TrioGroupMember:
             if self.core.needs_attention():
                 self._arrived.fire()  # wake a waiting poll: it must rejoin
             await trio.sleep(max(interval_ms - (self._clock.monotonic_ms() - started), 0) / 1000)
+
+    async def _leave_for_poll_timeout(self, now: int) -> None:
+        warn_poll_timeout(self.config.group_id, self.core.poll_idle_ms(now),
+                          self.config.max_poll_interval_ms)
+        leave = self.core.leave_for_poll_timeout()
+        self._arrived.fire()
+        if leave is not None:
+            _, error = await self._call(leave, self.config.heartbeat_interval_ms)
+            if error is not None:
+                log.warning("group %s: LeaveGroup failed: %s", self.config.group_id, error)
 
     # --- closing ---------------------------------------------------------------------------
 

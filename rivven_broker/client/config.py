@@ -160,6 +160,8 @@ class ConsumerConfig:
     group_instance_id: str | None = None
     session_timeout_ms: int = limits.session_timeout_ms_default
     heartbeat_interval_ms: int = 3_000
+    #: Longest time between two ``poll`` calls before the member leaves the group (KIP-62).
+    max_poll_interval_ms: int = 300_000
     #: How long the coordinator waits for every member to rejoin in a rebalance.
     rebalance_timeout_ms: int = 60_000
     auto_commit_interval_ms: int = 5_000
@@ -204,6 +206,9 @@ class ConsumerConfig:
             )
         if not 0 < self.heartbeat_interval_ms < self.session_timeout_ms:
             raise ValueError("heartbeat_interval_ms must be in [1, session_timeout_ms)")
+        _positive("max_poll_interval_ms", self.max_poll_interval_ms)
+        if self.max_poll_interval_ms < self.heartbeat_interval_ms:
+            raise ValueError("max_poll_interval_ms must be >= heartbeat_interval_ms")
         if not 0 < self.rebalance_timeout_ms <= limits.rebalance_timeout_ms_max:
             raise ValueError(
                 f"rebalance_timeout_ms must be in [1, {limits.rebalance_timeout_ms_max}]"

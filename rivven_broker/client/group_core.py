@@ -19,6 +19,15 @@ requests and answers and run callbacks. Two ways in:
   ``rebalance()`` does it): REBALANCE_IN_PROGRESS keeps the partitions; ILLEGAL_GENERATION and
   UNKNOWN_MEMBER_ID mean they were *lost* (handed to ``Revoke(lost=True)``: no commit);
   FENCED_INSTANCE_ID is fatal. An answer to a request of an older generation is ignored.
+- The poll interval (KIP-62): the driver reports ``on_poll(now_ms)`` when ``poll`` starts
+  and ``on_poll_end(now_ms)`` when it returns; the heartbeat side asks
+  ``poll_timeout_expired(now_ms)`` before each heartbeat. Expired means the application has
+  been out of ``poll`` for more than ``max_poll_interval_ms`` while a member (time spent
+  inside ``poll``, waiting or running callbacks, never counts). ``leave_for_poll_timeout()``
+  then makes the member leave: its partitions become *lost* (no commit: they may already
+  have a new owner), member id and generation are reset, heartbeats stop (the member is no
+  longer Stable), and it returns the LeaveGroup to send (None for a static member, which just
+  goes silent until its session expires). The next ``poll`` reports the loss and rejoins.
 
 Rebalance protocol: **cooperative** when every configured assignor is cooperative (the
 default, cooperative-sticky), else **eager**. An eager member revokes everything before it
@@ -133,9 +142,11 @@ class GroupSettings:
     heartbeat_interval_ms: int = 3_000
     assignors: tuple[str, ...] = ("cooperative-sticky",)
     retry_backoff_ms: int = 100
+    max_poll_interval_ms: int = 300_000
 
     def __attrs_post_init__(self) -> None:
         assert self.assignors and 0 < self.heartbeat_interval_ms < self.session_timeout_ms
+        assert self.max_poll_interval_ms >= self.heartbeat_interval_ms
 
 
 @attrs.frozen
@@ -226,6 +237,9 @@ class GroupCore:
         self._previous: frozenset[TopicPartition] = frozenset()  # eager: for stickiness
         self._rejoin = True
         self._lost: frozenset[TopicPartition] = frozenset()
+        #: When ``poll`` last started or returned (None: never polled), and whether it runs.
+        self.last_poll_ms: int | None = None
+        self.in_poll = False
 
     # --- subscription --------------------------------------------------------------------
 
@@ -484,6 +498,46 @@ class GroupCore:
         self.owned = frozenset()
         self._rejoin = True
         self.subscribed = False
+        return request
+
+    # --- the poll interval (KIP-62) -------------------------------------------------------
+
+    def on_poll(self, now_ms: int) -> None:
+        """The application is inside ``poll`` (called at its start, may repeat)."""
+        self.last_poll_ms, self.in_poll = now_ms, True
+
+    def on_poll_end(self, now_ms: int) -> None:
+        """``poll`` returned (or raised): the poll interval starts counting from ``now_ms``."""
+        self.last_poll_ms, self.in_poll = now_ms, False
+
+    def poll_idle_ms(self, now_ms: int) -> int:
+        """How long the application has been out of ``poll`` (0 inside it or never polled)."""
+        if self.in_poll or self.last_poll_ms is None:
+            return 0
+        return max(now_ms - self.last_poll_ms, 0)
+
+    def poll_timeout_expired(self, now_ms: int) -> bool:
+        """True when this member must leave: it is in the group (joined or joining) and the
+        application has been out of ``poll`` for more than ``max_poll_interval_ms``."""
+        member = bool(self.member_id) and self.state is not MemberState.UNJOINED
+        return member and self.poll_idle_ms(now_ms) > self.settings.max_poll_interval_ms
+
+    def leave_for_poll_timeout(self) -> LeaveGroup | None:
+        """Leave the group because ``poll`` was not called in time: owned partitions become
+        lost, the member must rejoin (at the next ``poll``) with a fresh member id. Returns
+        the LeaveGroup to send, None for a static member (its session timeout expires it)."""
+        assert self.member_id and self.state is not MemberState.UNJOINED
+        request = None
+        if self.settings.group_instance_id is None:
+            member = LeaveGroupMember(self.member_id, None)
+            request = LeaveGroup(self.settings.group_id, (member,))
+        self._lost = self._lost | self.owned
+        self.owned = frozenset()
+        self._previous = frozenset()
+        self.member_id = ""
+        self.generation = NO_GENERATION
+        self.state = MemberState.UNJOINED
+        self._rejoin = True
         return request
 
     # --- fencing -------------------------------------------------------------------------
