@@ -18,6 +18,7 @@ from rivven_broker.client.errors import (
     ClientTimeoutError,
     ClosedError,
     ConnectionFailedError,
+    CommitFailedError,
     CorruptMessageError,
     DeliveryTimeoutError,
     FeatureNotAvailableError,
@@ -42,6 +43,7 @@ from rivven_broker.client.errors import (
     UnsupportedVersionError,
     error_for,
 )
+from rivven_broker.client._group import ConsumerGroupMetadata
 from rivven_broker.client.group_admin import (
     GroupDescription,
     GroupListing,
@@ -108,5 +110,7 @@ __all__ = [
     "UnknownProducerIdError",
     "InvalidTxnStateError",
     "TransactionAbortedError",
+    "CommitFailedError",
+    "ConsumerGroupMetadata",
     "error_for",
 ]

@@ -36,7 +36,13 @@ from typing import Any, Callable, Iterable, Iterator
 
 from rivven_broker.client._collector import CollectorPause
 from rivven_broker.client._cluster import ClusterIO
-from rivven_broker.client._group import CommitCallback, GroupMember, RebalanceCallbacks
+from rivven_broker.client._group import (
+    CommitCallback,
+    ConsumerGroupMetadata,
+    GroupMember,
+    RebalanceCallbacks,
+    group_metadata_of,
+)
 from rivven_broker.client._network import NetworkClient, monotonic_ms
 from rivven_broker.client._sync import SyncClient
 from rivven_broker.client.config import ConnectionConfig, ConsumerConfig, build_configs
@@ -205,6 +211,20 @@ class Consumer:
         if isinstance(partitions, TopicPartition):
             return group.committed([partitions], timeout_ms)[partitions]
         return group.committed(partitions, timeout_ms)
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """This member's group id, generation, member id and group instance id now, for
+        ``Producer.send_offsets_to_transaction`` (the broker then refuses the offsets once the
+        member has left that generation). Generation -1 and member id "" before joining (or
+        with ``assign``): no membership check. Never blocks.
+
+        Raises:
+            BrokerError (INVALID_GROUP_ID): the consumer has no ``group_id``.
+            ClosedError: the consumer was closed.
+        """
+        group = self._require_group("group_metadata")
+        with self._cond:
+            return group_metadata_of(group.core)
 
     def _require_group(self, what: str) -> GroupMember:
         self._check_open()

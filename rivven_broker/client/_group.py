@@ -38,7 +38,7 @@ import logging
 import re
 import threading
 from collections import deque
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from rivven_broker.client._network import monotonic_ms
 from rivven_broker.client._sync import SyncClient
@@ -67,6 +67,8 @@ from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.group_messages import FindCoordinator
 
 __all__ = [
+    "ConsumerGroupMetadata",
+    "group_metadata_of",
     "GroupMember",
     "RebalanceCallbacks",
     "CommitCallback",
@@ -79,6 +81,25 @@ log = logging.getLogger(__name__)
 #: ``callback(offsets, error)`` of ``commit_async`` (error None on success).
 CommitCallback = Callable[[dict[TopicPartition, int], "RivvenError | None"], None]
 _IDLE_WAIT_S = 1.0
+
+
+class ConsumerGroupMetadata(NamedTuple):
+    """A consumer's group membership at one moment (``Consumer.group_metadata()``), for
+    ``send_offsets_to_transaction``: the broker accepts the offsets only while this member is
+    still in ``generation_id`` of the group (KIP-447). Generation -1 with member id "" is the
+    membership of a consumer that has not joined (no check)."""
+
+    group_id: str
+    generation_id: int
+    member_id: str
+    group_instance_id: str | None = None
+
+
+def group_metadata_of(core: GroupCore) -> ConsumerGroupMetadata:
+    """The membership ``core`` knows now (call under the consumer's lock). Never blocks."""
+    return ConsumerGroupMetadata(
+        core.settings.group_id, core.generation, core.member_id, core.settings.group_instance_id
+    )
 
 
 def normalise_offsets(

@@ -318,13 +318,20 @@ class Producer:
             self._transactions().begin_transaction()
 
     def send_offsets_to_transaction(
-        self, offsets: Any, group_id: str, timeout: float | None = None
+        self, offsets: Any, group_id: Any, timeout: float | None = None
     ) -> None:
         """Commit ``offsets`` (``{TopicPartition: next offset to consume}``; values may
         also carry ``.offset``) for ``group_id`` if and only if the transaction commits.
-        Blocks until the coordinator recorded them.
+        ``group_id`` is a group id (no membership check) or, better, the consuming
+        ``Consumer.group_metadata()``: the broker then refuses the offsets once that member
+        left its generation (a zombie whose partitions moved on). Blocks until the
+        coordinator recorded them.
 
         Raises:
+            CommitFailedError: the member left that generation (UNKNOWN_MEMBER_ID,
+                ILLEGAL_GENERATION, FENCED_INSTANCE_ID): call ``abort_transaction``, poll
+                again (the consumer rejoins) and redo the work.
+            TypeError: ``group_id`` is neither a str nor group metadata.
             InvalidTxnStateError, ProducerFencedError, ClientTimeoutError, BrokerError.
         """
         converted = offsets_of(offsets)

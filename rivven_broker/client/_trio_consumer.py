@@ -26,7 +26,12 @@ from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 import trio
 
 from rivven_broker.client._collector import CollectorPause
-from rivven_broker.client._group import CommitCallback, RebalanceCallbacks
+from rivven_broker.client._group import (
+    CommitCallback,
+    ConsumerGroupMetadata,
+    RebalanceCallbacks,
+    group_metadata_of,
+)
 from rivven_broker.client._trio_group import TrioGroupMember
 from rivven_broker.client._trio_net import ClientEnv, Signal, TrioCluster
 from rivven_broker.client.config import ConnectionConfig, ConsumerConfig, build_configs
@@ -165,6 +170,15 @@ class TrioConsumer:
         if isinstance(partitions, TopicPartition):
             return (await group.committed([partitions], timeout_ms))[partitions]
         return await group.committed(partitions, timeout_ms)
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """As the blocking ``Consumer.group_metadata`` (synchronous; never blocks).
+
+        Raises:
+            BrokerError (INVALID_GROUP_ID): the consumer has no ``group_id``.
+            ClosedError: the consumer was closed.
+        """
+        return group_metadata_of(self._require_group("group_metadata").core)
 
     def _require_group(self, what: str) -> TrioGroupMember:
         self._check_open()

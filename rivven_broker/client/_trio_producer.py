@@ -233,10 +233,11 @@ class TrioProducer:
         await trio.lowlevel.checkpoint()
 
     async def send_offsets_to_transaction(
-        self, offsets: Any, group_id: str, timeout_ms: int | None = None
+        self, offsets: Any, group_id: Any, timeout_ms: int | None = None
     ) -> None:
-        """Commit ``offsets`` ({TopicPartition: next offset}) of ``group_id`` with the
-        transaction. Raises as the blocking one."""
+        """Commit ``offsets`` ({TopicPartition: next offset}) of ``group_id`` (a group id or
+        a consumer's ``group_metadata()``) with the transaction. Raises as the blocking one
+        (CommitFailedError: abort, poll again, retry)."""
         converted = offsets_of(offsets)
         await self._await(self._transactions().send_offsets(converted, group_id), timeout_ms)
 

@@ -18,6 +18,8 @@ not get buffer space within ``max_block_ms``), ``ClosedError`` (the client was c
 Exactly-once adds ``ProducerFencedError`` (fatal for the producer instance),
 ``OutOfOrderSequenceError``, ``UnknownProducerIdError``, ``InvalidTxnStateError`` and
 ``TransactionAbortedError`` (a record of an aborted transaction that was never sent).
+``CommitFailedError`` stands for the group-membership refusals of a commit (UNKNOWN_MEMBER_ID,
+ILLEGAL_GENERATION, FENCED_INSTANCE_ID; ``.error_code`` says which).
 
 The client's retry loops retry an error exactly when ``.retriable`` is true and the delivery
 timeout has not passed; non-retriable errors are reported at once.
@@ -55,6 +57,7 @@ __all__ = [
     "UnknownProducerIdError",
     "InvalidTxnStateError",
     "TransactionAbortedError",
+    "CommitFailedError",
     "error_for",
 ]
 
@@ -193,6 +196,15 @@ class InvalidTxnStateError(BrokerError):
     default_error_code = ErrorCode.INVALID_TXN_STATE
 
 
+class CommitFailedError(BrokerError):
+    """A commit was refused because the committer is no longer a member of the group's current
+    generation (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION or FENCED_INSTANCE_ID): its partitions may
+    have a new owner. Inside a transaction (``send_offsets_to_transaction`` with
+    ``group_metadata()``) the transaction must be aborted; poll again and retry."""
+
+    default_error_code = ErrorCode.ILLEGAL_GENERATION
+
+
 class ConnectionFailedError(RivvenError):
     """No connection to any broker could be made or kept (retriable)."""
 
@@ -262,6 +274,15 @@ _BY_CODE: dict[ErrorCode, type[BrokerError]] = {
         InvalidTxnStateError,
     )
 }
+#: The membership refusals of a commit share one class (``.error_code`` tells them apart).
+_BY_CODE.update(
+    {
+        code: CommitFailedError
+        for code in (
+            ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.ILLEGAL_GENERATION, ErrorCode.FENCED_INSTANCE_ID,
+        )
+    }
+)
 
 
 def error_for(code: ErrorCode | int, message: str = "") -> BrokerError:

@@ -34,6 +34,10 @@ meets a broker without ``InitProducerId`` (UNSUPPORTED_VERSION) produces without
 *Transactions* (KIP-98): ``begin_transaction`` is local. A partition's first batch in a
 transaction is held until ``AddPartitionsToTxn`` for it succeeded (the manager batches the
 partitions that wait). ``send_offsets`` queues ``AddOffsetsToTxn`` then ``TxnOffsetCommit``.
+Given a consumer's ``group_metadata()`` instead of a group id, the ``TxnOffsetCommit`` carries
+its generation and member id and the broker refuses the offsets of a member that left that
+generation (KIP-447): UNKNOWN_MEMBER_ID / ILLEGAL_GENERATION / FENCED_INSTANCE_ID become a
+``CommitFailedError`` that makes the transaction abortable (not fatal).
 The driver calls ``begin_commit`` only after flushing every record of the transaction, and
 ``begin_abort`` after failing the queued ones and waiting for those in flight; each queues an
 ``EndTxn`` (none when the coordinator never heard of the transaction).
@@ -63,6 +67,7 @@ from rivven_broker.client.errors import (
 from rivven_broker.client.types import TopicPartition
 from rivven_broker.protocol import limits
 from rivven_broker.protocol.errors import ErrorCode
+from rivven_broker.protocol.group_messages import NO_GENERATION
 from rivven_broker.protocol.txn_messages import (
     AddOffsetsToTxn,
     AddOffsetsToTxnResponse,
@@ -137,12 +142,15 @@ class CoordinatorCall(NamedTuple):
 class _Op:
     """A queued coordinator operation."""
 
-    __slots__ = ("kind", "result", "group_id", "offsets", "committed")
+    __slots__ = ("kind", "result", "group_id", "generation_id", "member_id", "offsets",
+                 "committed")
 
     def __init__(self, kind: str, result: TxnResult | None = None, **fields: Any) -> None:
         self.kind = kind  # init | add_offsets | commit_offsets | end
         self.result = result
         self.group_id: str = fields.get("group_id", "")
+        self.generation_id: int = fields.get("generation_id", NO_GENERATION)
+        self.member_id: str = fields.get("member_id", "")
         self.offsets: dict[TopicPartition, int] = fields.get("offsets", {})
         self.committed: bool = fields.get("committed", False)
 
@@ -297,13 +305,22 @@ class TransactionManager:
         self._added.clear()
         self._started = False
 
-    def send_offsets(self, offsets: dict[TopicPartition, int], group_id: str) -> TxnResult:
+    def send_offsets(self, offsets: dict[TopicPartition, int], group: Any) -> TxnResult:
+        """Queue ``offsets`` of ``group``: a group id (no membership check) or a consumer's
+        ``group_metadata()``.
+
+        Raises:
+            TypeError: ``group`` is neither.
+            InvalidTxnStateError: no transaction is open.
+        """
+        group_id, generation_id, member_id = membership_of(group)
         self._require_transactional()
         self._raise_if_failed()
         if self.phase != TxnPhase.IN_TRANSACTION:
             raise InvalidTxnStateError(f"send_offsets_to_transaction() in {self.phase.value}")
         result = TxnResult()
-        self._ops.append(_Op("add_offsets", result, group_id=group_id, offsets=dict(offsets)))
+        self._ops.append(_Op("add_offsets", result, group_id=group_id, offsets=dict(offsets),
+                             generation_id=generation_id, member_id=member_id))
         return result
 
     def begin_commit(self) -> TxnResult:
@@ -435,7 +452,7 @@ class TransactionManager:
         topics = tuple(TxnOffsetCommitTopic(t, tuple(p)) for t, p in by_topic.items())
         return TxnOffsetCommit(
             self.transactional_id, op.group_id, self.producer_id, self.producer_epoch,
-            topics=topics,
+            generation_id=op.generation_id, member_id=op.member_id, topics=topics,
         )
 
     def on_call_done(
@@ -494,7 +511,8 @@ class TransactionManager:
         elif op.kind == "add_offsets":
             self._started = True
             self._ops.appendleft(
-                _Op("commit_offsets", op.result, group_id=op.group_id, offsets=op.offsets)
+                _Op("commit_offsets", op.result, group_id=op.group_id, offsets=op.offsets,
+                    generation_id=op.generation_id, member_id=op.member_id)
             )
             return
         elif op.kind == "end":
@@ -528,6 +546,27 @@ def offsets_of(offsets: Any) -> dict[TopicPartition, int]:
             raise ValueError(f"offset of {tp} must be an int >= 0, not {offset!r}")
         out[TopicPartition(tp[0], tp[1])] = offset
     return out
+
+
+def membership_of(group: Any) -> tuple[str, int, str]:
+    """``(group_id, generation_id, member_id)`` of a group id (``-1, ""``: no membership
+    check) or of a ``ConsumerGroupMetadata`` (anything with those three attributes).
+
+    Raises:
+        TypeError: ``group`` is neither.
+    """
+    if isinstance(group, str):
+        return group, NO_GENERATION, ""
+    try:
+        group_id, generation_id, member_id = group.group_id, group.generation_id, group.member_id
+    except AttributeError:
+        raise TypeError(
+            f"group must be a group id or Consumer.group_metadata(), not {group!r}"
+        ) from None
+    if not (isinstance(group_id, str) and isinstance(generation_id, int)
+            and isinstance(member_id, str)):
+        raise TypeError(f"malformed group metadata {group!r}")
+    return group_id, generation_id, member_id
 
 
 def _code_of(response: Any) -> ErrorCode:

@@ -14,6 +14,12 @@ A mixin of ``GroupCoordinator`` (which supplies the plumbing: ``_persist``, ``_r
   partition ``log_end_offset`` does not know is UNKNOWN_TOPIC_OR_PARTITION, an offset past
   its log end is OFFSET_OUT_OF_RANGE. The accepted ones become one ``Persist``; only on
   ``Persisted`` are they applied and answered NONE (on ``PersistFailed``, its code).
+- **Transactional commit fencing** (``check_txn_member``, asked by the transaction driver
+  before a TxnOffsetCommit enters its transaction; KIP-447): generation -1 with no member id
+  is not checked (a plain group id); otherwise the committer must be a current member
+  (``_check_member``: UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID when an instance id is given) of
+  the current generation (ILLEGAL_GENERATION). Unlike OffsetCommit, a rebalance in progress is no refusal (the offsets
+  only land when the transaction commits) and nothing is renewed: the check only reads.
 - **Fetch** reads the applied offsets only (never one whose commit is still in flight).
 - **Delete** (Empty groups only): the group turns Dead, tombstones for its record and every
   offset (also those in flight) are persisted, and on ``Persisted`` the group is gone. If
@@ -152,6 +158,27 @@ class OffsetsMixin:
         if group.state is GroupState.COMPLETING_REBALANCE:
             return ErrorCode.REBALANCE_IN_PROGRESS
         self._renew(group, group.members[request.member_id], now_ms)
+        return None
+
+    def check_txn_member(
+        self, group_id: str, generation_id: int, member_id: str,
+        group_instance_id: str | None = None,
+    ) -> ErrorCode | None:
+        """Why a transactional offset commit of this membership must be refused, or None.
+        Generation -1 with member id "" and no instance id: never refused here. No instance
+        id (TxnOffsetCommit v0 carries none) checks the member by its id alone, so a static
+        member passes and a replaced one is UNKNOWN_MEMBER_ID. Pure."""
+        if generation_id == NO_GENERATION and not member_id and group_instance_id is None:
+            return None
+        group = self._groups.get(group_id)
+        if group_instance_id is None and group is not None and member_id in group.members:
+            group_instance_id = group.members[member_id].group_instance_id
+        code = group_id_error(group_id) or self._check_member(group, member_id, group_instance_id)
+        if code is not None:
+            return code
+        assert group is not None
+        if generation_id != group.generation:
+            return ErrorCode.ILLEGAL_GENERATION
         return None
 
     def _commit(self, token: Hashable, request: OffsetCommit, now_ms: int) -> None:

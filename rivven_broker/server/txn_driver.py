@@ -15,6 +15,12 @@ transaction state of its own.
   ``begin`` feeds ``TxnRequestReceived``; a reply emitted at once is returned, otherwise a
   ``Pending`` waits for it (a reply that depends on an append is released once the append is
   durable).
+- *Group membership* (KIP-447): a TxnOffsetCommit carrying a generation or member id (the
+  consumer's ``group_metadata()``) from the transaction's current producer is first checked
+  against the group coordinator (``context.groups``, same trio thread, so the answer is the
+  group's state now): a member that left that generation is answered UNKNOWN_MEMBER_ID /
+  ILLEGAL_GENERATION / FENCED_INSTANCE_ID for every partition and its offsets never enter the
+  transaction. A stale producer skips the check: the coordinator answers it PRODUCER_FENCED.
 - ``AppendTxnLog``: appended at once, in emission order, through the partition's
   ``PartitionTxnState``; a task waits until it is durable (under ``sync=always``; the other
   policies acknowledge on append, as they do for data) and feeds ``TxnLogAppended``. A
@@ -196,12 +202,32 @@ class TxnDriver:
         """Hand a transaction request to the coordinator. Never blocks."""
         if not self._loaded or self._nursery is None:
             return error_response(request, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        if isinstance(request, TxnOffsetCommit):
+            refused = self._membership_error(request)
+            if refused is not None:
+                return error_response(request, refused)
         token = next(self._tokens)
         slot = self._slots[token] = _Slot()
         self._feed(TxnRequestReceived(token, request))
         if slot.response is not None:
             return slot.response
         return Pending(slot.wait)
+
+    def _membership_error(self, request: TxnOffsetCommit) -> ErrorCode | None:
+        """Why the group refuses this commit's membership (module docstring), or None."""
+        if request.generation_id == -1 and not request.member_id:
+            return None
+        meta = self.coordinator.metadata(request.transactional_id)
+        if meta is None or (meta.producer_id, meta.producer_epoch) != (
+            request.producer_id, request.producer_epoch
+        ):
+            return None  # the coordinator's own answer (fenced, unknown id) comes first
+        groups = self._context.groups
+        if groups is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        return groups.coordinator.check_txn_member(
+            request.group_id, request.generation_id, request.member_id
+        )
 
     def check_produce(
         self, transactional_id: str | None, header: BatchHeader, topic: str, partition: int

@@ -23,7 +23,8 @@ EXPECTED = {
     "ConnectionFailedError", "ClientTimeoutError", "DeliveryTimeoutError",
     "BufferExhaustedError", "ClosedError", "FeatureNotAvailableError", "error_for",
     "ProducerFencedError", "OutOfOrderSequenceError", "UnknownProducerIdError",
-    "InvalidTxnStateError", "TransactionAbortedError",
+    "InvalidTxnStateError", "TransactionAbortedError", "CommitFailedError",
+    "ConsumerGroupMetadata",
     "GroupListing", "GroupDescription", "GroupMemberInfo", "GroupPartitionOffset",
 }
 EXPECTED_TRIO = {
