@@ -142,8 +142,8 @@ class CoordinatorCall(NamedTuple):
 class _Op:
     """A queued coordinator operation."""
 
-    __slots__ = ("kind", "result", "group_id", "generation_id", "member_id", "offsets",
-                 "committed")
+    __slots__ = ("kind", "result", "group_id", "generation_id", "member_id",
+                 "group_instance_id", "offsets", "committed")
 
     def __init__(self, kind: str, result: TxnResult | None = None, **fields: Any) -> None:
         self.kind = kind  # init | add_offsets | commit_offsets | end
@@ -151,6 +151,7 @@ class _Op:
         self.group_id: str = fields.get("group_id", "")
         self.generation_id: int = fields.get("generation_id", NO_GENERATION)
         self.member_id: str = fields.get("member_id", "")
+        self.group_instance_id: str | None = fields.get("group_instance_id")
         self.offsets: dict[TopicPartition, int] = fields.get("offsets", {})
         self.committed: bool = fields.get("committed", False)
 
@@ -313,14 +314,15 @@ class TransactionManager:
             TypeError: ``group`` is neither.
             InvalidTxnStateError: no transaction is open.
         """
-        group_id, generation_id, member_id = membership_of(group)
+        group_id, generation_id, member_id, instance_id = membership_of(group)
         self._require_transactional()
         self._raise_if_failed()
         if self.phase != TxnPhase.IN_TRANSACTION:
             raise InvalidTxnStateError(f"send_offsets_to_transaction() in {self.phase.value}")
         result = TxnResult()
         self._ops.append(_Op("add_offsets", result, group_id=group_id, offsets=dict(offsets),
-                             generation_id=generation_id, member_id=member_id))
+                             generation_id=generation_id, member_id=member_id,
+                             group_instance_id=instance_id))
         return result
 
     def begin_commit(self) -> TxnResult:
@@ -453,6 +455,7 @@ class TransactionManager:
         return TxnOffsetCommit(
             self.transactional_id, op.group_id, self.producer_id, self.producer_epoch,
             generation_id=op.generation_id, member_id=op.member_id, topics=topics,
+            group_instance_id=op.group_instance_id,
         )
 
     def on_call_done(
@@ -512,7 +515,8 @@ class TransactionManager:
             self._started = True
             self._ops.appendleft(
                 _Op("commit_offsets", op.result, group_id=op.group_id, offsets=op.offsets,
-                    generation_id=op.generation_id, member_id=op.member_id)
+                    generation_id=op.generation_id, member_id=op.member_id,
+                    group_instance_id=op.group_instance_id)
             )
             return
         elif op.kind == "end":
@@ -548,25 +552,27 @@ def offsets_of(offsets: Any) -> dict[TopicPartition, int]:
     return out
 
 
-def membership_of(group: Any) -> tuple[str, int, str]:
-    """``(group_id, generation_id, member_id)`` of a group id (``-1, ""``: no membership
-    check) or of a ``ConsumerGroupMetadata`` (anything with those three attributes).
+def membership_of(group: Any) -> tuple[str, int, str, str | None]:
+    """``(group_id, generation_id, member_id, group_instance_id)`` of a group id (``-1, "",
+    None``: no membership check) or of a ``ConsumerGroupMetadata`` (anything with those
+    attributes; ``group_instance_id`` may be missing).
 
     Raises:
         TypeError: ``group`` is neither.
     """
     if isinstance(group, str):
-        return group, NO_GENERATION, ""
+        return group, NO_GENERATION, "", None
     try:
         group_id, generation_id, member_id = group.group_id, group.generation_id, group.member_id
     except AttributeError:
         raise TypeError(
             f"group must be a group id or Consumer.group_metadata(), not {group!r}"
         ) from None
+    instance_id = getattr(group, "group_instance_id", None)
     if not (isinstance(group_id, str) and isinstance(generation_id, int)
-            and isinstance(member_id, str)):
+            and isinstance(member_id, str) and (instance_id is None or isinstance(instance_id, str))):
         raise TypeError(f"malformed group metadata {group!r}")
-    return group_id, generation_id, member_id
+    return group_id, generation_id, member_id, instance_id
 
 
 def _code_of(response: Any) -> ErrorCode:

@@ -203,9 +203,12 @@ class TxnOffsetCommitTopic(Struct):
 @attrs.frozen
 class TxnOffsetCommit(Request):
     """Consumed offsets of ``group_id`` that become visible only if the transaction commits.
-    ``generation_id`` -1 and ``member_id`` "": no group membership check."""
+    ``generation_id`` -1 and ``member_id`` "": no group membership check. ``group_instance_id``
+    (v1): the committing consumer's static instance id, so a replaced static member is
+    fenced (KIP-447)."""
 
     API_KEY: ClassVar[ApiKey] = ApiKey.TXN_OFFSET_COMMIT
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 1)
     transactional_id: str = text(_NAME)
     group_id: str = text(_NAME)
     producer_id: int = _producer_id()
@@ -213,6 +216,7 @@ class TxnOffsetCommit(Request):
     generation_id: int = i32(-1)
     member_id: str = text(_NAME, "")
     topics: tuple[TxnOffsetCommitTopic, ...] = structs(TxnOffsetCommitTopic)
+    group_instance_id: str | None = text(_NAME, None, nullable=True, since=1)
 
 
 @attrs.frozen
@@ -238,6 +242,7 @@ class TxnOffsetCommitResponse(Response):
     """The answer to ``TxnOffsetCommit``."""
 
     API_KEY: ClassVar[ApiKey] = ApiKey.TXN_OFFSET_COMMIT
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 1)  # v1 answers v1 requests; same fields
     topics: tuple[TxnOffsetCommitTopicResponse, ...] = structs(TxnOffsetCommitTopicResponse)
 
 

@@ -226,7 +226,8 @@ class TxnDriver:
         if groups is None:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         return groups.coordinator.check_txn_member(
-            request.group_id, request.generation_id, request.member_id
+            request.group_id, request.generation_id, request.member_id,
+            request.group_instance_id,
         )
 
     def check_produce(

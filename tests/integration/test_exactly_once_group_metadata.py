@@ -152,3 +152,37 @@ async def test_a_static_member_commits_with_its_metadata(start_broker):
             await producer.init_transactions()
             await _transaction(producer, 2, meta, b"static-2")
         await _committed_reaches(consumer, 2)
+
+
+async def test_a_replaced_static_member_is_fenced(start_broker):
+    running = await start_broker(group_initial_rebalance_delay_ms=0)
+    address = running.address
+    async with open_admin(address) as admin:
+        await admin.create_topic(IN.topic, partitions=1)
+        await admin.create_topic(OUT.topic, partitions=1)
+
+    async def static_member(stack) -> object:
+        consumer = await stack.enter_async_context(
+            open_consumer(address, group_id=GROUP, group_instance_id="host-a", **FAST))
+        consumer.subscribe([IN.topic])
+        with trio.fail_after(30):
+            while IN not in consumer.assignment():
+                await consumer.poll(timeout_ms=100)
+        return consumer
+
+    async with open_producer(address, transactional_id="ctp-replaced") as producer:
+        await producer.init_transactions()
+        first_stack, second_stack = AsyncExitStack(), AsyncExitStack()
+        first = await static_member(first_stack)
+        old = first.group_metadata()
+        await _transaction(producer, 2, old, b"first-2")
+        await _committed_reaches(first, 2)
+        second = await static_member(second_stack)  # same instance id: replaces the first
+        current = second.group_metadata()
+        assert current.member_id != old.member_id
+        error = await _refused(producer, 3, old, b"zombie-3")
+        assert error.error_code == ErrorCode.FENCED_INSTANCE_ID  # v1 carries the instance id
+        await _transaction(producer, 4, current, b"second-4")
+        await _committed_reaches(second, 4)
+        await second_stack.aclose()
+        await first_stack.aclose()
