@@ -458,8 +458,10 @@ class GroupMember:
                 self._run_async_commit(*job)
                 continue
             if expired:
-                if leave is not None:
-                    _, error = self._call(self._heartbeat_io, leave, interval)
+                if leave is not None:  # a request's time: a lost LeaveGroup keeps the partitions
+                    _, error = self._call(
+                        self._heartbeat_io, leave, self.conn_config.request_timeout_ms
+                    )
                     if error is not None:
                         log.warning("group %s: LeaveGroup failed: %s", self.config.group_id,
                                     error)

@@ -111,8 +111,14 @@ class TrioGroupMember:
                 self._next_check_ms = now + self.conn_config.metadata_max_age_ms
                 await self._check_metadata()
             if self.core.needs_attention():
-                async with self._rebalancing:
-                    await self._rebalance()
+                # Shielded from the caller's deadline (poll's timeout_ms), as the blocking
+                # consumer's rebalance is: cut short, a rebalance starts over at the next poll,
+                # and when its JoinGroup waits longer than one poll (the coordinator holds it
+                # until every member rejoined) it never finishes. Each step is bounded by its
+                # own request timeout.
+                with trio.CancelScope(shield=True):
+                    async with self._rebalancing:
+                        await self._rebalance()
         if self.config.enable_auto_commit and now >= self._next_auto_commit_ms:
             self._next_auto_commit_ms = now + self.config.auto_commit_interval_ms
             try:
@@ -295,8 +301,8 @@ class TrioGroupMember:
                           self.config.max_poll_interval_ms)
         leave = self.core.leave_for_poll_timeout()
         self._arrived.fire()
-        if leave is not None:
-            _, error = await self._call(leave, self.config.heartbeat_interval_ms)
+        if leave is not None:  # a whole request's time: a lost LeaveGroup keeps the partitions
+            _, error = await self._call(leave, self.conn_config.request_timeout_ms)
             if error is not None:
                 log.warning("group %s: LeaveGroup failed: %s", self.config.group_id, error)
 
