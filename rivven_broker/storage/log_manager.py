@@ -208,24 +208,7 @@ class LogManager:
             raise TopicExistsError(name)
         topic_id = self._new_topic_id()
         info = TopicInfo(name, topic_id, partitions, replication_factor, config, now_ms)
-        stale = [partition_dir(name, p) for p in range(partitions)]
-        stale = [d for d in stale if self._store.exists(d)]  # orphans of a failed create
-        retired = [self._retire_dir(d, topic_id) for d in stale]
-        for p in range(partitions):
-            self._store.makedirs(partition_dir(name, p))
-        self._store.fsync_dir("")
-        for directory in retired:
-            self._remove_dir(directory)
-        for p in range(partitions):
-            self._open_log(info, p, now_ms)
-        self._topics[name] = info
-        try:
-            self._save()
-        except BaseException:
-            del self._topics[name]
-            for p in range(partitions):
-                self._logs.pop((name, p)).close()
-            raise
+        self._install_partitions(info, range(partitions), None, now_ms)
         return info
 
     def add_partitions(self, name: str, count: int, now_ms: int) -> TopicInfo:
@@ -254,28 +237,43 @@ class LogManager:
                 count, f"must be at most {limits.partitions_per_topic_max}"
             )
         new_info = attrs.evolve(info, partitions=count)
-        added = range(info.partitions, count)
-        stale = [partition_dir(name, p) for p in added]
-        stale = [d for d in stale if self._store.exists(d)]  # orphans of a failed grow
+        self._install_partitions(new_info, range(info.partitions, count), info, now_ms)
+        return new_info
+
+    def _install_partitions(
+        self, info: TopicInfo, numbers: range, previous: TopicInfo | None, now_ms: int
+    ) -> None:
+        """Make partitions ``numbers`` of ``info`` and register ``info`` (create and grow).
+
+        Retires directories of those numbers left by a failed earlier attempt, makes and
+        fsyncs the new directories, opens an empty log in each, then saves the registry (the
+        commit point). On failure the registry keeps ``previous`` (None: no such topic), the
+        new logs are closed, and ``open`` later removes the orphan directories. Blocks on I/O.
+        """
+        name = info.name
+        stale = [partition_dir(name, p) for p in numbers]
+        stale = [d for d in stale if self._store.exists(d)]  # orphans of a failed attempt
         retired = [self._retire_dir(d, info.topic_id) for d in stale]
-        for p in added:
+        for p in numbers:
             self._store.makedirs(partition_dir(name, p))
         self._store.fsync_dir("")
         for directory in retired:
             self._remove_dir(directory)
         opened = []
         try:
-            for p in added:
-                self._open_log(new_info, p, now_ms)
+            for p in numbers:
+                self._open_log(info, p, now_ms)
                 opened.append(p)
-            self._topics[name] = new_info
+            self._topics[name] = info
             self._save()  # the commit point
         except BaseException:
-            self._topics[name] = info
+            if previous is None:
+                self._topics.pop(name, None)
+            else:
+                self._topics[name] = previous
             for p in opened:
                 self._logs.pop((name, p)).close()
             raise
-        return new_info
 
     def delete_topic(self, name: str) -> None:
         """Delete a topic and all its data for real. Blocks on file I/O.
