@@ -157,12 +157,7 @@ class GroupMember:
         assert config.group_id is not None
         self.config = config
         self.conn_config = conn_config
-        self.core = GroupCore(GroupSettings(
-            config.group_id, config.group_instance_id, config.session_timeout_ms,
-            config.rebalance_timeout_ms, config.heartbeat_interval_ms,
-            config.partition_assignment_strategy, conn_config.retry_backoff_ms,
-            config.max_poll_interval_ms,
-        ))
+        self.core = GroupCore(GroupSettings.of(config, conn_config.retry_backoff_ms))
         self._cond = cond
         self._fetch = fetch
         self._io = SyncClient(bootstrap, conn_config)  # the user's thread

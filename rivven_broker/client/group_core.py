@@ -148,6 +148,16 @@ class GroupSettings:
         assert self.assignors and 0 < self.heartbeat_interval_ms < self.session_timeout_ms
         assert self.max_poll_interval_ms >= self.heartbeat_interval_ms
 
+    @classmethod
+    def of(cls, config: Any, retry_backoff_ms: int) -> GroupSettings:
+        """The settings of a ``ConsumerConfig`` with a ``group_id`` (both drivers use this)."""
+        assert config.group_id is not None
+        return cls(
+            config.group_id, config.group_instance_id, config.session_timeout_ms,
+            config.rebalance_timeout_ms, config.heartbeat_interval_ms,
+            config.partition_assignment_strategy, retry_backoff_ms, config.max_poll_interval_ms,
+        )
+
 
 @attrs.frozen
 class Send:
