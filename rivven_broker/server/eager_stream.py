@@ -1,4 +1,4 @@
-"""A socket stream whose ``send_all`` writes at once when the kernel has room.
+"""A socket stream that sends and receives at once when the kernel can, skipping trio's layers.
 
 Theory of operation
 -------------------
@@ -8,15 +8,27 @@ sends one coalesced run of answers per wake-up and then waits for more work (whi
 checkpoint), so that extra pass through the scheduler is pure cost: one task switch per
 answer run, a visible share of the broker's CPU when clients send one request at a time.
 
-``EagerSendStream`` wraps a connected ``SocketStream``. ``send_all`` first tries one
+``EagerStream`` wraps a connected ``SocketStream``. ``send_all`` first tries one
 non-blocking ``os.write`` on the socket: if the kernel takes everything, it returns without
 yielding; otherwise the rest goes through the inner stream's ``send_all`` (which waits for
-room as usual). Errors are translated as trio translates them (a closed socket is
-``ClosedResourceError``, any other ``OSError`` ``BrokenResourceError``). Everything else
-delegates to the inner stream.
+room as usual).
 
-So ``send_all`` here is not a checkpoint when it completes at once. Use it only where the
-caller yields anyway between sends: the connection writer does (it waits for answers).
+``receive_some`` is the same idea on the other side. trio's goes through five layers per call
+(a conflict detector, an error-translating context manager, the socket method wrapper, an
+async ``_try_sync`` context that checkpoints before and after the system call, then the call)
+and, when bytes are already there, yields to the scheduler anyway. Here it is one ``recv`` on
+the raw socket; when the kernel has nothing, one ``wait_readable`` (the real wait, a
+checkpoint) and ``recv`` again. A receive that finds bytes at once does not yield, except that
+every ``_YIELD_EVERY``-th such receive in a row does (a cancel-shielded checkpoint), so a client
+that floods one connection cannot keep the others from running.
+
+Errors are translated as trio translates them (a closed socket is ``ClosedResourceError``,
+any other ``OSError`` ``BrokenResourceError``); two concurrent senders, or receivers, get
+``BusyResourceError``. Everything else delegates to the inner stream.
+
+So ``send_all`` and ``receive_some`` here are not always checkpoints. Use the stream only
+where the caller yields anyway: the connection's writer waits for answers between sends, and
+its reader waits for bytes whenever a request has been handled and nothing more is buffered.
 """
 
 from __future__ import annotations
@@ -26,18 +38,24 @@ import os
 
 import trio
 
-__all__ = ["EagerSendStream"]
+__all__ = ["EagerStream"]
 
 _CLOSED = (errno.EBADF, errno.ENOTSOCK)
+_DEFAULT_RECEIVE_BYTES = 64 * 1024
+_YIELD_EVERY = 16  # receives in a row that found bytes at once, then one checkpoint
 
 
-class EagerSendStream(trio.abc.HalfCloseableStream):
-    """A ``SocketStream`` with an eager ``send_all``. See the module docstring."""
+class EagerStream(trio.abc.HalfCloseableStream):
+    """A ``SocketStream`` with an eager ``send_all`` and ``receive_some``. See the module
+    docstring."""
 
     def __init__(self, inner: trio.SocketStream) -> None:
         self.inner = inner
         self.socket = inner.socket
+        self._raw = inner.socket._sock  # the stdlib socket (non-blocking) under trio's
         self._sending = False
+        self._receiving = False
+        self._eager_receives = 0  # receives in a row that did not yield
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         """Send every byte; returns at once (no checkpoint) when the kernel takes them all.
@@ -72,7 +90,45 @@ class EagerSendStream(trio.abc.HalfCloseableStream):
         await self.inner.send_eof()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        return await self.inner.receive_some(max_bytes)
+        """Up to ``max_bytes`` bytes (b"" at end of stream); waits only when none are there.
+
+        Raises:
+            ValueError: ``max_bytes`` < 1.
+            trio.BusyResourceError: another task is receiving on this stream.
+            trio.ClosedResourceError: the stream was closed.
+            trio.BrokenResourceError: the connection broke.
+        """
+        if max_bytes is None:
+            max_bytes = _DEFAULT_RECEIVE_BYTES
+        elif max_bytes < 1:
+            raise ValueError("max_bytes must be >= 1")
+        if self._receiving:
+            raise trio.BusyResourceError("another task is already receiving on this stream")
+        self._receiving = True
+        try:
+            raw = self._raw
+            waited = False
+            while True:
+                try:
+                    data = raw.recv(max_bytes)
+                    break
+                except BlockingIOError:
+                    await trio.lowlevel.wait_readable(raw)
+                    waited = True
+                except OSError as exc:
+                    if exc.errno in _CLOSED:
+                        raise trio.ClosedResourceError("this socket was already closed") from None
+                    raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+            if waited:
+                self._eager_receives = 0
+            else:
+                self._eager_receives += 1
+                if self._eager_receives >= _YIELD_EVERY:
+                    self._eager_receives = 0
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+            return data
+        finally:
+            self._receiving = False
 
     async def aclose(self) -> None:
         await self.inner.aclose()

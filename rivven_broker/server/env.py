@@ -32,7 +32,7 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 import trio
 
-from rivven_broker.server.eager_stream import EagerSendStream
+from rivven_broker.server.eager_stream import EagerStream
 from rivven_broker.server.sync_thread import SyncThread
 from rivven_broker.storage.file_store import FileStore, OsFileStore
 
@@ -112,7 +112,7 @@ class RealNet:
         bound_port = listeners[0].socket.getsockname()[1]
 
         async def eager(stream: trio.SocketStream) -> None:
-            await handler(EagerSendStream(stream))  # no checkpoint per send (eager_stream.py)
+            await handler(EagerStream(stream))  # no scheduler pass per send or receive
 
         if handler_nursery is not None:
             task_status.started(bound_port)

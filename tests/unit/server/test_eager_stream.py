@@ -1,8 +1,10 @@
-"""EagerSendStream: the broker's socket stream whose send_all skips the scheduler when it can.
+"""EagerStream: the broker's socket stream that skips the scheduler when the kernel can serve.
 
 Method: real connected socket pairs. A small send completes with no checkpoint at all; a
 send larger than the kernel buffers falls back to trio and still delivers every byte in
-order; closing, a vanished peer and two concurrent senders raise trio's stream errors.
+order; a receive that finds bytes returns them with no checkpoint (but yields once in every
+run of ``_YIELD_EVERY``), one that finds none waits; closing, a vanished peer, end of stream
+and two concurrent senders or receivers behave as trio's streams do.
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ import pytest
 import trio
 import trio.testing
 
-from rivven_broker.server.eager_stream import EagerSendStream
+from rivven_broker.server.eager_stream import _YIELD_EVERY, EagerStream
 
 
-def _pair() -> tuple[EagerSendStream, trio.SocketStream]:
+def _pair() -> tuple[EagerStream, trio.SocketStream]:
     left, right = trio.socket.socketpair()
-    return EagerSendStream(trio.SocketStream(left)), trio.SocketStream(right)
+    return EagerStream(trio.SocketStream(left)), trio.SocketStream(right)
 
 
 async def _receive_exactly(stream: trio.abc.ReceiveStream, count: int) -> bytes:
@@ -82,3 +84,103 @@ async def test_two_concurrent_senders_are_refused():
         with pytest.raises(trio.BusyResourceError):
             await eager.send_all(b"z")
         assert await _receive_exactly(peer, len(payload)) == payload
+
+
+async def test_a_receive_that_finds_bytes_is_not_a_checkpoint():
+    eager, peer = _pair()
+    await peer.send_all(b"ready")
+    await trio.testing.wait_all_tasks_blocked()
+    with trio.testing.assert_no_checkpoints():
+        assert await eager.receive_some(3) == b"rea"
+        assert await eager.receive_some() == b"dy"
+
+
+async def test_a_run_of_eager_receives_yields_once_in_a_while(monkeypatch):
+    yields = []
+    real_yield = trio.lowlevel.cancel_shielded_checkpoint
+
+    async def counted_yield() -> None:
+        yields.append(1)
+        await real_yield()
+
+    eager, peer = _pair()
+    await peer.send_all(b"z" * (2 * _YIELD_EVERY))
+    await trio.testing.wait_all_tasks_blocked()
+    monkeypatch.setattr(trio.lowlevel, "cancel_shielded_checkpoint", counted_yield)
+    for _ in range(_YIELD_EVERY - 1):
+        assert await eager.receive_some(1) == b"z"
+    assert yields == []
+    assert await eager.receive_some(1) == b"z"
+    assert yields == [1]  # the last of the run yields, and the count starts again
+    for _ in range(_YIELD_EVERY):
+        assert await eager.receive_some(1) == b"z"
+    assert yields == [1, 1]
+
+
+async def test_a_receive_waits_for_bytes_and_sees_the_end_of_the_stream():
+    eager, peer = _pair()
+    received = []
+    async with trio.open_nursery() as nursery:
+
+        async def receive() -> None:
+            received.append(await eager.receive_some(100))
+            received.append(await eager.receive_some(100))
+
+        nursery.start_soon(receive)
+        await trio.testing.wait_all_tasks_blocked()
+        assert received == []  # nothing there yet: it waits
+        await peer.send_all(b"late")
+        await trio.testing.wait_all_tasks_blocked()
+        await peer.aclose()
+    assert received == [b"late", b""]
+
+
+async def test_receiving_on_a_closed_stream_raises_closed():
+    eager, _ = _pair()
+    await eager.aclose()
+    with pytest.raises(trio.ClosedResourceError):
+        await eager.receive_some(10)
+
+
+async def test_a_receive_interrupted_by_close_raises_closed():
+    eager, _peer = _pair()
+    async with trio.open_nursery() as nursery:
+
+        async def receive() -> None:
+            with pytest.raises(trio.ClosedResourceError):
+                await eager.receive_some(10)
+
+        nursery.start_soon(receive)
+        await trio.testing.wait_all_tasks_blocked()
+        await eager.aclose()
+
+
+async def test_a_receive_from_a_reset_peer_raises_broken():
+    left, right = trio.socket.socketpair()
+    eager = EagerStream(trio.SocketStream(left))
+    import socket
+    import struct
+
+    right.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    await trio.SocketStream(right).send_all(b"unread")
+    right.close()  # unread bytes + linger 0: the peer resets
+    with pytest.raises((trio.BrokenResourceError)):
+        for _ in range(3):
+            if not await eager.receive_some(10):
+                raise trio.BrokenResourceError("end of stream instead of a reset")
+
+
+async def test_two_concurrent_receivers_are_refused():
+    eager, peer = _pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(eager.receive_some, 10)
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(trio.BusyResourceError):
+            await eager.receive_some(10)
+        await peer.send_all(b"x")
+
+
+async def test_a_receive_of_nothing_is_refused():
+    eager, _ = _pair()
+    with pytest.raises(ValueError):
+        await eager.receive_some(0)
