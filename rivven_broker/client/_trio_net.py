@@ -172,6 +172,8 @@ class TrioConnection:
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     self.fail(ConnectionFailedError(f"connection to {self.address} lost: {exc}"))
                     return
+                if self.error is not None:  # failed meanwhile (a request timed out): its
+                    return  # waiters are answered, and these bytes answer nobody
                 if not data:
                     self.fail(ConnectionFailedError(f"{self.address} closed the connection"))
                     return

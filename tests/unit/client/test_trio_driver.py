@@ -128,3 +128,31 @@ async def test_refused_dials_end_an_admin_call_quickly(autojump_clock):
                 await admin.list_topics()
         nursery.cancel_scope.cancel()
     assert env.dials == 3
+
+
+async def test_an_answer_arriving_after_the_connection_failed_is_dropped_not_a_crash():
+    """A request timed out (the connection failed, its waiters were answered) while its answer
+    was already on the way: the read loop drops those bytes and ends instead of pairing them
+    with a waiter that is gone. The failing connection's nursery is closed here, so the
+    stream is not closed under the reader and the late bytes certainly arrive."""
+    from rivven_broker.client._trio_net import TrioConnection, _Waiter
+    from rivven_broker.client.errors import RequestTimedOutError
+
+    client_end, server_end = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as gone:
+        pass
+    connection = TrioConnection(("memory", 1), client_end, 8, gone)
+    _, request_bytes = connection.core.send_request(m.Ping())
+    waiter = _Waiter()
+    connection.waiters.append(waiter)
+    server = ServerConnection()
+    server.receive_data(request_bytes)
+    event = server.next_event()
+    assert isinstance(event, RequestReceived)
+    answer = server.send_response(event.correlation_id, m.Pong())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(connection.read_loop)
+        await trio.testing.wait_all_tasks_blocked()  # the reader waits for bytes
+        connection.fail(RequestTimedOutError("no answer in time"))
+        await server_end.send_all(answer)
+    assert isinstance(waiter.error, RequestTimedOutError) and waiter.response is None
