@@ -16,6 +16,7 @@ simulator answers from virtual parts:
   ``SimDisk``. A crash revokes both before the node's tasks are cancelled.
 - ``run_sync(fn, *args)``: waits the disk's fsync latency (a checkpoint, so a crash can land
   in the middle) and then runs ``fn`` inline: no threads, so the run stays deterministic.
+  ``run_fsync`` (the group commit's fsyncs) is the same.
 """
 
 from __future__ import annotations
@@ -70,3 +71,7 @@ class SimEnv:
         """Wait the simulated fsync latency, then run ``fn(*args)`` inline. A checkpoint."""
         await trio.sleep(self.sim_disk.fsync_latency_s())
         return fn(*args)
+
+    async def run_fsync(self, fn: Callable[..., T], *args: Any) -> T:
+        """The group commit's fsyncs: as ``run_sync`` (the latency is the disk's)."""
+        return await self.run_sync(fn, *args)

@@ -50,7 +50,7 @@ from rivven_broker.records.builder import BatchBuilder
 from rivven_broker.storage.file_store import OsFileStore
 from rivven_broker.storage.log_config import LogConfig
 from rivven_broker.storage.partition_log import PartitionLog
-from rivven_broker.server.sync_thread import SyncThread
+from rivven_broker.server.sync_thread import InlineWhileFast, SyncThread
 from rivven_broker.storage.sync_worker import SyncPolicy, SyncWorker
 
 __all__ = [
@@ -184,7 +184,7 @@ async def _append_case(case: StorageCase, root: str, seconds: float) -> StorageR
     pool = build_pool(case.record_bytes, case.batch_bytes)
     records_per_batch = _records_in(pool[0])
     _, log = _open_log(root, case.preallocate_bytes)
-    worker = SyncWorker(SyncPolicy.parse(case.sync), SyncThread().run_sync)
+    worker = SyncWorker(SyncPolicy.parse(case.sync), InlineWhileFast(SyncThread(), time.perf_counter).run_sync)
     counts = [0, 0]  # batches, bytes
 
     async def appender(first: int) -> None:

@@ -138,7 +138,7 @@ class Broker:
         logs = await self._open_logs()
         states = await self._open_producer_states(logs)
         policy = SyncPolicy.parse(config.sync_policy)
-        sync_worker = SyncWorker(policy, env.run_sync)
+        sync_worker = SyncWorker(policy, env.run_fsync)
         self.metrics.track_sync(sync_worker.statistics)
         self.context = ServerContext(
             env, config, logs, sync_worker, self.metrics, _advertised_host(config.listen.host), 0,

@@ -14,8 +14,13 @@ itself. It asks its ``Env``:
   ``open_tcp_stream`` dials. Streams are trio ``Stream`` objects (``send_all``,
   ``receive_some``, ``aclose``), real sockets here and in-memory streams in the simulator.
 - ``disk``: the storage ``FileStore``.
-- ``run_sync``: runs a blocking function (an fsync) off the event loop, on one long-lived
-  thread in production (``SyncThread``); the simulator runs it inline after a checkpoint.
+- ``run_sync``: runs a blocking function (opening logs, a cleaner step) off the event loop,
+  on one long-lived thread in production (``SyncThread``); the simulator runs it inline after
+  waiting its disk's fsync latency.
+- ``run_fsync``: runs the group commit's fsyncs, short and bounded calls. Production runs them
+  on the loop itself while they are fast and on the same thread once slow
+  (``InlineWhileFast``, see ``sync_thread.py`` for the measurements); the simulator treats
+  them as ``run_sync``.
 
 ``RealEnv`` is what ``rivven-broker`` and the trio client use. The simulator's ``SimEnv``
 implements the same protocol over a virtual clock, network and disk. A tidy test forbids
@@ -33,7 +38,7 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 import trio
 
 from rivven_broker.server.eager_stream import EagerStream
-from rivven_broker.server.sync_thread import SyncThread
+from rivven_broker.server.sync_thread import InlineWhileFast, SyncThread
 from rivven_broker.storage.file_store import FileStore, OsFileStore
 
 __all__ = ["Clock", "Net", "Env", "RealClock", "RealNet", "RealEnv"]
@@ -78,6 +83,7 @@ class Env(Protocol):
 
     def rng(self, name: str) -> random.Random: ...
     async def run_sync(self, fn: Callable[..., T], *args: Any) -> T: ...
+    async def run_fsync(self, fn: Callable[..., T], *args: Any) -> T: ...
 
 
 class RealClock:
@@ -138,6 +144,7 @@ class RealEnv:
         self._seed = int.from_bytes(os.urandom(16), "big")
         self._streams: dict[str, random.Random] = {}
         self._sync_thread = SyncThread()
+        self._fsyncs = InlineWhileFast(self._sync_thread, time.perf_counter)
 
     def rng(self, name: str) -> random.Random:
         # One stream per name: two callers asking for "ids" share one sequence, never repeat it.
@@ -150,3 +157,7 @@ class RealEnv:
         # One dedicated thread, calls in order: group commit wants fsyncs back to back, not in
         # parallel, and without trio.to_thread's per-call set-up (see sync_thread.py).
         return await self._sync_thread.run_sync(fn, *args)
+
+    async def run_fsync(self, fn: Callable[..., T], *args: Any) -> T:
+        # On the loop while fsyncs are fast, on the thread once slow (see sync_thread.py).
+        return await self._fsyncs.run_sync(fn, *args)

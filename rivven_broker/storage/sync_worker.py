@@ -11,8 +11,9 @@ The worker loop (``run``), under ``always``:
 
 1. sleep until some log is dirty;
 2. take the whole dirty set as one *group*: ``ticket = log.begin_sync()`` for each log;
-3. make ONE ``run_sync`` call (on the broker's fsync thread in production, see
-   ``server/sync_thread.py``) that fsyncs every handle of every ticket;
+3. make ONE ``run_sync`` call (``Env.run_fsync`` in the broker: on the loop itself while
+   fsyncs are fast, on the fsync thread once slow, see ``server/sync_thread.py``) that fsyncs
+   every handle of every ticket;
 4. ``log.complete_sync(ticket)`` for each, then wake every waiter whose offset is now durable
    (per-log heaps of ``(offset, trio.Event)``: exact wake-ups, no polling);
 5. go straight back to 1: whatever was appended while the group's fsync ran is already dirty

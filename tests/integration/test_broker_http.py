@@ -96,7 +96,8 @@ async def test_malformed_http_gets_400(broker):
 
 
 class _HeldEnv(RealEnv):
-    """RealEnv whose ``run_sync`` (log recovery, fsyncs) waits while ``hold`` is set."""
+    """RealEnv whose ``run_sync`` (log recovery) and ``run_fsync`` (the group commit) wait
+    while ``hold`` is set."""
 
     def __init__(self, data_dir: str) -> None:
         super().__init__(data_dir)
@@ -106,6 +107,11 @@ class _HeldEnv(RealEnv):
         if self.hold is not None:
             await self.hold.wait()
         return await super().run_sync(fn, *args)
+
+    async def run_fsync(self, fn, *args):
+        if self.hold is not None:
+            await self.hold.wait()
+        return await super().run_fsync(fn, *args)
 
 
 async def start_held(nursery, tmp_path, *, hold_recovery: bool):
