@@ -213,12 +213,12 @@ class DataPath:
         return check
 
     def _produce_topic_error(self, name: str, now_ms: int) -> _PartitionError | None:
-        if topic_name_error(name) is not None:
-            return ErrorCode.INVALID_TOPIC_NAME, f"invalid topic name {name!r}"
         if is_internal_topic(name):  # written by the broker's coordinators only
             return ErrorCode.INVALID_TOPIC_NAME, f"{name!r} is an internal topic"
-        if name in self._context.logs.topics():
+        if name in self._context.logs.topics():  # its name was checked when it was created
             return None
+        if topic_name_error(name) is not None:
+            return ErrorCode.INVALID_TOPIC_NAME, f"invalid topic name {name!r}"
         if not self._context.config.auto_create_topics:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}"
         return self._auto_create(name, now_ms)
