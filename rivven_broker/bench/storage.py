@@ -184,7 +184,8 @@ async def _append_case(case: StorageCase, root: str, seconds: float) -> StorageR
     pool = build_pool(case.record_bytes, case.batch_bytes)
     records_per_batch = _records_in(pool[0])
     _, log = _open_log(root, case.preallocate_bytes)
-    worker = SyncWorker(SyncPolicy.parse(case.sync), InlineWhileFast(SyncThread(), time.perf_counter).run_sync)
+    fsyncs = InlineWhileFast(SyncThread(), time.perf_counter)  # as the broker runs them
+    worker = SyncWorker(SyncPolicy.parse(case.sync), fsyncs.run_sync)
     counts = [0, 0]  # batches, bytes
 
     async def appender(first: int) -> None:
