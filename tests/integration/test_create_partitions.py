@@ -31,6 +31,7 @@ from rivven_broker.protocol.messages import (
     Metadata,
 )
 from rivven_broker.records import partition_for_key
+from tests.integration.test_client_driver import consume_all
 
 
 async def _count(client, name: str) -> int:
@@ -88,18 +89,6 @@ def _send_keyed(address: str, keys: list[bytes], tag: bytes) -> list:
         return [future.result(timeout=30) for future in futures]
 
 
-def _read_all(address: str, partitions: int, count: int) -> list:
-    tps = [TopicPartition("grow", p) for p in range(partitions)]
-    with Consumer(address, auto_offset_reset="earliest") as consumer:
-        consumer.assign(tps)
-        records: list = []
-        while len(records) < count:
-            batch = consumer.poll(timeout_ms=10_000)
-            assert batch, f"no progress after {len(records)} of {count} records"
-            records += batch
-    return records
-
-
 def test_grow_two_to_five_produce_restart(broker_process):
     proc = broker_process()  # sync policy "always": new logs join the group commit
     keys = [b"key-%d" % i for i in range(60)]
@@ -121,7 +110,8 @@ def test_grow_two_to_five_produce_restart(broker_process):
     assert min(meta.offset for meta in new_partitions) == 0  # new partitions start at 0
 
     def check(address: str) -> None:
-        records = _read_all(address, 5, 2 * len(keys))
+        records = consume_all(address, [TopicPartition("grow", p) for p in range(5)],
+                              2 * len(keys))
         assert len(records) == 2 * len(keys)
         by_partition = collections.defaultdict(list)
         for record in records:

@@ -82,13 +82,17 @@ async def _read_committed(address: str) -> list[bytes]:
                 values += [r.value for r in await reader.poll(timeout_ms=100)]
         return values
 
-
-async def test_txn_offsets_need_a_current_membership(start_broker):
+async def _broker_with_topics(start_broker) -> str:
+    """A broker without a rebalance delay, with the one-partition IN and OUT topics."""
     running = await start_broker(group_initial_rebalance_delay_ms=0)
-    address = running.address
-    async with open_admin(address) as admin:
+    async with open_admin(running.address) as admin:
         await admin.create_topic(IN.topic, partitions=1)
         await admin.create_topic(OUT.topic, partitions=1)
+    return running.address
+
+
+async def test_txn_offsets_need_a_current_membership(start_broker):
+    address = await _broker_with_topics(start_broker)
     async with open_producer(address) as plain:
         for i in range(10):
             await plain.send(IN.topic, value=b"%d" % i, partition=0)
@@ -134,11 +138,7 @@ async def test_blocking_consumer_group_metadata(start_broker):
 
 
 async def test_a_static_member_commits_with_its_metadata(start_broker):
-    running = await start_broker(group_initial_rebalance_delay_ms=0)
-    address = running.address
-    async with open_admin(address) as admin:
-        await admin.create_topic(IN.topic, partitions=1)
-        await admin.create_topic(OUT.topic, partitions=1)
+    address = await _broker_with_topics(start_broker)
     async with AsyncExitStack() as stack:
         consumer = await stack.enter_async_context(
             open_consumer(address, group_id=GROUP, group_instance_id="host-a", **FAST))
@@ -155,11 +155,7 @@ async def test_a_static_member_commits_with_its_metadata(start_broker):
 
 
 async def test_a_replaced_static_member_is_fenced(start_broker):
-    running = await start_broker(group_initial_rebalance_delay_ms=0)
-    address = running.address
-    async with open_admin(address) as admin:
-        await admin.create_topic(IN.topic, partitions=1)
-        await admin.create_topic(OUT.topic, partitions=1)
+    address = await _broker_with_topics(start_broker)
 
     async def static_member(stack) -> object:
         consumer = await stack.enter_async_context(
