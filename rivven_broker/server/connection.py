@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import attrs
 import trio
@@ -80,6 +80,8 @@ if TYPE_CHECKING:
 __all__ = ["ConnectionSettings", "serve_client_connection", "ClientConnections"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _RECEIVE_BYTES = 256 * 1024
 _PARTITIONED_RESPONSES = (
@@ -308,7 +310,7 @@ class _Connection:
         pending = slot.pending
         assert pending is not None and pending.ready is not None and not slot.ready
         slot.pending = None
-        response = _ready(slot.api, pending.ready)
+        response = _guarded(slot.api, pending.ready)
         if response is None:
             response = await self._wait(slot, pending)
         slot.response = response
@@ -322,7 +324,7 @@ class _Connection:
             pending = slot.pending
             if pending is None or pending.ready is None:
                 return
-            response = _ready(slot.api, pending.ready)
+            response = _guarded(slot.api, pending.ready)
             if response is None:
                 return
             slot.pending = None
@@ -341,24 +343,14 @@ class _Connection:
         self.metrics.bytes_out(len(data))
 
 
-def _guarded(api: str, begin: Callable[[], Response | Pending | None]) -> Response | Pending | None:
-    """``begin()``, with an unexpected exception (a bug) logged and answered, not fatal.
+def _guarded(api: str, call: Callable[[], T]) -> T | ErrorResponse:
+    """``call()`` (a handler's ``begin``, or a pending produce's ``ready``), with an unexpected
+    exception (a bug) logged and answered, not fatal.
 
     A failed fsync and a broken invariant are fatal and propagate.
     """
     try:
-        return begin()
-    except (SyncFailedError, AssertionError):
-        raise
-    except Exception:
-        log.exception("the %s handler failed", api)
-        return ErrorResponse(ErrorCode.UNKNOWN_SERVER_ERROR, _INTERNAL_ERROR)
-
-
-def _ready(api: str, ready: Callable[[], Response | None]) -> Response | None:
-    """``ready()``, with a bug in it logged and answered (like ``_guarded``)."""
-    try:
-        return ready()
+        return call()
     except (SyncFailedError, AssertionError):
         raise
     except Exception:
