@@ -16,9 +16,9 @@ room as usual).
 ``receive_some`` is the same idea on the other side. trio's goes through five layers per call
 (a conflict detector, an error-translating context manager, the socket method wrapper, an
 async ``_try_sync`` context that checkpoints before and after the system call, then the call)
-and, when bytes are already there, yields to the scheduler anyway. Here it is one ``recv`` on
-the raw socket; when the kernel has nothing, one ``wait_readable`` (the real wait, a
-checkpoint) and ``recv`` again. A receive that finds bytes at once does not yield, except that
+and, when bytes are already there, yields to the scheduler anyway. Here it is one ``os.read``
+on the socket's descriptor; when the kernel has nothing, one ``wait_readable`` (the real wait,
+a checkpoint) and ``os.read`` again. A receive that finds bytes at once does not yield, except that
 every ``_YIELD_EVERY``-th such receive in a row does (a cancel-shielded checkpoint), so a client
 that floods one connection cannot keep the others from running.
 
@@ -52,7 +52,6 @@ class EagerStream(trio.abc.HalfCloseableStream):
     def __init__(self, inner: trio.SocketStream) -> None:
         self.inner = inner
         self.socket = inner.socket
-        self._raw = inner.socket._sock  # the stdlib socket (non-blocking) under trio's
         self._sending = False
         self._receiving = False
         self._eager_receives = 0  # receives in a row that did not yield
@@ -106,14 +105,14 @@ class EagerStream(trio.abc.HalfCloseableStream):
             raise trio.BusyResourceError("another task is already receiving on this stream")
         self._receiving = True
         try:
-            raw = self._raw
             waited = False
             while True:
+                fd = self.socket.fileno()  # -1 once closed: EBADF, ClosedResourceError
                 try:
-                    data = raw.recv(max_bytes)
+                    data = os.read(fd, max_bytes)
                     break
                 except BlockingIOError:
-                    await trio.lowlevel.wait_readable(raw)
+                    await trio.lowlevel.wait_readable(fd)
                     waited = True
                 except OSError as exc:
                     if exc.errno in _CLOSED:
