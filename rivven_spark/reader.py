@@ -47,7 +47,7 @@ from rivven_spark.arrow_records import RangeDecoder
 from rivven_spark.broker_io import BrokerIO
 from rivven_spark.offsets import Offsets, admit, canonical, from_pairs, plan_ranges, resolve
 from rivven_spark.options import ReaderOptions
-from rivven_spark.worker_heap import freeze_worker_heap
+from rivven_spark.worker_process import tune_worker_process
 
 __all__ = ["RivvenInputPartition", "RivvenStreamReader", "RivvenBatchReader", "DataLossError",
            "read_range", "fetch_bytes"]
@@ -194,7 +194,7 @@ class _Planner:
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Spark's executor entry point (a Python worker): ``read_range`` of one range."""
         assert isinstance(partition, RivvenInputPartition), partition
-        freeze_worker_heap()
+        tune_worker_process()
         return read_range(self._options, partition)
 
 

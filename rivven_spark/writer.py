@@ -56,7 +56,7 @@ from rivven_broker.client import FeatureNotAvailableError, Producer
 from rivven_spark.broker_io import BrokerIO
 from rivven_spark.ledger import Ledger, TaskIdentity, ledger_topic_for
 from rivven_spark.options import OptionError, WriterOptions
-from rivven_spark.worker_heap import freeze_worker_heap
+from rivven_spark.worker_process import tune_worker_process
 
 __all__ = [
     "SinkColumns",
@@ -344,7 +344,7 @@ class RivvenStreamWriter(DataSourceStreamArrowWriter):
         self._columns = columns
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> RivvenCommitMessage:
-        freeze_worker_heap()
+        tune_worker_process()
         return write_task(self._options, self._columns, iterator, _identity())
 
     def commit(self, messages: list[Any], batchId: int) -> None:
@@ -365,7 +365,7 @@ class RivvenBatchWriter(DataSourceArrowWriter):
         self._columns = columns
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> RivvenCommitMessage:
-        freeze_worker_heap()
+        tune_worker_process()
         return write_task(self._options, self._columns, iterator, None)
 
     def commit(self, messages: list[Any]) -> None:

@@ -1,10 +1,10 @@
-"""``freeze_worker_heap``: once per reused Spark worker process, garbage collected first.
+"""``tune_worker_process``: once per reused Spark worker process, garbage collected first.
 
-Goal: the executor-side freeze happens exactly where it pays (a reused Spark Python worker:
-``SPARK_REUSE_WORKER=1``), once per process (again in a forked child), never in other
-processes, and never freezes garbage. Method: freezing is process-wide, so each case runs in
-a fresh interpreter, never in pytest's own; the readers' and writers' entry points are checked
-to call it.
+Goal: the executor-side tuning (heap frozen, freed memory kept for reuse) happens exactly where
+it pays (a reused Spark Python worker: ``SPARK_REUSE_WORKER=1``), once per process (again in a
+forked child), never in other processes, and never freezes garbage. Method: both settings are
+process-wide, so each case runs in a fresh interpreter, never in pytest's own; the readers' and
+writers' entry points are checked to call it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from rivven_spark.reader import RivvenBatchReader, RivvenInputPartition  # noqa:
 
 _PROBE = """
 import gc, json, os, weakref
-from rivven_spark.worker_heap import freeze_worker_heap
+from rivven_spark.worker_process import tune_worker_process
 
 class Node:
     pass
@@ -34,14 +34,20 @@ class Node:
 cycle = Node(); cycle.self = cycle  # garbage only a collection can free
 alive = weakref.ref(cycle)
 del cycle
-result = {"first": freeze_worker_heap(), "frozen": gc.get_freeze_count(),
+result = {"first": tune_worker_process(), "frozen": gc.get_freeze_count(),
           "garbage_frozen": alive() is not None}
-result["second"] = freeze_worker_heap()
+import resource
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for i in range(64):
+    block = b"x" * ((2 << 20) + i * 4096)  # MiB-sized buffers in turn, like fetch answers
+    del block
+result["faults_per_block"] = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 64
+result["second"] = tune_worker_process()
 result["frozen_after_second"] = gc.get_freeze_count()
 read_end, write_end = os.pipe()
 pid = os.fork()
 if pid == 0:
-    os.write(write_end, b"1" if freeze_worker_heap() else b"0")
+    os.write(write_end, b"1" if tune_worker_process() else b"0")
     os._exit(0)
 os.waitpid(pid, 0)
 result["child"] = os.read(read_end, 1) == b"1"
@@ -63,6 +69,8 @@ def test_a_reused_worker_collects_then_freezes_once_per_process() -> None:
     assert result["first"] is True
     assert result["frozen"] > 1000  # the interpreter's and the imports' objects
     assert result["garbage_frozen"] is False
+    if sys.platform == "linux":
+        assert result["faults_per_block"] < 16  # freed blocks reused (test_process_memory.py)
     assert result["second"] is False
     assert result["frozen_after_second"] == result["frozen"]
     assert result["child"] is True  # a forked worker freezes its own heap
@@ -78,12 +86,12 @@ def test_nothing_is_frozen_outside_a_reused_worker(reuse: str | None) -> None:
 
 def test_executor_entry_points_freeze_the_worker_heap(monkeypatch) -> None:
     calls: list[str] = []
-    monkeypatch.setattr(reader_module, "freeze_worker_heap", lambda: calls.append("read"))
+    monkeypatch.setattr(reader_module, "tune_worker_process", lambda: calls.append("read"))
     monkeypatch.setattr(reader_module, "read_range", lambda options, part: iter(()))
     reader = RivvenBatchReader(parse_reader_options(
         {"bootstrap": "127.0.0.1:1", "subscribe": "t"}, streaming=False))
     assert list(reader.read(RivvenInputPartition("t", 0, 0, 1))) == []
-    monkeypatch.setattr(writer_module, "freeze_worker_heap", lambda: calls.append("write"))
+    monkeypatch.setattr(writer_module, "tune_worker_process", lambda: calls.append("write"))
     monkeypatch.setattr(writer_module, "write_task", lambda *args: None)
     for writer_class in (writer_module.RivvenBatchWriter, writer_module.RivvenStreamWriter):
         writer = writer_class.__new__(writer_class)
