@@ -214,7 +214,7 @@ class BrokerIO:
                 columns = batch.to_pydict()
                 micros = batch.column("timestamp").cast("int64").to_pylist()
                 for i in range(batch.num_rows):
-                    headers = tuple((h["key"], h["value"]) for h in columns["headers"][i])
+                    headers = tuple((h["key"], h["value"]) for h in columns["headers"][i] or ())
                     out.append(Record(topic, partition, columns["offset"][i], micros[i] // 1000,
                                       columns["key"][i], columns["value"][i], headers))
         return out

@@ -1,13 +1,11 @@
-"""How big the executor's fetches are, and the cheap empty-headers column (no Spark needed).
+"""How big the executor's fetches are (no Spark needed).
 
 Goal: a range asks the broker for about what it still needs, not a whole ``fetchMaxBytes``
 past its end (a short range, a split range or a small micro-batch used to pull 8 MiB per
-partition), and still returns exactly its records; the usual no-headers column is right at
-every size. Method: the pure budget function ``fetch_bytes`` with examples and Hypothesis
-properties; ``read_range`` against a fake broker that serves real record batches, honours
-the byte budget like the broker (at least one whole batch) and records every budget it was
-given; ``_no_headers`` checked with Arrow's full validation on both sides of its shared
-buffer's size.
+partition), and still returns exactly its records. Method: the pure budget function
+``fetch_bytes`` with examples and Hypothesis properties; ``read_range`` against a fake broker
+that serves real record batches, honours the byte budget like the broker (at least one whole
+batch) and records every budget it was given.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ pytest.importorskip("pyarrow")
 
 from rivven_broker.protocol import messages as m  # noqa: E402
 from rivven_broker.records import BatchBuilder  # noqa: E402
-from rivven_spark.arrow_records import _ZERO_OFFSETS_COUNT, HEADER_TYPE, _no_headers  # noqa: E402
 from rivven_spark.broker_io import FetchResult  # noqa: E402
 from rivven_spark.options import parse_reader_options  # noqa: E402
 from rivven_spark.reader import RivvenInputPartition, fetch_bytes, read_range  # noqa: E402
@@ -104,13 +101,3 @@ def test_a_long_range_shrinks_its_last_fetches_to_what_is_left():
     assert io.budgets[0] == 256 * KIB
     assert all(b <= 256 * KIB for b in io.budgets)
     assert io.budgets[-1] < 256 * KIB  # sized by the bytes per offset seen, not the cap
-
-
-@pytest.mark.parametrize("rows", [0, 1, 7, _ZERO_OFFSETS_COUNT - 1, _ZERO_OFFSETS_COUNT,
-                                  _ZERO_OFFSETS_COUNT + 5])
-def test_the_no_headers_column_is_empty_lists_at_every_size(rows):
-    column = _no_headers(rows)
-    column.validate(full=True)
-    assert column.type == HEADER_TYPE and len(column) == rows and column.null_count == 0
-    assert column.offsets.to_pylist() == [0] * (rows + 1)
-    assert column.slice(rows // 2).to_pylist() == [[]] * (rows - rows // 2)

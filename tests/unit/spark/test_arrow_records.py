@@ -50,7 +50,7 @@ def rows(table) -> list[tuple]:
     d = table.to_pydict()
     return [
         (d["offset"][i], d["key"][i], d["value"][i],
-         tuple((h["key"], h["value"]) for h in d["headers"][i]))
+         tuple((h["key"], h["value"]) for h in d["headers"][i] or ()))
         for i in range(table.num_rows)
     ]
 
@@ -89,6 +89,20 @@ def test_mixed_shapes_and_headers_take_the_generic_path():
     assert rows(out) == [(7, b"a", b"1", ()), (8, None, b"22", (("h", b"v"), ("n", None))),
                          (9, b"ccc", None, ())]
     assert out.schema == ARROW_SCHEMA
+    # as in Spark's Kafka source: null, not an empty list, for a record without headers
+    assert out.column("headers").to_pylist() == [
+        None, [{"key": "h", "value": b"v"}, {"key": "n", "value": None}], None]
+
+
+def test_records_without_headers_have_null_headers_in_every_column_shape():
+    uniform = batch(0, [(None, b"u" * 8, ())] * 3)
+    with_headers = batch(3, [(None, b"w", (("h", b"1"),)), (None, b"ww", ())])
+    _, only_uniform = decode(uniform, 0, 3)
+    assert only_uniform.column("headers").to_pylist() == [None] * 3
+    _, mixed = decode(uniform + with_headers, 0, 5)  # one Arrow batch from both pieces
+    mixed.validate(full=True)
+    assert mixed.column("headers").to_pylist() == [
+        None, None, None, [{"key": "h", "value": b"1"}], None]
 
 
 def test_range_trims_straddling_batches_and_stops_at_end():

@@ -94,3 +94,21 @@ def test_a_partition_that_now_ends_below_the_range():
         offsets(io, RivvenInputPartition("t", 0, 100, 150))
     assert offsets(io, RivvenInputPartition("t", 0, 100, 150), failOnDataLoss="false") == list(
         range(100, 120))
+
+
+def test_read_records_gives_empty_header_tuples_for_null_headers():
+    """``BrokerIO.read_records`` (the sink's ledger reads markers through it) turns the Arrow
+    rows back into ``Record``s: a record without headers (null in Arrow) has ``()``."""
+    from rivven_spark.broker_io import BrokerIO
+
+    builder = BatchBuilder(batch_bytes_max=1 << 16)
+    builder.append(0, b"k0", b"plain")
+    builder.append(0, b"k1", b"marked", (("h", b"v"),))
+    body = struct.pack(">q", 0) + builder.build()[8:]
+    io = BrokerIO.__new__(BrokerIO)  # no connection: fetch is served below
+    io.fetch = lambda topic, partition, offset, bytes_max, isolation: FetchResult(
+        m.FetchPartitionResponse(partition, high_watermark=2, last_stable_offset=2,
+                                 log_start_offset=0, records=body))
+    records = io.read_records("t", 0, 0, 2, "read_uncommitted")
+    assert [(r.offset, r.key, r.value, r.headers) for r in records] == [
+        (0, b"k0", b"plain", ()), (1, b"k1", b"marked", (("h", b"v"),))]
