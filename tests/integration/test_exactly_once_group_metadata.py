@@ -33,9 +33,11 @@ FAST = dict(session_timeout_ms=6000, heartbeat_interval_ms=200, fetch_max_wait_m
             auto_offset_reset="earliest")
 
 
-async def _join(address: str, stack) -> object:
-    """A subscribed trio consumer that owns ``in``-0 (its join completed)."""
-    consumer = await stack.enter_async_context(open_consumer(address, group_id=GROUP, **FAST))
+async def _join(address: str, stack, instance_id: str | None = None) -> object:
+    """A subscribed trio consumer (static when ``instance_id`` is given) that owns ``in``-0
+    (its join completed)."""
+    consumer = await stack.enter_async_context(
+        open_consumer(address, group_id=GROUP, group_instance_id=instance_id, **FAST))
     consumer.subscribe([IN.topic])
     with trio.fail_after(30):
         while IN not in consumer.assignment():
@@ -140,12 +142,7 @@ async def test_blocking_consumer_group_metadata(start_broker):
 async def test_a_static_member_commits_with_its_metadata(start_broker):
     address = await _broker_with_topics(start_broker)
     async with AsyncExitStack() as stack:
-        consumer = await stack.enter_async_context(
-            open_consumer(address, group_id=GROUP, group_instance_id="host-a", **FAST))
-        consumer.subscribe([IN.topic])
-        with trio.fail_after(30):
-            while IN not in consumer.assignment():
-                await consumer.poll(timeout_ms=100)
+        consumer = await _join(address, stack, instance_id="host-a")
         meta = consumer.group_metadata()
         assert meta.group_instance_id == "host-a" and meta.member_id
         async with open_producer(address, transactional_id="ctp-static") as producer:
@@ -157,23 +154,14 @@ async def test_a_static_member_commits_with_its_metadata(start_broker):
 async def test_a_replaced_static_member_is_fenced(start_broker):
     address = await _broker_with_topics(start_broker)
 
-    async def static_member(stack) -> object:
-        consumer = await stack.enter_async_context(
-            open_consumer(address, group_id=GROUP, group_instance_id="host-a", **FAST))
-        consumer.subscribe([IN.topic])
-        with trio.fail_after(30):
-            while IN not in consumer.assignment():
-                await consumer.poll(timeout_ms=100)
-        return consumer
-
     async with open_producer(address, transactional_id="ctp-replaced") as producer:
         await producer.init_transactions()
         first_stack, second_stack = AsyncExitStack(), AsyncExitStack()
-        first = await static_member(first_stack)
+        first = await _join(address, first_stack, instance_id="host-a")
         old = first.group_metadata()
         await _transaction(producer, 2, old, b"first-2")
         await _committed_reaches(first, 2)
-        second = await static_member(second_stack)  # same instance id: replaces the first
+        second = await _join(address, second_stack, instance_id="host-a")  # replaces the first
         current = second.group_metadata()
         assert current.member_id != old.member_id
         error = await _refused(producer, 3, old, b"zombie-3")
