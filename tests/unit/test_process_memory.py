@@ -20,34 +20,41 @@ pytestmark = pytest.mark.skipif(
     sys.platform != "linux" or platform.libc_ver()[0] != "glibc", reason="glibc's mallopt"
 )
 
-_PATTERN = """
-import resource, sys
+#: Source defining ``faults_per_block()``: fill and free 64 MiB-sized buffers in turn (what a
+#: fetch does), each a little larger than the last, and return minor page faults per buffer.
+#: Shared with the Spark worker test (tests/unit/spark/test_worker_process.py).
+FAULTS_PER_BLOCK_SOURCE = """
+import resource
+def faults_per_block():
+    for _ in range(3):
+        b"x" * (1 << 21)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for i in range(64):
+        block = b"x" * ((2 << 20) + i * 4096)  # written in full, like a received fetch answer
+        del block
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 64
+"""
+
+_PATTERN = FAULTS_PER_BLOCK_SOURCE + """
+import sys
 tuned = None
 if sys.argv[1] == "tuned":
     from rivven_broker.process_memory import keep_freed_memory
     tuned = keep_freed_memory()
-def faults():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(3):
-    b"x" * (1 << 21)
-before = faults()
-for i in range(64):
-    block = b"x" * ((2 << 20) + i * 4096)  # written in full, like a received fetch answer
-    del block
-print(tuned, (faults() - before) / 64)
+print(tuned, faults_per_block())
 """
 
 
-def faults_per_block(mode: str) -> tuple[str, float]:
+def measure(mode: str) -> tuple[str, float]:
     out = subprocess.run([sys.executable, "-c", _PATTERN, mode], capture_output=True,
                          text=True, timeout=60, check=True).stdout.split()
     return out[0], float(out[1])
 
 
 def test_freed_blocks_are_reused_instead_of_faulting_fresh_pages() -> None:
-    _, untuned = faults_per_block("default")
+    _, untuned = measure("default")
     if untuned < 64:
         pytest.skip(f"this allocator reuses these blocks on its own ({untuned} faults/block)")
-    applied, tuned = faults_per_block("tuned")
+    applied, tuned = measure("tuned")
     assert applied == "True"
     assert tuned < 16, (tuned, untuned)  # a 2 MiB block is 512 pages
