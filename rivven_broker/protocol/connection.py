@@ -278,6 +278,20 @@ class ClientConnection:
         """Take bytes from the socket. Does not block or raise."""
         self._decoder.feed(data)
 
+    def receive_buffer(self) -> memoryview | None:
+        """Where to ``recv_into`` the rest of a large response body, or None (then
+        ``receive_data``); see ``FrameDecoder.receive_buffer``. Does not block."""
+        return self._decoder.receive_buffer()
+
+    def received(self, count: int) -> None:
+        """``count`` bytes were received into the last ``receive_buffer``. Does not block."""
+        self._decoder.received(count)
+
+    @property
+    def body_missing(self) -> int:
+        """Bytes of the response being received still to come (0 between responses)."""
+        return self._decoder.body_missing
+
     def next_event(self) -> ResponseReceived | None:
         """The next response paired with its request, or None when more data is needed.
 

@@ -19,6 +19,11 @@ designed out:
   growing buffer;
 - a multi-MiB frame in 64 KiB pieces: the pieces are kept by reference (memoryview slices of
   the chunks) and joined once when the last one arrives, so each byte is copied exactly once.
+  A driver that can receive into a buffer does better: while at least
+  ``DIRECT_BODY_BYTES_MIN`` of a body are missing, ``receive_buffer`` offers the rest of the
+  body's own buffer (the pieces kept so far copied in once), the driver ``recv_into``s it and
+  reports the count with ``received``, and no received byte is copied again. ``body_missing``
+  tells such a driver how many bytes to wait for (``SO_RCVLOWAT``) before waking at all.
 
 The size limit is checked on the 4-byte length prefix, the moment those four bytes are in and
 before any body byte is kept. A prefix announcing more than ``frame_bytes_max`` (or fewer than
@@ -38,6 +43,7 @@ from rivven_broker.protocol import limits
 from rivven_broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 
 __all__ = [
+    "DIRECT_BODY_BYTES_MIN",
     "FORMAT_POSTCARD",
     "FORMAT_PROTOBUF",
     "FORMAT_MSGPACK",
@@ -64,17 +70,20 @@ _HEADER = struct.Struct(">IBI")  # length, format, correlation id
 _HEADER_BYTES = _HEADER.size
 _LENGTH_MIN = _HEADER_BYTES - _PREFIX.size  # format + correlation id
 _U32_MAX = 0xFFFF_FFFF
+#: Missing body bytes from which ``FrameDecoder.receive_buffer`` offers the body's own buffer.
+DIRECT_BODY_BYTES_MIN = 64 * 1024
 
 assert _HEADER_BYTES == limits.frame_header_bytes
 assert _LENGTH_MIN == 5
 
 
 class Frame(NamedTuple):
-    """One decoded frame. A NamedTuple: one is built per request on the hot path."""
+    """One decoded frame. A NamedTuple: one is built per request on the hot path. The payload
+    is a ``bytearray`` when it was received through ``FrameDecoder.receive_buffer``."""
 
     format: int
     correlation_id: int
-    payload: bytes
+    payload: bytes | bytearray
 
 
 def describe_format(format: int) -> str:
@@ -151,6 +160,7 @@ class FrameDecoder:
         "_head",
         "_parts",
         "_parts_bytes",
+        "_body",
         "_body_missing",
         "_format",
         "_correlation_id",
@@ -164,7 +174,8 @@ class FrameDecoder:
         self._ready_bytes = 0
         self._head = bytearray()  # header bytes of the current frame (fewer than 9)
         self._parts: list[bytes | memoryview] = []  # body pieces of the current frame
-        self._parts_bytes = 0
+        self._parts_bytes = 0  # body bytes received so far (in _parts or _body)
+        self._body: bytearray | None = None  # the body's own buffer, once receive_buffer made it
         self._body_missing = -1  # -1: reading a header; else body bytes still to come
         self._format = 0
         self._correlation_id = 0
@@ -175,6 +186,11 @@ class FrameDecoder:
         """Bytes fed and not yet returned by ``next_frame`` (dropped bytes not counted)."""
         in_body = _HEADER_BYTES + self._parts_bytes if self._body_missing >= 0 else 0
         return self._ready_bytes + len(self._head) + in_body
+
+    @property
+    def body_missing(self) -> int:
+        """Bytes of the frame body being read that have not arrived yet; 0 between frames."""
+        return max(self._body_missing, 0)
 
     @property
     def poisoned(self) -> bool:
@@ -200,6 +216,37 @@ class FrameDecoder:
                 pos = self._take_whole_header(data, pos, end)
             else:
                 pos = self._take_partial_header(data, pos, end)
+
+    def receive_buffer(self) -> memoryview | None:
+        """A writable view of the rest of the current frame body, to receive into directly
+        (``socket.recv_into``), or None: between frames, after a framing error, or with fewer
+        than ``DIRECT_BODY_BYTES_MIN`` body bytes missing (then ``feed`` as usual). Report what
+        was written with ``received``. Does not block.
+
+        The first call for a body allocates its buffer, of its final size, and copies in the
+        pieces fed so far; every byte received into it afterwards is never copied again.
+        """
+        missing = self._body_missing
+        if missing < DIRECT_BODY_BYTES_MIN or self._error is not None:
+            return None
+        body = self._body
+        if body is None:
+            body = self._body = bytearray(self._parts_bytes + missing)
+            at = 0
+            for part in self._parts:
+                body[at : at + len(part)] = part
+                at += len(part)
+            self._parts = []
+        return memoryview(body)[len(body) - missing :]
+
+    def received(self, count: int) -> None:
+        """``count`` bytes were written at the start of the last ``receive_buffer`` view (and
+        nothing was fed since). Does not block or raise."""
+        assert self._body is not None and 0 <= count <= self._body_missing, count
+        self._parts_bytes += count
+        self._body_missing -= count
+        if self._body_missing == 0:
+            self._finish_body()
 
     def next_frame(self) -> Frame | None:
         """Return the next complete frame, or None when more data is needed. Never blocks.
@@ -235,6 +282,7 @@ class FrameDecoder:
         self._head = bytearray()
         self._parts = []
         self._parts_bytes = 0
+        self._body = None
         self._body_missing = -1
 
     def _take_whole_header(self, data: bytes, pos: int, end: int) -> int:
@@ -277,20 +325,35 @@ class FrameDecoder:
         self._body_missing = body_bytes
         self._parts = []
         self._parts_bytes = 0
+        self._body = None
 
     def _take_body(self, data: bytes, pos: int, end: int) -> int:
         take = min(self._body_missing, end - pos)
-        self._parts.append(data if take == end and pos == 0 else memoryview(data)[pos : pos + take])
+        body = self._body
+        if body is not None:  # receive_buffer made the body's buffer: copy into it
+            body[self._parts_bytes : self._parts_bytes + take] = memoryview(data)[pos : pos + take]
+        else:
+            self._parts.append(
+                data if take == end and pos == 0 else memoryview(data)[pos : pos + take]
+            )
         self._parts_bytes += take
         self._body_missing -= take
         if self._body_missing == 0:
+            self._finish_body()
+        return pos + take
+
+    def _finish_body(self) -> None:
+        payload: bytes | bytearray
+        if self._body is not None:
+            payload = self._body
+        else:
             parts = self._parts
             payload = parts[0] if len(parts) == 1 and type(parts[0]) is bytes else b"".join(parts)
-            self._parts = []
-            self._parts_bytes = 0
-            self._body_missing = -1
-            self._push(Frame(self._format, self._correlation_id, payload))
-        return pos + take
+        self._parts = []
+        self._parts_bytes = 0
+        self._body = None
+        self._body_missing = -1
+        self._push(Frame(self._format, self._correlation_id, payload))
 
     def _push(self, frame: Frame) -> None:
         self._ready.append(frame)

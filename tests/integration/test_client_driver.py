@@ -31,6 +31,9 @@ from rivven_broker.client import (
     UnknownTopicOrPartitionError,
     UnsupportedVersionError,
 )
+from rivven_broker.client.blocking import SyncClient
+from rivven_broker.client.config import ConnectionConfig
+from rivven_broker.protocol import messages as m
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.records import partition_for_key
 from tests.unit.client.fake_broker import FakeBroker, drop_connection, produce_error
@@ -234,3 +237,23 @@ def test_consumer_iterates_until_idle(broker):
                   max_poll_records=7) as consumer:
         consumer.assign([TopicPartition("t", 0)])
         assert [r.value for r in consumer] == [b"%d" % i for i in range(25)]
+
+
+def test_a_large_answer_arriving_in_pieces_is_whole_and_small_ones_follow_at_once(broker):
+    """A fetch answer of MiBs is received straight into its own buffer while the socket wakes
+    the driver per MiB (SO_RCVLOWAT); then the socket wakes per byte again, or the next small
+    answer would wait for bytes that never come (the request would time out)."""
+    records = bytes(range(256)) * (12 * 1024)  # 3 MiB
+    broker.inject("Fetch", lambda request: m.FetchResponse(topics=(m.FetchTopicResponse(
+        "t", (m.FetchPartitionResponse(0, ErrorCode.NONE, records=records),)),)))
+    broker.trickle(48 * 1024, 0.0005)
+    client = SyncClient(broker.bootstrap, ConnectionConfig(request_timeout_ms=10_000))
+    try:
+        fetch = m.Fetch(topics=(m.FetchTopic("t", (m.FetchPartition(0, 0, 8 << 20),)),))
+        response = client.call(fetch)
+        assert response.topics[0].partitions[0].records == records
+        (conn,) = client._net._connections.values()
+        assert conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+        client.fetch_metadata(None, timeout_ms=2000)
+    finally:
+        client.close()

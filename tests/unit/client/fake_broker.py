@@ -5,7 +5,8 @@ be told to misbehave on cue (answer NOT_LEADER twice, drop a connection, stall).
 speaks the real protocol through ``ServerConnection`` on a thread per connection, keeps each
 partition as a list of raw batches, assigns offsets with ``header.stamp`` and validates every
 produced batch with ``header.validate`` — the same bytes rules as the real broker, none of its
-storage. Fault injection is a queue of per-request actions (``inject``). It is a test fake: no
+storage. Fault injection is a queue of per-request actions (``inject``); ``trickle`` makes it
+send answers in small pieces with pauses, as a slow network would. It is a test fake: no
 long-polling beyond a short wait, no limits, no persistence.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections import deque
 from typing import Any, Callable
 
@@ -44,6 +46,8 @@ class FakeBroker:
         self.bootstrap = f"127.0.0.1:{self.port}"
         self._conns: list[socket.socket] = []
         self._stopped = False
+        self._piece_bytes = 0  # 0: each answer in one sendall
+        self._pause_s = 0.0
 
     # --- control --------------------------------------------------------------------------
     def start(self) -> FakeBroker:
@@ -59,6 +63,11 @@ class FakeBroker:
             except OSError:
                 pass
             conn.close()
+
+    def trickle(self, piece_bytes: int, pause_s: float) -> None:
+        """Send every later answer in pieces of ``piece_bytes``, pausing between them."""
+        self._piece_bytes = piece_bytes
+        self._pause_s = pause_s
 
     def inject(self, api: str, action: Callable[[Any], Any]) -> None:
         """The next request of type ``api`` (class name) is answered by ``action(request)``
@@ -109,11 +118,18 @@ class FakeBroker:
                         conn.close()
                         return
                     if event.request.expects_response():
-                        conn.sendall(core.send_response(event.correlation_id, response))
+                        self._send(conn, core.send_response(event.correlation_id, response))
         except OSError:
             return
         finally:
             conn.close()
+
+    def _send(self, conn: socket.socket, data: bytes) -> None:
+        step = self._piece_bytes or len(data)
+        for start in range(0, len(data), step):
+            if start:
+                time.sleep(self._pause_s)
+            conn.sendall(data[start : start + step])
 
     def _answer(self, request: Any) -> Any:
         name = type(request).__name__

@@ -3,8 +3,10 @@
 Method: exact bytes for a known frame; Hypothesis streams of many frames cut at arbitrary
 points (and fed one byte at a time) must decode to the same frames; the size limit is checked
 on the 4-byte prefix before any body byte is kept (a 2 GiB announcement leaves nothing
-buffered), poisons the decoder and still delivers the frames before it. Large and many-frame
-inputs are checked for correctness only; no timing assertions.
+buffered), poisons the decoder and still delivers the frames before it. Large bodies received
+straight into the decoder's buffer (``receive_buffer``/``received``), in any split and mixed
+with ``feed``, must give the same frames too. Large and many-frame inputs are checked for
+correctness only; no timing assertions.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from hypothesis import strategies as st
 from rivven_broker.protocol import limits
 from rivven_broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from rivven_broker.protocol.framing import (
+    DIRECT_BODY_BYTES_MIN,
     FORMAT_MSGPACK,
     FORMAT_POSTCARD,
     FORMAT_PROTOBUF,
@@ -184,6 +187,73 @@ def test_fed_buffers_may_be_reused_by_the_caller():
     buffer[:] = b"\xff" * 20  # the socket driver reuses its receive buffer
     decoder.feed(memoryview(frame)[20:])
     assert decoder.next_frame() == Frame(2, 1, b"x" * 40)
+
+
+def _receive(decoder: FrameDecoder, data: bytes) -> None:
+    """What a socket driver does with ``data``: into the body's buffer when offered, else feed."""
+    pos = 0
+    while pos < len(data):
+        view = decoder.receive_buffer()
+        if view is None:
+            decoder.feed(data[pos:])
+            return
+        count = min(len(view), len(data) - pos)
+        view[:count] = data[pos : pos + count]
+        decoder.received(count)
+        pos += count
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.sampled_from([0, 3, DIRECT_BODY_BYTES_MIN - 1, DIRECT_BODY_BYTES_MIN,
+                                    DIRECT_BODY_BYTES_MIN + 9, 3 * DIRECT_BODY_BYTES_MIN]),
+                   min_size=1, max_size=6),
+    cuts=st.lists(st.integers(0, 4 * DIRECT_BODY_BYTES_MIN), max_size=30),
+    use_buffer=st.lists(st.booleans(), min_size=1, max_size=30),
+)
+def test_large_bodies_received_into_the_buffer_give_the_same_frames(sizes, cuts, use_buffer):
+    frames = [Frame(2, i, bytes([i + 1]) * size) for i, size in enumerate(sizes)]
+    stream = b"".join(encode_frame(*frame) for frame in frames)
+    points = sorted({0, len(stream), *(c % (len(stream) + 1) for c in cuts)})
+    decoder = FrameDecoder()
+    got: list[Frame] = []
+    for index, (start, end) in enumerate(zip(points, points[1:])):
+        if use_buffer[index % len(use_buffer)]:
+            _receive(decoder, stream[start:end])
+        else:
+            decoder.feed(stream[start:end])
+        got.extend(_drain(decoder))
+        assert decoder.buffered_bytes == end - sum(9 + len(f.payload) for f in got)
+    assert got == frames
+    assert decoder.body_missing == 0 and decoder.receive_buffer() is None
+
+
+def test_receive_buffer_is_offered_only_for_the_rest_of_a_large_body():
+    payload = bytes(range(256)) * (DIRECT_BODY_BYTES_MIN // 64)  # 4 x the threshold
+    frame = encode_frame(2, 7, payload)
+    decoder = FrameDecoder()
+    assert decoder.receive_buffer() is None and decoder.body_missing == 0
+    decoder.feed(frame[:5])  # half a header: no body yet
+    assert decoder.receive_buffer() is None and decoder.body_missing == 0
+    decoder.feed(frame[5:100])
+    assert decoder.body_missing == len(frame) - 100
+    view = decoder.receive_buffer()
+    assert view is not None and len(view) == len(frame) - 100  # the pieces fed were kept
+    tail = len(frame) - DIRECT_BODY_BYTES_MIN + 1
+    view[: tail - 100] = frame[100:tail]
+    decoder.received(tail - 100)
+    assert decoder.body_missing == DIRECT_BODY_BYTES_MIN - 1
+    assert decoder.receive_buffer() is None  # too little left: feed it
+    decoder.feed(frame[tail:])
+    got = decoder.next_frame()
+    assert got == Frame(2, 7, payload) and type(got.payload) is bytearray
+    assert decoder.body_missing == 0 and decoder.buffered_bytes == 0
+
+
+def test_no_receive_buffer_after_a_framing_error():
+    decoder = FrameDecoder(frame_bytes_max=DIRECT_BODY_BYTES_MIN * 2)
+    decoder.feed((DIRECT_BODY_BYTES_MIN * 3).to_bytes(4, "big"))
+    assert decoder.poisoned and decoder.receive_buffer() is None and decoder.body_missing == 0
 
 
 def test_format_descriptions_tell_known_from_unknown():
