@@ -16,8 +16,15 @@ same machine, in the same run. The benchmark
    (``spark.read...load().write.format("noop")``) and times it.
 
 It reports rows/s per round, best and median, and the ratio median(rivven) / median(parquet).
-Spark runs ``local[2]`` (the same session settings as the tests); the broker process runs
-beside it on the same machine, so the figure includes the broker's own work.
+Spark runs ``local[2]``; the broker process runs beside it on the same machine, so the figure
+includes the broker's own work.
+
+The session has the setting docs/spark.md recommends for any Python data source:
+``spark.python.unix.domain.socket.enabled=true`` (``--worker-socket unix``, the default). Over
+Spark's default TCP link to its Python workers, every task stalls about 40 ms between the
+task's command and its input (Nagle's algorithm on the JVM side against delayed ACKs on the
+worker's), and the link costs more CPU per byte. ``--worker-socket tcp`` measures Spark's
+default. The parquet read uses no Python worker, so the setting does not touch it.
 
 Wall time on a shared machine moves with whatever else runs, so each read also reports the
 CPU seconds this process's children spent on it (the broker, Spark's JVM and its Python
@@ -76,7 +83,7 @@ def _produce(bootstrap: str, topic: str, partitions: int, records: int, size: in
     return time.perf_counter() - started
 
 
-def _session() -> Any:
+def _session(worker_socket: str = "unix") -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -88,6 +95,7 @@ def _session() -> Any:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")
+        .config("spark.python.unix.domain.socket.enabled", str(worker_socket == "unix").lower())
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -147,7 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             topic = f"spark-bench-{random.Random().getrandbits(32):08x}"
             produce_s = _produce(bootstrap, topic, args.partitions, args.records, args.size)
-            spark = _session()
+            spark = _session(args.worker_socket)
             rivven = (spark.read.format("rivven").option("bootstrap", bootstrap)
                       .option("subscribe", topic).load())
             parquet_path = str(directory / "same-rows.parquet")
@@ -176,7 +184,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = args.records
     result = {
         "records": rows, "size_bytes": args.size, "partitions": args.partitions,
-        "rounds": args.rounds, "warmup": args.warmup, "produce_s": round(produce_s, 3),
+        "rounds": args.rounds, "warmup": args.warmup, "worker_socket": args.worker_socket,
+        "produce_s": round(produce_s, 3),
         "rivven_s": [round(s, 3) for s in rivven_s],
         "parquet_s": [round(s, 3) for s in parquet_s],
         "rivven_rows_per_s_best": round(rows / min(rivven_s)),
@@ -203,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1,
                         help="untimed reads of each source first, alternating (default 1)")
+    parser.add_argument("--worker-socket", choices=("unix", "tcp"), default="unix",
+                        help="Spark's link to its Python workers (default unix: see the "
+                             "module docstring; tcp is Spark's default)")
     parser.add_argument("--dir", default=None, help="parent of the temporary directory")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
@@ -211,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=2))
         return 0
     print(f"{result['records']:,} records of {result['size_bytes']} B, "
-          f"{result['partitions']} partitions, {result['rounds']} rounds (seconds per read):")
+          f"{result['partitions']} partitions, {result['rounds']} rounds, Python workers over "
+          f"{result['worker_socket']} sockets (seconds per read):")
     print(f"  rivven : {result['rivven_s']}  best {result['rivven_rows_per_s_best']:,} rows/s,"
           f" median {result['rivven_rows_per_s_median']:,} rows/s")
     print(f"  parquet: {result['parquet_s']}  best {result['parquet_rows_per_s_best']:,} rows/s,"
