@@ -23,8 +23,8 @@ The session has the setting docs/spark.md recommends for any Python data source:
 ``spark.python.unix.domain.socket.enabled=true`` (``--worker-socket unix``, the default). Over
 Spark's default TCP link to its Python workers, every task stalls about 40 ms between the
 task's command and its input (Nagle's algorithm on the JVM side against delayed ACKs on the
-worker's), and the link costs more CPU per byte. ``--worker-socket tcp`` measures Spark's
-default. The parquet read uses no Python worker, so the setting does not touch it.
+worker's); reads over it were 0.1-0.15 s slower and spent more CPU. ``--worker-socket tcp``
+measures Spark's default. The parquet read uses no Python worker, so the setting does not touch it.
 
 Wall time on a shared machine moves with whatever else runs, so each read also reports the
 CPU seconds this process's children spent on it (the broker, Spark's JVM and its Python
