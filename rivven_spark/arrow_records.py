@@ -154,6 +154,7 @@ class RangeDecoder:
         self.rows_total = 0
         self._pieces: list[_Piece] = []
         self._decompressor: zstandard.ZstdDecompressor | None = None
+        self._constants: tuple[pa.Array, pa.Array] | None = None  # topic, partition columns
 
     @property
     def done(self) -> bool:
@@ -305,16 +306,26 @@ class RangeDecoder:
         rows, self.rows_buffered = self.rows_buffered, 0
         offsets = np.concatenate([p.offsets for p in pieces])
         timestamps = np.concatenate([p.timestamps_ms for p in pieces])
+        topics, partitions = self._constant_columns(rows)
         columns = [
             _binary([p.keys for p in pieces]),
             _binary([p.values for p in pieces]),
-            pa.repeat(pa.scalar(self.topic, pa.string()), rows),
-            pa.repeat(pa.scalar(self.partition, pa.int32()), rows),
+            topics,
+            partitions,
             pa.array(offsets),
             pa.array(timestamps * 1000).view(_TIMESTAMP),
             _headers(pieces),
         ]
         return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+    def _constant_columns(self, rows: int) -> tuple[pa.Array, pa.Array]:
+        """The topic and partition columns of ``rows`` rows: slices of arrays built once per
+        decoder (rebuilt only when a batch is longer), not filled again for every batch."""
+        if self._constants is None or len(self._constants[0]) < rows:
+            self._constants = (pa.repeat(pa.scalar(self.topic, pa.string()), rows),
+                               pa.repeat(pa.scalar(self.partition, pa.int32()), rows))
+        topics, partitions = self._constants
+        return topics.slice(0, rows), partitions.slice(0, rows)
 
 
 def _binary(parts: Sequence[pa.Array | _Fixed]) -> pa.Array:

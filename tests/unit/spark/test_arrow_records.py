@@ -188,17 +188,37 @@ def test_decoder_agrees_with_decode_records(batches, compression, cut, take_ever
     start = min(start, end)
     expected = [(r.offset, r.key, r.value, r.headers)
                 for r in decode_records(b"".join(bodies)) if start <= r.offset < end]
-    decoder = RangeDecoder("t", 0, start, end)
+    decoder = RangeDecoder("t", 5, start, end)
     got = []
     for body in bodies:  # one fetch per batch, as a small fetchMaxBytes would give
         decoder.feed(body)
         if take_every_feed and (out := decoder.take_batch()) is not None:
             got += rows(out)
+            assert_constant_columns(out)
     if (out := decoder.take_batch()) is not None:
         assert out.schema == ARROW_SCHEMA
         got += rows(out)
+        assert_constant_columns(out)
     assert got == expected
     assert decoder.done
+
+
+def assert_constant_columns(out) -> None:
+    """Every row of a batch taken from ``RangeDecoder("t", 5, ...)`` names topic t, partition 5
+    (the decoder reuses slices of its constant columns from batch to batch)."""
+    assert out.column("topic").to_pylist() == ["t"] * out.num_rows
+    assert out.column("partition").to_pylist() == [5] * out.num_rows
+
+
+def test_constant_columns_follow_batches_that_grow_and_shrink():
+    decoder = RangeDecoder("t", 5, 0, 1_000)
+    base = 0
+    for size in (3, 40, 7, 40, 90, 1):
+        decoder.feed(batch(base, [(None, b"v", ())] * size))
+        base += size
+        out = decoder.take_batch()
+        assert out.num_rows == size
+        assert_constant_columns(out)
 
 
 def test_module_docstring_names_its_theory():
