@@ -180,6 +180,9 @@ class DiskView:
     def pread(self, handle: int, size: int, position: int) -> bytes:
         return self._live().pread(handle, size, position)
 
+    def region(self, handle: int, size: int, position: int) -> bytes:
+        return self._live().region(handle, size, position)
+
     def fsync(self, handle: int) -> None:
         store = self._live()
         if self._disk._lie(self._paths.get(handle, "")):

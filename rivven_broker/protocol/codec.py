@@ -30,7 +30,9 @@ Produce requests and Fetch responses carry MiBs of record bytes. Decoding uses
 msgpack's C unpacker, which copies each bin once into its ``bytes`` object and touches nothing
 per record. Encoding messages that carry records (``CARRIES_RECORDS``) returns *parts*: the
 msgpack bytes around each large bin, and the bin itself by reference; ``framing
-.encode_frame_parts`` then joins them with the frame header in a single copy.
+.encode_frame_parts`` then joins them with the frame header in a single copy. A bin may also
+be a ``FileRegion`` (the broker's fetch answers: record bytes left in the segment file); it
+stays a part of its own, and the frame comes out in pieces for the writer to ``sendfile``.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Any, Mapping
 import attrs
 import msgpack
 
+from rivven_broker.file_region import FileRegion
 from rivven_broker.protocol import fast_codec, limits
 from rivven_broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from rivven_broker.protocol.message_base import Message, Request, Response, Struct
@@ -89,6 +92,7 @@ _BIN16 = struct.Struct(">BH")
 _BIN32 = struct.Struct(">BI")
 _MISSING = object()
 Buffer = bytes | bytearray | memoryview
+Part = Buffer | FileRegion  # a piece of an encoded payload (see ``encode_parts``)
 _DECODE_ERRORS = (ValueError, TypeError, OverflowError, RecursionError, msgpack.UnpackException)
 
 
@@ -174,10 +178,11 @@ def _version_for(cls: type[Message], version: int | None) -> int:
     return version
 
 
-def encode_parts(message: Message, version: int | None = None) -> list[Buffer]:
+def encode_parts(message: Message, version: int | None = None) -> list[Part]:
     """The payload of ``message`` at ``version`` (default: the newest) as pieces to join.
 
-    Messages carrying records keep their large bins by reference; others are one piece.
+    Messages carrying records keep their large bins by reference (a ``FileRegion`` bin is a
+    piece of its own, never read here); others are one piece.
     Does not block.
 
     Raises:
@@ -206,10 +211,12 @@ def encode_request(request: Request, version: int | None = None) -> bytes:
 
 
 def encode_response(response: Response, version: int | None = None) -> bytes:
-    """The payload bytes of ``response``. Raises as ``encode_parts`` (also for non-responses)."""
+    """The payload bytes of ``response`` (a ``FileRegion``'s bytes read in). Raises as
+    ``encode_parts`` (also for non-responses), and ``OSError`` if a region cannot be read."""
     if not isinstance(response, Response):
         raise LocalProtocolError(f"{type(response).__name__} is not a response")
-    return b"".join(encode_parts(response, version))
+    return b"".join([part.read() if type(part) is FileRegion else part  # type: ignore[misc]
+                     for part in encode_parts(response, version)])
 
 
 def _bin_header(size: int) -> bytes:
@@ -220,10 +227,10 @@ def _bin_header(size: int) -> bytes:
     return _BIN32.pack(0xC6, size)
 
 
-def _pack_parts(tree: object) -> list[Buffer]:
+def _pack_parts(tree: object) -> list[Part]:
     """msgpack of ``tree`` in pieces: large bins by reference, everything else packed."""
     packer = msgpack.Packer(autoreset=False)
-    parts: list[Buffer] = []
+    parts: list[Part] = []
 
     def walk(value: object) -> None:
         kind = type(value)
@@ -238,6 +245,12 @@ def _pack_parts(tree: object) -> list[Buffer]:
             packer.pack_array_header(len(value))
             for item in value:
                 walk(item)
+        elif kind is FileRegion:  # always by reference: its bytes are not in memory
+            assert isinstance(value, FileRegion)
+            parts.append(packer.bytes())
+            packer.reset()
+            parts.append(_bin_header(len(value)))
+            parts.append(value)
         elif (kind is bytes or kind is bytearray or kind is memoryview) and len(
             value  # type: ignore[arg-type]
         ) >= _INLINE_BIN_BYTES_MAX:

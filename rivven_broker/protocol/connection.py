@@ -35,6 +35,7 @@ from rivven_broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteP
 from rivven_broker.protocol.framing import (
     FORMAT_MSGPACK,
     FrameDecoder,
+    FramePieces,
     describe_format,
     encode_frame_parts,
 )
@@ -154,8 +155,10 @@ class ServerConnection:
             self._pending.append(_Pending(correlation_id, int(request.API_KEY), version))
         return RequestReceived(correlation_id, request, version)
 
-    def send_response(self, correlation_id: int, response: Response) -> bytes:
-        """The frame answering the oldest pending request, which must be ``correlation_id``.
+    def send_response(self, correlation_id: int, response: Response) -> bytes | FramePieces:
+        """The frame answering the oldest pending request, which must be ``correlation_id``:
+        bytes, or ``FramePieces`` when the response holds a ``FileRegion`` (a fetch answer
+        naming record bytes in a segment file; see ``framing.encode_frame_parts``).
 
         ``response`` must be of the request's api (encoded at the request's version) or an
         ``ErrorResponse``. After a fatal error, an ``ErrorResponse`` in correlation id 0 is
@@ -187,11 +190,15 @@ class ServerConnection:
         self._pending.popleft()
         return data
 
-    def send_error(self, correlation_id: int, error_code: ErrorCode, message: str = "") -> bytes:
+    def send_error(
+        self, correlation_id: int, error_code: ErrorCode, message: str = ""
+    ) -> bytes | FramePieces:
         """An ``ErrorResponse`` frame (``message`` clipped to fit). Raises as ``send_response``."""
         return self.send_response(correlation_id, ErrorResponse(error_code, _clip(message)))
 
-    def _frame(self, correlation_id: int, response: Response, version: int | None) -> bytes:
+    def _frame(
+        self, correlation_id: int, response: Response, version: int | None
+    ) -> bytes | FramePieces:
         if not isinstance(response, Response):
             raise LocalProtocolError(f"{type(response).__name__} is not a response")
         parts = codec.encode_parts(response, version)
@@ -269,6 +276,7 @@ class ClientConnection:
         parts = codec.encode_parts(request, version)
         correlation_id = self._next_id
         data = encode_frame_parts(FORMAT_MSGPACK, correlation_id, parts)
+        assert type(data) is bytes  # requests never carry a FileRegion
         self._next_id = correlation_id + 1 if correlation_id < _U32_MAX else 1
         if request.expects_response():
             self._in_flight.append(_InFlight(correlation_id, request, version))

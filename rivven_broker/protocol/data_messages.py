@@ -203,7 +203,8 @@ class AbortedTransaction(Struct):
 
 @attrs.frozen
 class FetchPartitionResponse(Struct):
-    """One partition's batches (raw bytes; the last batch may be partial) and watermarks."""
+    """One partition's batches (raw bytes; the last batch may be partial) and watermarks. On
+    the broker's side ``records`` may be a ``FileRegion`` naming them in a segment file."""
 
     partition: int = i32()
     error_code: ErrorCode = error_code()

@@ -39,6 +39,7 @@ import struct
 from collections import deque
 from typing import NamedTuple, Sequence
 
+from rivven_broker.file_region import FileRegion
 from rivven_broker.protocol import limits
 from rivven_broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 
@@ -50,6 +51,7 @@ __all__ = [
     "KNOWN_FORMATS",
     "Frame",
     "FrameDecoder",
+    "FramePieces",
     "encode_frame",
     "encode_frame_parts",
     "describe_format",
@@ -64,6 +66,9 @@ KNOWN_FORMATS = {
     FORMAT_PROTOBUF: "protobuf",
     FORMAT_MSGPACK: "msgpack",
 }
+
+#: A frame as bytes and ``FileRegion``s, in order (see ``encode_frame_parts``).
+FramePieces = list[bytes | FileRegion]
 
 _PREFIX = struct.Struct(">I")
 _HEADER = struct.Struct(">IBI")  # length, format, correlation id
@@ -123,15 +128,18 @@ def encode_frame(
 def encode_frame_parts(
     format: int,
     correlation_id: int,
-    parts: Sequence[bytes | bytearray | memoryview],
+    parts: Sequence[bytes | bytearray | memoryview | FileRegion],
     *,
     frame_bytes_max: int = limits.frame_bytes_max,
-) -> bytes:
+) -> bytes | FramePieces:
     """Like ``encode_frame`` for a payload given as pieces, joined with a single copy.
 
     The codec hands record-carrying payloads over in pieces (the record bytes by reference),
     so a multi-MiB fetch response is copied exactly once, here. Pieces must be byte buffers
-    (memoryviews of item size 1). Raises as ``encode_frame``.
+    (memoryviews of item size 1) or ``FileRegion``s. With a region among them the frame is
+    returned as ``FramePieces``: the bytes before, between and after the regions joined, the
+    regions in their places, for the writer to send in order (the region's bytes never enter
+    the process). Raises as ``encode_frame``.
     """
     _check_header(format, correlation_id)
     payload_bytes = 0
@@ -143,7 +151,20 @@ def encode_frame_parts(
             f"frame of {length} bytes exceeds the maximum of {frame_bytes_max}",
             ErrorCode.MESSAGE_TOO_LARGE,
         )
-    return b"".join([_HEADER.pack(length, format, correlation_id), *parts])
+    header = _HEADER.pack(length, format, correlation_id)
+    if not any(type(part) is FileRegion for part in parts):
+        return b"".join([header, *parts])
+    pieces: FramePieces = []
+    run: list[bytes | bytearray | memoryview] = [header]
+    for part in parts:
+        if type(part) is FileRegion:
+            pieces += [b"".join(run), part]
+            run = []
+        else:
+            run.append(part)  # type: ignore[arg-type]
+    if run:
+        pieces.append(b"".join(run))
+    return pieces
 
 
 class FrameDecoder:

@@ -25,6 +25,7 @@ from typing import Any, Callable, ClassVar, NamedTuple, NoReturn
 
 import attrs
 
+from rivven_broker.file_region import FileRegion
 from rivven_broker.protocol import limits
 from rivven_broker.protocol.errors import ErrorCode, LocalProtocolError
 
@@ -274,7 +275,7 @@ def _problem(kind: FieldKind, tag: str, value: Any) -> str | None:
 
 
 def _bin_problem(value: object) -> str | None:
-    if type(value) is bytes or type(value) is bytearray:
+    if type(value) is bytes or type(value) is bytearray or type(value) is FileRegion:
         return None
     if type(value) is memoryview:
         if value.ndim == 1 and value.itemsize == 1 and value.c_contiguous:

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 import attrs
 import trio
 
+from rivven_broker.file_region import FileRegion
 from rivven_broker.protocol import codec
 from rivven_broker.protocol.connection import (
     CONNECTION_ERROR_CORRELATION_ID,
@@ -57,7 +58,7 @@ from rivven_broker.protocol.connection import (
     ServerConnection,
 )
 from rivven_broker.protocol.errors import ErrorCode, LocalProtocolError
-from rivven_broker.protocol.framing import FORMAT_MSGPACK, encode_frame
+from rivven_broker.protocol.framing import FORMAT_MSGPACK, FramePieces, encode_frame
 from rivven_broker.protocol.message_base import Request, Response
 from rivven_broker.protocol.messages import (
     DeleteRecordsResponse,
@@ -283,7 +284,7 @@ class _Connection:
                 await self._settle_head()
             if not (slots and slots[0].ready):
                 if self.fatal is not None:
-                    await self._send(self.fatal)
+                    await self._send([self.fatal])
                     return
                 if not self.reading and not slots:
                     return
@@ -291,15 +292,19 @@ class _Connection:
                 await self.writer_wakeup.wait()
                 continue
             self._settle_ready()
-            frames = []
+            frames: FramePieces = []
             now_ms = self.clock.monotonic_ms()
             while slots and slots[0].ready:
                 slot = slots.popleft()
                 response = slot.response
                 assert response is not None
-                frames.append(self._encode(slot, response))
+                frame = self._encode(slot, response)
+                if type(frame) is bytes:
+                    frames.append(frame)
+                else:
+                    frames += frame  # type: ignore[arg-type]
                 self.metrics.request_done(slot.api, _error_code(response), now_ms - slot.start_ms)
-            await self._send(frames[0] if len(frames) == 1 else b"".join(frames))
+            await self._send(frames)
             if not slots:
                 self.last_active = trio.current_time()
             self.wake_reader()  # room for the reader
@@ -331,16 +336,49 @@ class _Connection:
             slot.response = response
             slot.ready = True
 
-    def _encode(self, slot: _Slot, response: Response) -> bytes:
+    def _encode(self, slot: _Slot, response: Response) -> bytes | FramePieces:
         try:
             return self.core.send_response(slot.correlation_id, response)
         except LocalProtocolError as exc:  # an answer too large for a frame: say so instead
             log.warning("cannot encode the %s answer: %s", slot.api, exc)
             return self.core.send_error(slot.correlation_id, exc.code, str(exc))
 
-    async def _send(self, data: bytes) -> None:
+    async def _send(self, frames: FramePieces) -> None:
+        """Send frames in order: each run of bytes joined into one ``send_all``, each
+        ``FileRegion`` (record bytes of a fetch answer, in a segment file) sent by the kernel
+        (``send_file``) or, on a stream without it, read in and sent. Closes the regions."""
+        run: list[bytes] = []
+        try:
+            for piece in frames:
+                if type(piece) is bytes:
+                    run.append(piece)
+                    continue
+                if run:
+                    await self._send_bytes(run[0] if len(run) == 1 else b"".join(run))
+                    run = []
+                await self._send_region(piece)  # type: ignore[arg-type]
+            if run:
+                await self._send_bytes(run[0] if len(run) == 1 else b"".join(run))
+        finally:
+            for piece in frames:
+                if type(piece) is FileRegion:
+                    piece.close()
+
+    async def _send_bytes(self, data: bytes) -> None:
         await self.stream.send_all(data)
         self.metrics.bytes_out(len(data))
+
+    async def _send_region(self, region: FileRegion) -> None:
+        send_file = getattr(self.stream, "send_file", None)
+        if send_file is not None:
+            await send_file(region)
+        else:
+            try:
+                data = region.read()
+            except OSError as exc:  # the segment shrank under the answer: abandon the frame
+                raise trio.BrokenResourceError(f"cannot send {region!r}: {exc}") from exc
+            await self.stream.send_all(data)
+        self.metrics.bytes_out(len(region))
 
 
 def _guarded(api: str, call: Callable[[], T]) -> T | ErrorResponse:

@@ -22,8 +22,9 @@ not durable at the deadline answer ``REQUEST_TIMED_OUT`` (their data stays appen
 A batch that fails any check answers ``CORRUPT_MESSAGE`` (bad magic, sizes, counts or CRC: one
 code for all, as Kafka does) and nothing of that partition's request is appended.
 
-Fetch reads each partition with ``log.read(offset, budget, max_offset=high_watermark)``: whole
-batches as stored, never an object per record. The response holds at most ``max_bytes``,
+Fetch reads each partition with ``log.read(offset, budget, max_offset=high_watermark,
+zero_copy=True)``: whole batches as stored, never an object per record; large batches come as
+a ``FileRegion`` that the connection sends with ``os.sendfile``, never read into the process. The response holds at most ``max_bytes``,
 except that the first partition with data always gets at least one whole batch (so a consumer
 cannot stall on a batch larger than its budget); a later partition whose first batch does not
 fit gets nothing this time. If fewer than ``min_bytes`` are ready, the second half long-polls:
@@ -53,6 +54,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 import trio
 
+from rivven_broker.file_region import FileRegion
 from rivven_broker.protocol import limits
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.messages import (
@@ -309,9 +311,12 @@ class DataPath:
             budget = min(part.partition_max_bytes, remaining, limits.fetch_partition_bytes_max)
             offset = part.fetch_offset
             if budget > 0:
-                read = plog.read(offset, budget, max_offset=stable if committed else high_watermark)
+                read = plog.read(offset, budget, max_offset=stable if committed else high_watermark,
+                                 zero_copy=True)
                 records = read.records
                 if len(records) > budget and not first_with_data:
+                    if type(records) is FileRegion:
+                        records.close()
                     records = b""  # only the first partition with data may exceed its budget
                 elif committed and records:
                     aborted = tuple(

@@ -19,6 +19,9 @@ Semantics every implementation keeps (the partition log relies on them):
   parent directory. ``makedirs`` and ``remove`` likewise need ``fsync_dir`` to be durable.
 - ``allocate(h, size)`` makes the file at least ``size`` bytes, zero-filled, without changing
   the bytes already there (preallocation ahead of the writer).
+- ``region(h, size, position)`` is ``pread``'s bytes, or a ``FileRegion`` naming them
+  (``OsFileStore``: the socket writer then sends them with ``os.sendfile``, no copy in the
+  process). Stores without real files return the bytes.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from __future__ import annotations
 import errno
 import os
 from typing import Protocol, Sequence
+
+from rivven_broker.file_region import FileRegion
 
 __all__ = ["FileStore", "OsFileStore", "Buffer"]
 
@@ -41,6 +46,7 @@ class FileStore(Protocol):
     def pwrite(self, handle: int, data: Buffer, position: int) -> None: ...
     def pwritev(self, handle: int, parts: Sequence[Buffer], position: int) -> None: ...
     def pread(self, handle: int, size: int, position: int) -> bytes: ...
+    def region(self, handle: int, size: int, position: int) -> bytes | FileRegion: ...
     def fsync(self, handle: int) -> None: ...
     def truncate(self, handle: int, size: int) -> None: ...
     def allocate(self, handle: int, size: int) -> None: ...
@@ -100,6 +106,9 @@ class OsFileStore:
 
     def pread(self, handle: int, size: int, position: int) -> bytes:
         return os.pread(handle, size, position)
+
+    def region(self, handle: int, size: int, position: int) -> FileRegion:
+        return FileRegion.of(handle, position, size)
 
     def fsync(self, handle: int) -> None:
         os.fdatasync(handle)

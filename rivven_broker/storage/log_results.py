@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import attrs
 
+from rivven_broker.file_region import FileRegion
+
 __all__ = ["AppendInfo", "ReadResult", "SyncTicket", "LogStatistics"]
 
 
@@ -29,9 +31,10 @@ class AppendInfo:
 @attrs.frozen
 class ReadResult:
     """Whole stored batches, concatenated, and the offset to read next. ``records`` may be a
-    read-only ``memoryview`` (the read's buffer without its partial tail, not a copy)."""
+    read-only ``memoryview`` (the read's buffer without its partial tail, not a copy), or,
+    for a ``zero_copy`` read, a ``FileRegion`` naming them in the segment file."""
 
-    records: bytes | memoryview
+    records: bytes | memoryview | FileRegion
     next_offset: int
     batch_count: int = 0
 

@@ -16,7 +16,9 @@ length, leader epoch, all outside the CRC) is new; the batch bytes are not copie
 
 Reading: bisect the segment by base offset, bisect the sparse offset index, scan batch headers
 forward to the batch holding the offset, then return whole batches (never a partial one, at
-least one if any) from that one segment. ``offset_for_timestamp`` uses the time index the same
+least one if any) from that one segment. A fetch asks for ``zero_copy``: when the batches are
+large it then gets a ``FileRegion`` (found by their headers alone) that the connection sends
+with ``os.sendfile``, instead of the bytes. ``offset_for_timestamp`` uses the time index the same
 way.
 
 Durability (group commit): appends dirty the active segment. ``begin_sync`` hands out a
@@ -72,9 +74,13 @@ from rivven_broker.storage.log_results import AppendInfo, LogStatistics, ReadRes
 from rivven_broker.storage.recovery import RecoveryReport, recover
 from rivven_broker.storage.segment import Segment
 
-__all__ = ["PartitionLog", "AppendInfo", "ReadResult", "SyncTicket", "LogStatistics"]
+__all__ = ["PartitionLog", "AppendInfo", "ReadResult", "SyncTicket", "LogStatistics",
+           "REGION_BATCH_BYTES_MIN"]
 
 _STAMP_BYTES = 16  # base_offset, batch_length, partition_leader_epoch
+#: The least first-batch size for which a zero-copy read names the bytes instead of reading
+#: them: it then reads one header per batch, which beats copying only for large batches.
+REGION_BATCH_BYTES_MIN = 64 * 1024
 #: Offsets and positions in the index are u32; Kafka keeps both below 2**31.
 _RELATIVE_MAX = 2**31 - 1
 
@@ -304,10 +310,16 @@ class PartitionLog:
 
     # --- reading ---------------------------------------------------------------------------------
 
-    def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None) -> ReadResult:
+    def read(
+        self, offset: int, max_bytes: int, *, max_offset: int | None = None,
+        zero_copy: bool = False,
+    ) -> ReadResult:
         """Whole batches from the one holding ``offset``, up to ``max_bytes`` but at least one,
         none whose base offset is ``>= max_offset``, all from one segment. ``records`` is
-        ``bytes`` or a read-only ``memoryview`` of them (never copied twice). Blocks on reads.
+        ``bytes`` or a read-only ``memoryview`` of them (never copied twice); with
+        ``zero_copy`` and batches of at least ``REGION_BATCH_BYTES_MIN``, it may instead be
+        a ``FileRegion`` naming them in the segment file (the caller sends and closes it; see
+        ``file_region.py``). Blocks on reads.
 
         Raises:
             OffsetOutOfRangeError: ``offset`` is below the log start or above the log end.
@@ -325,6 +337,11 @@ class PartitionLog:
             if max_offset is not None and first.base_offset >= max_offset:
                 return ReadResult(b"", offset)
             want = min(segment.size - position, max(max_bytes, first.size))
+            if zero_copy and first.size >= REGION_BATCH_BYTES_MIN:
+                # Large batches: walk their headers, name the bytes, never read them.
+                end, next_offset, count = segment.whole_batches(
+                    position, first, position + want, max_offset)
+                return ReadResult(segment.region(position, end - position), next_offset, count)
             data = segment.read(position, want)
         except OSError as exc:
             raise StorageError(f"read of {segment.log_path} failed: {exc}") from exc

@@ -37,6 +37,7 @@ from rivven_broker.records.header import (
     parse_header,
     validate,
 )
+from rivven_broker.file_region import FileRegion
 from rivven_broker.storage.file_store import Buffer, FileStore
 from rivven_broker.storage.offset_index import ENTRY_BYTES as OFFSET_ENTRY_BYTES
 from rivven_broker.storage.offset_index import OffsetIndex
@@ -278,6 +279,36 @@ class Segment:
         """``size`` bytes of the log from ``position`` (within ``self.size``). Blocks."""
         assert 0 <= position and position + size <= self.size
         return self.store.pread(self.log_handle, size, position)
+
+    def region(self, position: int, size: int) -> bytes | FileRegion:
+        """``read``'s bytes, or a ``FileRegion`` naming them (see ``FileStore.region``)."""
+        assert 0 <= position and position + size <= self.size
+        return self.store.region(self.log_handle, size, position)
+
+    def whole_batches(
+        self, position: int, first: BatchHeader, limit: int, max_offset: int | None
+    ) -> tuple[int, int, int]:
+        """``(end, next_offset, count)`` of the whole batches from ``position`` (where the
+        batch ``first`` starts) that end at or before ``limit``, stopping before a batch whose
+        base offset is ``>= max_offset``. Reads one header per batch after the first, so it
+        suits large batches (``PartitionLog.read`` decides). Blocks.
+        """
+        end, next_offset, count = position, first.base_offset, 0
+        header = first
+        limit = min(limit, self.size)
+        while True:
+            if end + header.size > limit:
+                break
+            if max_offset is not None and header.base_offset >= max_offset:
+                break
+            end += header.size
+            next_offset = header.next_offset
+            count += 1
+            if end + HEADER_BYTES > limit:
+                break
+            header = parse_header(self.store.pread(self.log_handle, HEADER_BYTES, end))
+            assert header.batch_length >= _MIN_BATCH_LENGTH, (self.log_path, end)
+        return end, next_offset, count
 
     def iter_headers(
         self, start: int, end: int | None = None

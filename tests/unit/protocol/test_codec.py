@@ -11,6 +11,7 @@ or raises ``RemoteProtocolError`` with the documented code, never anything else.
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar
 
 import attrs
@@ -19,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rivven_broker.file_region import FileRegion
 from rivven_broker.protocol import codec, limits
 from rivven_broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from rivven_broker.protocol.message_base import ApiKey, Request, i32, text
@@ -353,3 +355,25 @@ def test_byte_mutations_never_escape(request, data):
     position = data.draw(st.integers(0, len(payload) - 1))
     payload[position] = data.draw(st.integers(0, 255))
     _decodes_or_refuses(bytes(payload))
+
+
+@pytest.mark.parametrize("size", [3, 100_000])  # a region goes by reference whatever its size
+def test_a_file_region_in_a_fetch_answer_is_a_piece_of_its_own(tmp_path, size):
+    data = bytes(range(256)) * (size // 256 + 1)
+    path = tmp_path / "segment"
+    path.write_bytes(data)
+    handle = os.open(path, os.O_RDONLY)
+    region = FileRegion.of(handle, 1, size)
+    os.close(handle)
+
+    def answer(records) -> FetchResponse:
+        part = FetchPartitionResponse(0, ErrorCode.NONE, 5, 5, 0, records)
+        return FetchResponse(ErrorCode.NONE, (FetchTopicResponse("t", (part,)),))
+
+    parts = codec.encode_parts(answer(region))
+    assert [part for part in parts if type(part) is FileRegion] == [region]
+    expected = codec.encode_response(answer(data[1 : 1 + size]))
+    assert codec.encode_response(answer(region)) == expected  # read in where it must be bytes
+    decoded = codec.decode_response(expected)
+    assert decoded.topics[0].partitions[0].records == data[1 : 1 + size]
+    region.close()

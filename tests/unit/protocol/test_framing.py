@@ -11,10 +11,13 @@ correctness only; no timing assertions.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rivven_broker.file_region import FileRegion
 from rivven_broker.protocol import limits
 from rivven_broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from rivven_broker.protocol.framing import (
@@ -268,3 +271,22 @@ def test_the_default_limit_is_the_shared_one():
     decoder.feed((limits.frame_bytes_max + 1).to_bytes(4, "big"))
     with pytest.raises(RemoteProtocolError):
         decoder.next_frame()
+
+
+def test_a_frame_with_a_file_region_comes_in_pieces_that_join_to_the_same_bytes(tmp_path):
+    path = tmp_path / "segment"
+    path.write_bytes(b"0123456789" * 1000)
+    handle = os.open(path, os.O_RDONLY)
+    first, second = FileRegion.of(handle, 10, 5000), FileRegion.of(handle, 0, 3)
+    os.close(handle)
+    parts = [b"ab", first, b"cd", memoryview(b"ef"), second]
+    pieces = encode_frame_parts(FORMAT_MSGPACK, 7, parts)
+    assert [type(p) for p in pieces] == [bytes, FileRegion, bytes, FileRegion]
+    assert pieces[1] is first and pieces[3] is second
+    as_bytes = [b"ab", first.read(), b"cd", b"ef", second.read()]
+    assert b"".join(p.read() if type(p) is FileRegion else p for p in pieces) == \
+        encode_frame_parts(FORMAT_MSGPACK, 7, as_bytes)
+    with pytest.raises(LocalProtocolError):  # a region counts towards the frame limit
+        encode_frame_parts(FORMAT_MSGPACK, 7, parts, frame_bytes_max=5000)
+    first.close()
+    second.close()

@@ -8,6 +8,7 @@ trio's ``MockClock`` with autojump, so idle timeouts pass in virtual time and no
 
 from __future__ import annotations
 
+import os
 import struct
 
 import pytest
@@ -23,11 +24,16 @@ from rivven_broker.protocol.messages import (
     DescribeTopic,
     DescribeTopicResponse,
     ErrorResponse,
+    Fetch,
+    FetchPartitionResponse,
+    FetchResponse,
+    FetchTopicResponse,
     Ping,
     Pong,
     Produce,
     ProduceResponse,
 )
+from rivven_broker.file_region import FileRegion
 from rivven_broker.server.connection import (
     ClientConnections,
     ConnectionSettings,
@@ -265,3 +271,64 @@ async def test_produces_made_durable_by_one_commit_are_answered_in_one_write(nur
     assert [a.correlation_id for a in answers] == ids
     assert handlers.waits == 1  # the other five were answered by ready(), without waiting
     assert counting.sends == 1  # and all six left together
+
+
+class RegionHandlers(ScriptedHandlers):
+    """``Fetch`` answers with ``region`` as the records of its one partition."""
+
+    def __init__(self, region: FileRegion) -> None:
+        super().__init__()
+        self.region = region
+
+    def begin(self, request, now_ms: int):
+        if not isinstance(request, Fetch):
+            return super().begin(request, now_ms)
+        self.begun.append("fetch")
+        part = FetchPartitionResponse(0, ErrorCode.NONE, 9, 9, 0, self.region)
+        return FetchResponse(ErrorCode.NONE, (FetchTopicResponse("t", (part,)),))
+
+
+class SendFileStream(CountingStream):
+    """A stream that can send a ``FileRegion`` (as ``EagerStream`` can), counting regions."""
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        super().__init__(inner)
+        self.regions = 0
+
+    async def send_file(self, region: FileRegion) -> None:
+        self.regions += 1
+        await self.inner.send_all(region.read())
+
+
+@pytest.mark.parametrize("can_send_files", [False, True])
+async def test_a_file_region_answer_goes_out_in_its_place_and_is_closed(
+    nursery, tmp_path, can_send_files
+):
+    data = bytes(range(256)) * 1024
+    path = tmp_path / "segment"
+    path.write_bytes(b"head" + data + b"tail")
+    handle = os.open(path, os.O_RDONLY)
+    region = FileRegion.of(handle, 4, len(data))
+    os.close(handle)
+    handlers = RegionHandlers(region)
+    client_end, server_end = trio.testing.memory_stream_pair()
+    stream = SendFileStream(server_end) if can_send_files else CountingStream(server_end)
+
+    async def run() -> None:
+        await serve_client_connection(
+            stream, handlers, settings=ConnectionSettings(60_000, 64), clock=RealClock(),
+            metrics=BrokerMetrics(1), registry=ClientConnections())
+
+    nursery.start_soon(run)
+    peer = Peer(client_end)
+    ids = [await peer.send(DescribeTopic("later-a")),
+           await peer.send(Fetch(max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, topics=())),
+           await peer.send(DescribeTopic("now-1"))]
+    await trio.testing.wait_all_tasks_blocked()
+    handlers.release("a")  # all three leave in one write: bytes, the region, bytes
+    answers = [await peer.receive() for _ in ids]
+    assert [a.correlation_id for a in answers] == ids
+    assert answers[0].response.name == "later-a" and answers[2].response.name == "now-1"
+    assert answers[1].response.topics[0].partitions[0].records == data
+    assert region.closed
+    assert getattr(stream, "regions", 1) == 1

@@ -4,15 +4,19 @@ Method: real connected socket pairs. A small send completes with no checkpoint a
 send larger than the kernel buffers falls back to trio and still delivers every byte in
 order; a receive that finds bytes returns them with no checkpoint (but yields once in every
 run of ``_YIELD_EVERY``), one that finds none waits; closing, a vanished peer, end of stream
-and two concurrent senders or receivers behave as trio's streams do.
+and two concurrent senders or receivers behave as trio's streams do. ``send_file`` sends a
+``FileRegion`` of a real file the same ways, and breaks the stream if the file shrank.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import trio
 import trio.testing
 
+from rivven_broker.file_region import FileRegion
 from rivven_broker.server.eager_stream import _YIELD_EVERY, EagerStream
 
 
@@ -184,3 +188,59 @@ async def test_a_receive_of_nothing_is_refused():
     eager, _ = _pair()
     with pytest.raises(ValueError):
         await eager.receive_some(0)
+
+
+def _region(tmp_path, data: bytes, position: int = 0, size: int | None = None) -> FileRegion:
+    path = tmp_path / "segment"
+    path.write_bytes(data)
+    handle = os.open(path, os.O_RDWR)
+    try:
+        return FileRegion.of(handle, position, len(data) - position if size is None else size)
+    finally:
+        os.close(handle)
+
+
+async def test_a_file_region_is_sent_by_the_kernel_byte_for_byte(tmp_path):
+    eager, peer = _pair()
+    data = bytes(range(256)) * (64 * 1024)  # 16 MiB: sendfile must wait for room many times
+    region = _region(tmp_path, data, 1000, len(data) - 2000)
+    received = []
+    async with trio.open_nursery() as nursery:
+
+        async def drain() -> None:
+            received.append(await _receive_exactly(peer, region.size))
+
+        nursery.start_soon(drain)
+        await eager.send_file(region)
+    assert received == [data[1000:-1000]]
+    assert not region.closed  # the caller closes it
+    region.close()
+
+
+async def test_a_small_region_the_kernel_takes_at_once_is_not_a_checkpoint(tmp_path):
+    eager, peer = _pair()
+    region = _region(tmp_path, b"0123456789", 2, 5)
+    with trio.testing.assert_no_checkpoints():
+        await eager.send_file(region)
+    assert await _receive_exactly(peer, 5) == b"23456"
+    region.close()
+
+
+async def test_a_region_whose_file_shrank_breaks_the_stream(tmp_path):
+    eager, peer = _pair()
+    region = _region(tmp_path, b"z" * 100_000)
+    os.ftruncate(region.fd, 40_000)  # truncated between the read and the send
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_receive_exactly, peer, 40_000)
+        with pytest.raises(trio.BrokenResourceError, match="ends inside"):
+            await eager.send_file(region)
+    region.close()
+
+
+async def test_sending_a_region_on_a_closed_stream_raises_closed(tmp_path):
+    eager, _ = _pair()
+    region = _region(tmp_path, b"late")
+    await eager.aclose()
+    with pytest.raises(trio.ClosedResourceError):
+        await eager.send_file(region)
+    region.close()
