@@ -21,7 +21,8 @@ Semantics every implementation keeps (the partition log relies on them):
   the bytes already there (preallocation ahead of the writer).
 - ``region(h, size, position)`` is ``pread``'s bytes, or a ``FileRegion`` naming them
   (``OsFileStore``: the socket writer then sends them with ``os.sendfile``, no copy in the
-  process). Stores without real files return the bytes.
+  process; the bytes after all when the process is out of file descriptors, as a region
+  holds one). Stores without real files return the bytes.
 """
 
 from __future__ import annotations
@@ -107,8 +108,13 @@ class OsFileStore:
     def pread(self, handle: int, size: int, position: int) -> bytes:
         return os.pread(handle, size, position)
 
-    def region(self, handle: int, size: int, position: int) -> FileRegion:
-        return FileRegion.of(handle, position, size)
+    def region(self, handle: int, size: int, position: int) -> bytes | FileRegion:
+        try:
+            return FileRegion.of(handle, position, size)
+        except OSError as exc:  # out of descriptors (a region holds one): copy instead
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            return self.pread(handle, size, position)
 
     def fsync(self, handle: int) -> None:
         os.fdatasync(handle)

@@ -11,6 +11,7 @@ property drives the comparison.
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import tempfile
@@ -84,6 +85,20 @@ def test_large_batches_come_as_a_region_and_small_ones_as_bytes(tmp_path):
     capped = log.read(0, 1 << 30, max_offset=3, zero_copy=True)  # a high watermark at 3
     assert (capped.batch_count, capped.next_offset, len(capped.records)) == (2, 3, 2 * (LARGE + HEADER_BYTES))
     records_of(capped)
+    log.close()
+
+
+def test_out_of_descriptors_a_zero_copy_read_copies_instead(tmp_path, monkeypatch):
+    log, _ = PartitionLog.open(OsFileStore(str(tmp_path)), "t-0", CONFIG, 0)
+    fill(log, [LARGE, LARGE])
+    expected = records_of(log.read(0, 1 << 30))
+
+    def no_descriptors(fd: int) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "dup", no_descriptors)
+    result = log.read(0, 1 << 30, zero_copy=True)
+    assert type(result.records) is bytes and result.records == expected
     log.close()
 
 
