@@ -341,6 +341,7 @@ class PartitionLog:
                 # Large batches: walk their headers, name the bytes, never read them.
                 end, next_offset, count = segment.whole_batches(
                     position, first, position + want, max_offset)
+                assert count >= 1
                 return ReadResult(segment.region(position, end - position), next_offset, count)
             data = segment.read(position, want)
         except OSError as exc:

@@ -29,6 +29,7 @@ from typing import Iterator, Sequence
 
 import attrs
 
+from rivven_broker.file_region import FileRegion
 from rivven_broker.records.header import (
     HEADER_BYTES,
     LOG_OVERHEAD_BYTES,
@@ -37,7 +38,6 @@ from rivven_broker.records.header import (
     parse_header,
     validate,
 )
-from rivven_broker.file_region import FileRegion
 from rivven_broker.storage.file_store import Buffer, FileStore
 from rivven_broker.storage.offset_index import ENTRY_BYTES as OFFSET_ENTRY_BYTES
 from rivven_broker.storage.offset_index import OffsetIndex
