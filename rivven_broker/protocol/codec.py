@@ -245,16 +245,11 @@ def _pack_parts(tree: object) -> list[Part]:
             packer.pack_array_header(len(value))
             for item in value:
                 walk(item)
-        elif kind is FileRegion:  # always by reference: its bytes are not in memory
-            assert isinstance(value, FileRegion)
-            parts.append(packer.bytes())
-            packer.reset()
-            parts.append(_bin_header(len(value)))
-            parts.append(value)
-        elif (kind is bytes or kind is bytearray or kind is memoryview) and len(
-            value  # type: ignore[arg-type]
-        ) >= _INLINE_BIN_BYTES_MAX:
-            assert isinstance(value, (bytes, bytearray, memoryview))
+        elif kind is FileRegion or (
+            (kind is bytes or kind is bytearray or kind is memoryview)
+            and len(value) >= _INLINE_BIN_BYTES_MAX  # type: ignore[arg-type]
+        ):  # by reference (a FileRegion whatever its size: its bytes are not in memory)
+            assert isinstance(value, (bytes, bytearray, memoryview, FileRegion))
             parts.append(packer.bytes())
             packer.reset()
             parts.append(_bin_header(len(value)))

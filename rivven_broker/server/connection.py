@@ -349,16 +349,15 @@ class _Connection:
         (``send_file``) or, on a stream without it, read in and sent. Closes the regions."""
         run: list[bytes] = []
         try:
-            for piece in frames:
+            for piece in [*frames, None]:  # None: the end, flushing the last run
                 if type(piece) is bytes:
                     run.append(piece)
                     continue
                 if run:
-                    await self._send_bytes(run[0] if len(run) == 1 else b"".join(run))
+                    await self._send_bytes(b"".join(run))  # one piece: joined without a copy
                     run = []
-                await self._send_region(piece)  # type: ignore[arg-type]
-            if run:
-                await self._send_bytes(run[0] if len(run) == 1 else b"".join(run))
+                if piece is not None:
+                    await self._send_region(piece)  # type: ignore[arg-type]
         finally:
             for piece in frames:
                 if type(piece) is FileRegion:
