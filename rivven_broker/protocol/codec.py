@@ -19,7 +19,11 @@ Decoding is total: every malformed payload raises ``RemoteProtocolError`` and no
   or ill-typed field, int out of range, bad UTF-8, ext types: INVALID_REQUEST;
 - an api key this side does not know, or a version outside the class's range:
   UNSUPPORTED_VERSION (Kafka answers unknown apis the same way; one code means "this broker
-  cannot speak that", whatever the reason).
+  cannot speak that", whatever the reason);
+- a request that names one partition twice (Produce, Fetch, ListOffsets, DeleteRecords,
+  OffsetCommit, OffsetFetch, AddPartitionsToTxn, TxnOffsetCommit: every request whose
+  ``topics`` are ``name`` + ``partitions``): INVALID_REQUEST for the whole request, so the
+  broker acts on none of it (its answer could not say which entry an outcome belongs to).
 
 Unpacking is bounded by ``limits`` (string, bin, array and map sizes; ext types refused), so
 a hostile payload cannot make the unpacker allocate more than its own size suggests.
@@ -47,7 +51,7 @@ import msgpack
 from rivven_broker.file_region import FileRegion
 from rivven_broker.protocol import fast_codec, limits
 from rivven_broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
-from rivven_broker.protocol.message_base import Message, Request, Response, Struct
+from rivven_broker.protocol.message_base import Message, Request, Response, Struct, field_kind
 from rivven_broker.protocol.messages import (
     REQUEST_TYPES,
     RESPONSE_TYPES,
@@ -65,6 +69,8 @@ __all__ = [
     "decode_response_and_version",
     "struct_to_wire",
     "struct_from_wire",
+    "PARTITIONED_REQUESTS",
+    "repeated_partition",
 ]
 
 _STRING_BYTES_MAX = max(
@@ -285,14 +291,65 @@ def _decode(payload: bytes, types: Mapping[int, type[Message]], what: str) -> tu
             f"{cls.__name__} version {version} is not supported (supported: {low}..{high})",
             ErrorCode.UNSUPPORTED_VERSION,
         )
+    message: Any = None
     if cls is Produce:  # the hot path; None sends anything not plainly valid the generic way
-        fast = fast_codec.decode_produce(body, version)
-        if fast is not None:
-            return fast, version
-    try:
-        return struct_from_wire(cls, body, version), version
-    except RecursionError:  # pragma: no cover - nesting is bounded by the classes
-        raise RemoteProtocolError(f"{what} nested too deeply") from None
+        message = fast_codec.decode_produce(body, version)
+    if message is None:
+        try:
+            message = struct_from_wire(cls, body, version)
+        except RecursionError:  # pragma: no cover - nesting is bounded by the classes
+            raise RemoteProtocolError(f"{what} nested too deeply") from None
+    if cls in PARTITIONED_REQUESTS:
+        repeated = repeated_partition(message)
+        if repeated is not None:
+            raise RemoteProtocolError(
+                f"{cls.__name__} names partition {repeated[1]} of topic {repeated[0]!r} more "
+                "than once"
+            )
+    return message, version
+
+
+def _names_partitions(cls: type[Message]) -> bool:
+    """Whether ``cls`` has ``topics``: structs of ``name`` + ``partitions`` (ints or structs
+    with a ``partition`` field)."""
+    fields = {field.name: field for field in attrs.fields(cls)}
+    topics = fields.get("topics")
+    if topics is None or field_kind(topics).tag != "structs":
+        return False
+    topic_cls = field_kind(topics).cls
+    topic_fields = {field.name: field for field in attrs.fields(topic_cls)}
+    partitions = topic_fields.get("partitions")
+    if "name" not in topic_fields or partitions is None:
+        return False
+    kind = field_kind(partitions)
+    if kind.tag == "ints":
+        return True
+    return kind.tag == "structs" and "partition" in attrs.fields_dict(kind.cls)
+
+
+#: The request classes whose ``topics`` name partitions: each partition at most once.
+PARTITIONED_REQUESTS = frozenset(
+    cls for cls in REQUEST_TYPES.values() if _names_partitions(cls)
+)
+
+
+def repeated_partition(request: Request) -> tuple[str, int] | None:
+    """The first (topic, partition) ``request`` names twice, or None. Pure.
+
+    ``request`` must be of a class whose ``topics`` are ``name`` + ``partitions``. A request of
+    one topic and one partition (the common produce) costs two length checks.
+    """
+    topics = request.topics  # type: ignore[attr-defined]
+    if len(topics) == 1 and len(topics[0].partitions) < 2:
+        return None
+    seen: set[tuple[str, int]] = set()
+    for topic in topics:
+        for item in topic.partitions:
+            key = (topic.name, item if type(item) is int else item.partition)
+            if key in seen:
+                return key
+            seen.add(key)
+    return None
 
 
 def decode_request_and_version(payload: bytes | bytearray | memoryview) -> tuple[Request, int]:

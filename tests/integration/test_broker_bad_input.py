@@ -220,3 +220,26 @@ async def test_connections_over_the_limit_are_closed_at_once(start_broker, conne
                     break
             except (EOFError, trio.BrokenResourceError):
                 continue
+
+
+async def test_a_request_naming_a_partition_twice_is_refused_whole(broker, connect):
+    """Found by probing: both batches were stored and both entries got the second answer (a
+    stored batch reported failed, a corrupt one reported stored)."""
+    client = await connect(broker.port)
+    await client.call(CreateTopic("t", 2))
+    good = batch(b"good")
+    broken = bytearray(batch(b"evil"))
+    broken[-1] ^= 0x01
+    twice = (ProducePartition(0, good), ProducePartition(1, good), ProducePartition(0, bytes(broken)))
+    split = (ProduceTopic("t", (ProducePartition(0, good),)), ProduceTopic("t", (ProducePartition(0, good),)))
+    for topics in ((ProduceTopic("t", twice),), split):
+        answer = await client.call(Produce(acks=-1, topics=topics))
+        assert isinstance(answer, ErrorResponse)
+        assert answer.error_code == ErrorCode.INVALID_REQUEST
+        assert "partition 0 of topic 't' more than once" in answer.message
+    assert await log_end(client, "t", 0) == 0 and await log_end(client, "t", 1) == 0
+    fetch_twice = Fetch(max_wait_ms=0, topics=(FetchTopic("t", (FetchPartition(0, 0), FetchPartition(0, 5))),))
+    assert (await client.call(fetch_twice)).error_code == ErrorCode.INVALID_REQUEST
+    once = Produce(acks=-1, topics=(ProduceTopic("t", (ProducePartition(0, good), ProducePartition(1, good))),))
+    answers = (await client.call(once)).topics[0].partitions
+    assert [(a.partition, a.error_code, a.base_offset) for a in answers] == [(0, 0, 0), (1, 0, 0)]

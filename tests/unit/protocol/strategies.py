@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 from hypothesis import strategies as st
 
+from rivven_broker.protocol.codec import PARTITIONED_REQUESTS
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.message_base import FieldKind, field_kind
 from rivven_broker.protocol.messages import API_PAIRS, ErrorResponse
@@ -75,8 +76,26 @@ def struct_strategy(cls: type) -> st.SearchStrategy[Any]:
     """Valid instances of the message or nested part ``cls``."""
     if cls not in _CACHE:
         fields = {a.name: _for_kind(field_kind(a)) for a in attrs.fields(cls)}
-        _CACHE[cls] = st.builds(cls, **fields)
+        strategy = st.builds(cls, **fields)
+        if cls in PARTITIONED_REQUESTS:  # a request names each partition once
+            strategy = strategy.map(_partitions_once)
+        _CACHE[cls] = strategy
     return _CACHE[cls]
+
+
+def _partitions_once(request: Any) -> Any:
+    """``request`` without its repeated (topic, partition) entries (the first one kept)."""
+    seen: set[tuple[str, int]] = set()
+    topics = []
+    for topic in request.topics:
+        kept = []
+        for item in topic.partitions:
+            key = (topic.name, item if type(item) is int else item.partition)
+            if key not in seen:
+                seen.add(key)
+                kept.append(item)
+        topics.append(attrs.evolve(topic, partitions=tuple(kept)))
+    return attrs.evolve(request, topics=tuple(topics))
 
 
 def any_request() -> st.SearchStrategy[Any]:

@@ -377,3 +377,52 @@ def test_a_file_region_in_a_fetch_answer_is_a_piece_of_its_own(tmp_path, size):
     decoded = codec.decode_response(expected)
     assert decoded.topics[0].partitions[0].records == data[1 : 1 + size]
     region.close()
+
+
+def test_every_request_that_names_partitions_refuses_a_repeated_one():
+    """Each request whose topics are name + partitions: a partition named twice, in one topic
+    entry or across two entries of the same topic, is INVALID_REQUEST; distinct ones pass."""
+    from rivven_broker.protocol.codec import PARTITIONED_REQUESTS, repeated_partition
+    from rivven_broker.protocol.message_base import field_kind
+
+    names = sorted(cls.__name__ for cls in PARTITIONED_REQUESTS)
+    assert names == ["AddPartitionsToTxn", "DeleteRecords", "Fetch", "ListOffsets",
+                     "OffsetCommit", "OffsetFetch", "Produce", "TxnOffsetCommit"]
+    for cls in PARTITIONED_REQUESTS:
+        topic_cls = field_kind(attrs.fields_dict(cls)["topics"]).cls
+        part_kind = field_kind(attrs.fields_dict(topic_cls)["partitions"])
+
+        def part(number, part_kind=part_kind):
+            if part_kind.tag == "ints":
+                return number
+            return _minimal(part_kind.cls, partition=number)
+
+        def request(*topics, cls=cls, topic_cls=topic_cls):
+            built = tuple(_minimal(topic_cls, name=name, partitions=tuple(part(n) for n in ns))
+                          for name, ns in topics)
+            return _minimal(cls, topics=built)
+
+        for bad in (request(("a", (0, 1, 0))), request(("a", (0,)), ("b", (0,)), ("a", (0,)))):
+            assert repeated_partition(bad) == ("a", 0)
+            with pytest.raises(RemoteProtocolError) as raised:
+                codec.decode_request(codec.encode_request(bad))
+            assert raised.value.code == ErrorCode.INVALID_REQUEST
+        good = request(("a", (0, 1)), ("b", (0,)))
+        assert repeated_partition(good) is None
+        assert codec.decode_request(codec.encode_request(good)) == good
+
+
+def _minimal(cls, **given_fields):
+    """An instance of ``cls`` with ``given_fields`` and the simplest valid value elsewhere."""
+    from rivven_broker.protocol.message_base import field_kind
+
+    values = dict(given_fields)
+    for field in attrs.fields(cls):
+        if field.name in values or field.default is not attrs.NOTHING:
+            continue
+        kind = field_kind(field)
+        simplest = {"int": kind.choices[0] if kind.choices else max(kind.lo, min(0, kind.hi)),
+                    "bool": False, "str": "x", "bin": b"", "error_code": ErrorCode.NONE,
+                    "structs": (), "ints": (), "strs": (), "str_map": {}, "version_map": {}}
+        values[field.name] = simplest[kind.tag]
+    return cls(**values)
