@@ -455,6 +455,7 @@ class SimNet:
         port: int,
         *,
         handler_nursery: trio.Nursery | None = None,
+        on_accept_failed: Any = None,  # a simulated endpoint never runs out of descriptors
         task_status: Any = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Listen on ``port`` of this endpoint (``host`` is ignored: an endpoint has one

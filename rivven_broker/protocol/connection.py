@@ -123,6 +123,12 @@ class ServerConnection:
         """Bytes received and not yet turned into events."""
         return self._decoder.buffered_bytes
 
+    @property
+    def partial_frame_bytes(self) -> int:
+        """Size (header + body) of the frame being received, once its header is in and until
+        it is complete; 0 otherwise (between frames, or with only part of a header)."""
+        return self._decoder.frame_bytes
+
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Take bytes from the socket. Does not block or raise; ignored after a fatal error."""
         self._decoder.feed(data)

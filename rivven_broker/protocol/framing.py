@@ -214,6 +214,14 @@ class FrameDecoder:
         return max(self._body_missing, 0)
 
     @property
+    def frame_bytes(self) -> int:
+        """Size (header + body) of the frame being read, once its header is in and until its
+        body is complete; 0 otherwise."""
+        if self._body_missing < 0:
+            return 0
+        return _HEADER_BYTES + self._parts_bytes + self._body_missing
+
+    @property
     def poisoned(self) -> bool:
         """True once a framing error was found; the connection must then close."""
         return self._error is not None

@@ -52,8 +52,18 @@ fetch_partition_bytes_max = 16 * 1024 * 1024
 # --- connections ---------------------------------------------------------------------------
 connections_max = 10_000
 in_flight_requests_per_connection_max = 64
-idle_timeout_ms = 120_000  # a half-sent frame or a silent client is closed after this
+idle_timeout_ms = 120_000  # a silent client is closed after this
 handshake_timeout_ms = 10_000
+#: A frame (or an HTTP request head) must be complete this long after its first byte.
+request_timeout_ms_default = 30_000
+request_timeout_ms_max = 300_000
+#: Bytes of unfinished request frames the broker buffers at once, all connections together
+#: (Kafka's queued.max.request.bytes). When spent, connections stop reading until it frees.
+queued_request_bytes_max_default = 128 * 1024 * 1024
+queued_request_bytes_max = 16 * 1024 * 1024 * 1024
+#: HTTP connections (/health, /metrics, the dashboard) open at once.
+http_connections_max_default = 64
+http_connections_max = 1024
 
 # --- storage -------------------------------------------------------------------------------
 index_interval_bytes = 4096
@@ -94,6 +104,9 @@ assert fetch_partition_bytes_max <= fetch_bytes_max
 assert fetch_bytes_max < response_bytes_max
 assert max_message_bytes_default <= batch_bytes_max
 assert in_flight_requests_per_connection_max > 0
+assert 0 < request_timeout_ms_default <= request_timeout_ms_max
+assert queued_request_bytes_max_default <= queued_request_bytes_max
+assert http_connections_max_default <= http_connections_max
 assert topic_name_bytes_max <= wire_name_bytes_max
 assert group_id_bytes_max <= wire_name_bytes_max
 assert config_value_bytes_max <= frame_bytes_max

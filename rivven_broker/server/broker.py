@@ -17,7 +17,11 @@ net, disk, run_sync), so the same code runs on real sockets and files and in the
    ``log_cleaner_backoff_ms``) and the client listener start.
 2. *serving*: ``task_status.started(BrokerAddresses)`` reports the bound ports. Each accepted
    connection is handed to a nursery the broker owns (not the listener's), so the listener can
-   stop without cutting connections. Over ``connections_max`` a connection is closed at once.
+   stop without cutting connections. Over ``connections_max`` (by default derived from the
+   descriptor limit: ``descriptors.py``) a connection is closed at once, as is an HTTP
+   connection over ``http_connections_max``. All connections share one ``RequestBudget``
+   for the bytes of requests still arriving. A listener on a non-loopback address logs a
+   warning at start: nothing authenticates clients yet.
 3. *stopping* (``request_shutdown``): stop accepting; ask every connection to stop reading and
    let it finish the requests it has, for at most ``shutdown_timeout_ms`` (then cancel them);
    stop retention, the cleaner, the group and transaction drivers; close the sync worker (a
@@ -35,6 +39,7 @@ what a process death leaves, and the next start recovers.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import logging
 from typing import Any, Iterator
 
@@ -48,6 +53,7 @@ from rivven_broker.server.connection import (
     serve_client_connection,
 )
 from rivven_broker.server.context import ServerContext
+from rivven_broker.server.descriptors import connections_max_for, descriptor_limit
 from rivven_broker.server.env import Env
 from rivven_broker.server.group_driver import GroupDriver, GroupDriverSettings, GroupLagCollector
 from rivven_broker.server.handlers import Handlers
@@ -55,6 +61,7 @@ from rivven_broker.server.http import json_body, render_dashboard, serve_http_co
 from rivven_broker.server.log_cleaner import LogCleaner
 from rivven_broker.server.metrics import CONTENT_TYPE, BrokerMetrics, PartitionSnapshot
 from rivven_broker.server.producer_state_driver import ProducerStates
+from rivven_broker.server.request_budget import RequestBudget
 from rivven_broker.server.txn_driver import TxnDriver
 from rivven_broker.storage.errors import StorageError, SyncFailedError
 from rivven_broker.storage.log_manager import LogManager
@@ -95,7 +102,20 @@ class Broker:
         self._shutdown = trio.Event()
         self._stopped = trio.Event()
         self._connections = ClientConnections()
+        self._http_connections = 0
+        self._accept_warned_ms = -1
         self._handlers: Handlers | None = None
+        self.connections_max = config.connections_max
+        if self.connections_max == -1:
+            self.connections_max = connections_max_for(
+                descriptor_limit(), config.http_connections_max
+            )
+        self.request_budget = RequestBudget(config.queued_request_bytes_max)
+        self.metrics.track_gauge(
+            "rivven_request_budget_reserved_bytes",
+            "Bytes of partly received requests reserved now (queued_request_bytes_max bounds).",
+            lambda: self.request_budget.reserved_bytes,
+        )
         #: The background compaction task, once serving (``log_cleaner.py``).
         self.log_cleaner: LogCleaner | None = None
         self.metrics.track_partitions(self._partition_snapshot)
@@ -174,8 +194,10 @@ class Broker:
                     self.context.advertised_port = port
                     self.addresses = BrokerAddresses(HostPort(config.listen.host, port), http)
                     self.state = BrokerState.SERVING
-                    log.info("node %d serving clients on %s (sync %s)",
-                             config.node_id, self.addresses.listen, policy)
+                    log.info("node %d serving clients on %s (sync %s, at most %d connections)",
+                             config.node_id, self.addresses.listen, policy,
+                             self.connections_max)
+                    _warn_if_exposed(config)
                     task_status.started(self.addresses)
                     await self._shutdown.wait()
                     self.state = BrokerState.STOPPING
@@ -257,11 +279,22 @@ class Broker:
             await self.env.net.serve_tcp(
                 self._serve_connection, self.config.listen.host, self.config.listen.port,
                 handler_nursery=connections, task_status=task_status,
+                on_accept_failed=functools.partial(self._accept_failed, "clients"),
             )
+
+    def _accept_failed(self, listener: str, reason: str) -> None:
+        """A listener could not accept (out of descriptors or memory): counted; logged once
+        per minute at most, without a traceback (the listener backs off by itself)."""
+        self.metrics.accept_failed(listener, reason)
+        now_ms = self.env.clock.monotonic_ms()
+        if now_ms >= self._accept_warned_ms + 60_000 or self._accept_warned_ms < 0:
+            self._accept_warned_ms = now_ms
+            log.warning("the %s listener cannot accept connections (%s): backing off; see "
+                        "rivven_accept_failures_total", listener, reason)
 
     async def _serve_connection(self, stream: trio.abc.Stream) -> None:
         """Run by the listener, in the broker's connection nursery, per connection."""
-        if self._shutdown.is_set() or len(self._connections) >= self.config.connections_max:
+        if self._shutdown.is_set() or len(self._connections) >= self.connections_max:
             self.metrics.connection_rejected()
             await trio.aclose_forcefully(stream)
             return
@@ -271,11 +304,14 @@ class Broker:
             stream,
             self._handlers,
             settings=ConnectionSettings(
-                self.config.idle_timeout_ms, self.config.in_flight_requests_max
+                self.config.idle_timeout_ms,
+                self.config.in_flight_requests_max,
+                self.config.request_timeout_ms,
             ),
             clock=self.env.clock,
             metrics=self.metrics,
             registry=self._connections,
+            budget=self.request_budget,
             on_close=self.metrics.connection_closed,
         )
 
@@ -315,11 +351,27 @@ class Broker:
             "/": self._dashboard,
         }
 
+        config = self.config
+        http_timed_out = functools.partial(self.metrics.connection_request_timed_out, "http")
+
         async def handler(stream: trio.abc.Stream) -> None:
-            await serve_http_connection(stream, routes, idle_timeout_ms=self.config.idle_timeout_ms)
+            if self._http_connections >= config.http_connections_max:
+                self.metrics.http_connection_rejected()
+                await trio.aclose_forcefully(stream)
+                return
+            self._http_connections += 1
+            try:
+                await serve_http_connection(
+                    stream, routes, idle_timeout_ms=config.idle_timeout_ms,
+                    request_timeout_ms=config.request_timeout_ms,
+                    on_request_timeout=http_timed_out,
+                )
+            finally:
+                self._http_connections -= 1
 
         await self.env.net.serve_tcp(
-            handler, self.config.http.host, self.config.http.port, task_status=task_status
+            handler, config.http.host, config.http.port, task_status=task_status,
+            on_accept_failed=functools.partial(self._accept_failed, "http"),
         )
 
     def _health(self) -> tuple[int, str, bytes]:
@@ -363,6 +415,28 @@ async def _run_in_scope(
     """``await run(task_status=...)`` inside ``scope`` (so the broker can stop it alone)."""
     with scope:
         await run(task_status=task_status)
+
+
+def _warn_if_exposed(config: BrokerConfig) -> None:
+    """Say loudly that a listener off loopback serves anyone: no authentication exists yet."""
+    exposed = [str(address) for address in (config.listen, config.http)
+               if address is not None and not _is_loopback(address.host)]
+    if exposed:
+        log.warning(
+            "listening on %s, which is not loopback, and clients are not authenticated: anyone "
+            "who can reach it can produce, read, delete topics, move a group's offsets or fence "
+            "a transactional producer. Restrict it with a firewall, or listen on 127.0.0.1.",
+            " and ".join(exposed),
+        )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
 
 
 def _advertised_host(host: str) -> str:

@@ -84,7 +84,13 @@ class BrokerConfig:
     auto_create_topics: bool = True
     default_partitions: int = 3
     idle_timeout_ms: int = limits.idle_timeout_ms
-    connections_max: int = limits.connections_max
+    #: A frame, or an HTTP request head, must be complete this long after its first byte.
+    request_timeout_ms: int = limits.request_timeout_ms_default
+    #: -1: derived at start from the process's descriptor limit (``descriptors.py``).
+    connections_max: int = -1
+    http_connections_max: int = limits.http_connections_max_default
+    #: Broker-wide bound on unfinished request frames' bytes (0: unbounded).
+    queued_request_bytes_max: int = limits.queued_request_bytes_max_default
     in_flight_requests_max: int = limits.in_flight_requests_per_connection_max
     #: Zero-filled bytes kept ahead of the writer in each active segment (0: off; -1: auto,
     #: which is 4 MiB under ``sync_policy=always`` — measured here to cut the fdatasync of
@@ -115,7 +121,10 @@ class BrokerConfig:
         assert 0 <= self.node_id <= _I32_MAX
         assert 1 <= self.default_partitions <= limits.partitions_per_topic_max
         assert 0 < self.idle_timeout_ms <= limits.idle_timeout_ms
-        assert 0 < self.connections_max <= limits.connections_max
+        assert self.connections_max == -1 or 0 < self.connections_max <= limits.connections_max
+        assert 0 < self.request_timeout_ms <= limits.request_timeout_ms_max
+        assert 0 < self.http_connections_max <= limits.http_connections_max
+        assert 0 <= self.queued_request_bytes_max <= limits.queued_request_bytes_max
         assert 0 < self.in_flight_requests_max <= limits.in_flight_requests_per_connection_max
         assert self.log_level in LOG_LEVELS
         assert _SYNC_POLICY.fullmatch(self.sync_policy)
@@ -244,8 +253,18 @@ _OPTIONS: tuple[_Option, ...] = (
             "partitions of auto-created topics (default 3)"),
     _Option("idle_timeout_ms", "MS", _int_in(1, limits.idle_timeout_ms),
             f"close a silent or stalled client after this (default {limits.idle_timeout_ms})"),
-    _Option("connections_max", "N", _int_in(1, limits.connections_max),
-            f"client connections at most (default {limits.connections_max})"),
+    _Option("request_timeout_ms", "MS", _int_in(1, limits.request_timeout_ms_max),
+            "close a connection whose frame (or HTTP request head) is not complete this long "
+            f"after its first byte (default {limits.request_timeout_ms_default})"),
+    _Option("connections_max", "N", _int_in(-1, limits.connections_max),
+            "client connections at most (default -1: half of the descriptors the process may "
+            f"open, at most {limits.connections_max})"),
+    _Option("http_connections_max", "N", _int_in(1, limits.http_connections_max),
+            f"HTTP connections at most (default {limits.http_connections_max_default})"),
+    _Option("queued_request_bytes_max", "BYTES", _int_in(0, limits.queued_request_bytes_max),
+            "bytes of partly received requests buffered at once, all connections together; "
+            "when spent the broker stops reading until some complete (default "
+            f"{limits.queued_request_bytes_max_default}; 0: unbounded)"),
     _Option("in_flight_requests_max", "N",
             _int_in(1, limits.in_flight_requests_per_connection_max),
             "requests in flight per connection before the broker stops reading "

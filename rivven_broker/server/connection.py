@@ -26,15 +26,27 @@ answered with an ``ErrorResponse`` in the request's correlation id and the conne
 a frame over the size limit (framing lost) is answered in correlation id 0 after the answers
 already queued, and the connection closes.
 
-Idle timeout: a connection is idle when the reader is waiting for bytes, no answer is owed,
-and nothing arrived or left for ``idle_timeout_ms``. A client that sends nothing, or half a
-frame and stalls, is closed then; a client waiting for a long-poll is not idle. The reader
-and writer only note the time of their last activity (a float, no timer per request); one
-watchdog task per connection sleeps until that time plus the timeout, looks again if there
-was activity meanwhile, and otherwise cancels the reader's scope. The scope is cancelled only
-while the reader waits in ``receive_some``, and the reader re-checks it after every receive,
-so a cancel never lands in the middle of handling a request. Durations use trio's clock (the
-virtual clock under the simulator); request latencies are measured with ``env.clock``.
+Timeouts: one watchdog task per connection enforces two.
+
+- *Idle*: a connection is idle when the reader is waiting for bytes, no answer is owed, and
+  nothing arrived or left for ``idle_timeout_ms``. A client that sends nothing is closed then;
+  a client waiting for a long-poll is not idle.
+- *Request*: a frame must be complete within ``request_timeout_ms`` of its first byte (Kafka
+  has no such bound; a frame trickled a byte a second would otherwise hold the connection and
+  its buffer forever, since every byte resets the idle clock). Time the reader spends not
+  reading (in-flight limit reached, request budget spent) does not count against the client.
+
+The reader and writer only note times (floats, no timer per request): ``last_active`` on
+every receive and answer, ``frame_began`` when a receive leaves part of a frame behind. The
+watchdog sleeps until the earlier deadline (woken when ``frame_began`` is first set), looks
+again if there was activity meanwhile, and otherwise cancels the reader's scope. The scope is
+cancelled only while the reader waits in ``receive_some``, and the reader re-checks it after
+every receive, so a cancel never lands in the middle of handling a request. Durations use
+trio's clock (the virtual clock under the simulator); request latencies use ``env.clock``.
+
+Request budget: a frame that does not arrive whole in one receive reserves its full size from
+the broker-wide ``RequestBudget`` before the reader reads on, and releases it once complete;
+while the budget is spent the reader waits and reads nothing (``request_budget.py``).
 
 Shutdown: ``stop_reading()`` makes the reader stop (dropping bytes not yet read as requests);
 answers already owed are still written, then the connection closes.
@@ -43,6 +55,7 @@ answers already owed are still written, then the connection closes.
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from typing import TYPE_CHECKING, Callable, TypeVar
 
@@ -50,7 +63,7 @@ import attrs
 import trio
 
 from rivven_broker.file_region import FileRegion
-from rivven_broker.protocol import codec
+from rivven_broker.protocol import codec, limits
 from rivven_broker.protocol.connection import (
     CONNECTION_ERROR_CORRELATION_ID,
     BadRequest,
@@ -71,6 +84,7 @@ from rivven_broker.protocol.messages import (
 )
 from rivven_broker.server.context import Pending
 from rivven_broker.server.group_driver import CLIENT
+from rivven_broker.server.request_budget import RequestBudget
 from rivven_broker.storage.errors import SyncFailedError
 
 if TYPE_CHECKING:
@@ -95,6 +109,7 @@ _INTERNAL_ERROR = "internal error; see the broker log"
 class ConnectionSettings:
     idle_timeout_ms: int
     in_flight_requests_max: int
+    request_timeout_ms: int = limits.request_timeout_ms_default
 
 
 @attrs.define(slots=True)
@@ -117,6 +132,7 @@ class _Connection:
         settings: ConnectionSettings,
         clock: Clock,
         metrics: BrokerMetrics,
+        budget: RequestBudget,
     ) -> None:
         self.stream = stream
         self.handlers = handlers
@@ -132,8 +148,13 @@ class _Connection:
         self.fatal: bytes | None = None  # the closing error frame, after a fatal BadRequest
         self.read_scope = trio.CancelScope()  # cancelled (only while receiving) to stop
         self.receiving = False  # the reader is waiting in receive_some
-        self.idle_closed = False  # the watchdog found the connection idle
+        self.waiting_budget = False  # the reader is waiting for the request budget
+        self.closed_by: str | None = None  # "idle" or "request_timeout": the watchdog closed
         self.last_active = trio.current_time()  # bytes in, or the last answer out
+        self.frame_began: float | None = None  # a frame is partly received since then
+        self.watch_wakeup = trio.Event()  # frame_began was set
+        self.budget = budget
+        self.reserved_bytes = 0  # this connection's reservation for its partial frame
 
     # --- shared helpers ----------------------------------------------------------------------
 
@@ -151,24 +172,42 @@ class _Connection:
     def stop_reading(self) -> None:
         """Stop taking requests; answers already owed are still sent. Never blocks."""
         self.stopping = True
-        if self.receiving:
+        if self.receiving or self.waiting_budget:
             self.read_scope.cancel()
         self.wake_reader()
         self.wake_writer()
 
-    async def watch_idle(self) -> None:
-        """Close the reader once the connection has been idle for the timeout. Returns then."""
-        timeout_s = self.settings.idle_timeout_ms / 1000
+    async def watch(self) -> None:
+        """Close the reader once the connection has been idle for the idle timeout, or a frame
+        has been incomplete for the request timeout (see the module docstring). Returns then."""
+        idle_s = self.settings.idle_timeout_ms / 1000
+        request_s = self.settings.request_timeout_ms / 1000
         while True:
-            deadline = self.last_active + timeout_s
-            if trio.current_time() < deadline:
-                await trio.sleep_until(deadline)
-            elif self.slots or not self.receiving:  # an answer owed or a request in hand
-                await trio.sleep(timeout_s)  # the writer notes when the last answer leaves
-            else:
-                self.idle_closed = True
+            now = trio.current_time()
+            began = self.frame_began
+            request_at = math.inf if began is None else began + request_s
+            if now >= request_at and self.receiving:
+                self.closed_by = "request_timeout"
                 self.read_scope.cancel()
                 return
+            idle_at = self.last_active + idle_s
+            if now >= idle_at:
+                if not self.slots and self.receiving:
+                    self.closed_by = "idle"
+                    self.read_scope.cancel()
+                    return
+                idle_at = now + idle_s  # an answer owed or a request in hand: look again
+            if request_at <= now:  # not reading now: the reader moves frame_began on
+                request_at = now + request_s
+            if self.watch_wakeup.is_set():
+                self.watch_wakeup = trio.Event()
+            with trio.move_on_at(min(idle_at, request_at)):
+                await self.watch_wakeup.wait()
+
+    def _pause_frame_clock(self, since: float) -> None:
+        """The reader did not read from ``since`` until now: that time is not the client's."""
+        if self.frame_began is not None:
+            self.frame_began += trio.current_time() - since
 
     # --- the reader --------------------------------------------------------------------------
 
@@ -180,24 +219,34 @@ class _Connection:
         with self.read_scope:
             reason = await self._read_requests(nursery)
         if self.read_scope.cancel_called:
-            return "idle" if self.idle_closed else "stopped"
+            return self.closed_by or "stopped"
         return reason
 
     async def _read_requests(self, nursery: trio.Nursery) -> str:
         core = self.core
         in_flight_max = self.settings.in_flight_requests_max
         while not self.stopping:
-            while len(self.slots) >= in_flight_max and not self.stopping:
-                self.reader_wakeup = trio.Event()
-                await self.reader_wakeup.wait()  # backpressure: until answers go out
+            if len(self.slots) >= in_flight_max:
+                paused_at = trio.current_time()
+                while len(self.slots) >= in_flight_max and not self.stopping:
+                    self.reader_wakeup = trio.Event()
+                    await self.reader_wakeup.wait()  # backpressure: until answers go out
+                self._pause_frame_clock(paused_at)
             if self.stopping:
                 break
             event = core.next_event()
             if event is None:
+                if core.buffered_bytes:
+                    await self._partial_frame()
+                else:
+                    self.frame_began = None
                 outcome = await self._receive()
                 if outcome is not None:
                     return outcome
                 continue
+            if self.frame_began is not None:  # a frame is complete; its reservation ends
+                self.frame_began = None
+                self.release_budget()
             if isinstance(event, RequestReceived):
                 await self._handle(event.correlation_id, event.request, nursery)
             else:
@@ -205,6 +254,31 @@ class _Connection:
                 if event.fatal:
                     return "fatal"
         return "stopped"
+
+    async def _partial_frame(self) -> None:
+        """Before reading the rest of a frame: start its request clock, and reserve its size
+        from the budget once its header is in (waiting while the budget is spent)."""
+        if self.frame_began is None:
+            self.frame_began = self.last_active  # its first byte came with the last receive
+            self.watch_wakeup.set()
+        frame_bytes = self.core.partial_frame_bytes
+        if not frame_bytes or self.reserved_bytes:
+            return
+        if not self.budget.try_reserve(frame_bytes):
+            self.metrics.request_budget_waited()
+            waited_from = trio.current_time()
+            self.waiting_budget = True
+            try:
+                await self.budget.reserve(frame_bytes)
+            finally:
+                self.waiting_budget = False
+            self._pause_frame_clock(waited_from)
+        self.reserved_bytes = frame_bytes
+
+    def release_budget(self) -> None:
+        if self.reserved_bytes:
+            self.budget.release(self.reserved_bytes)
+            self.reserved_bytes = 0
 
     async def _receive(self) -> str | None:
         self.receiving = True
@@ -454,6 +528,7 @@ async def serve_client_connection(
     clock: Clock,
     metrics: BrokerMetrics,
     registry: ClientConnections,
+    budget: RequestBudget | None = None,
     on_close: Callable[[], None] | None = None,
 ) -> None:
     """Serve one client connection until it ends (see the module docstring); close ``stream``.
@@ -465,7 +540,8 @@ async def serve_client_connection(
         SyncFailedError: an fsync failed while a request waited; the broker must stop.
     """
     CLIENT.set(("", _peer_host(stream)))
-    connection = _Connection(stream, handlers, settings, clock, metrics)
+    budget = budget if budget is not None else RequestBudget(0)  # 0: unbounded
+    connection = _Connection(stream, handlers, settings, clock, metrics, budget)
     registry.add(connection)
     try:
         async with trio.open_nursery() as nursery:
@@ -475,7 +551,7 @@ async def serve_client_connection(
                 nursery.cancel_scope.cancel()  # nothing more will be sent: drop what is left
 
             nursery.start_soon(write_then_end)
-            nursery.start_soon(connection.watch_idle)
+            nursery.start_soon(connection.watch)
             try:
                 reason = await connection.read_loop(nursery)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -485,11 +561,15 @@ async def serve_client_connection(
             if reason == "idle":
                 metrics.connection_idle_closed()
                 nursery.cancel_scope.cancel()
+            elif reason == "request_timeout":
+                metrics.connection_request_timed_out()
+                nursery.cancel_scope.cancel()
             elif reason == "broken":
                 nursery.cancel_scope.cancel()
     except* (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
     finally:
+        connection.release_budget()
         registry.remove(connection)
         if on_close is not None:
             on_close()

@@ -30,6 +30,7 @@ else in node code.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import time
@@ -45,6 +46,12 @@ __all__ = ["Clock", "Net", "Env", "RealClock", "RealNet", "RealEnv"]
 
 T = TypeVar("T")
 StreamHandler = Callable[[trio.abc.Stream], Awaitable[None]]
+#: Told of each ``accept`` that failed for lack of descriptors or memory (the errno's name).
+AcceptFailed = Callable[[str], None]
+
+# accept(2) failures that mean "the system is out of something", not "this listener is broken".
+_ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+_ACCEPT_BACKOFF_S = (0.01, 1.0)  # first and longest pause after a failed accept
 
 
 class Clock(Protocol):
@@ -62,6 +69,7 @@ class Net(Protocol):
         port: int,
         *,
         handler_nursery: trio.Nursery | None = None,
+        on_accept_failed: AcceptFailed | None = None,
         task_status: Any = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Listen and run ``handler(stream)`` per connection until cancelled.
@@ -69,7 +77,9 @@ class Net(Protocol):
         ``task_status.started(port)`` reports the bound port (useful with port 0). The stream
         is closed when ``handler`` returns. With ``handler_nursery``, handlers run there
         instead of inside this call: cancelling ``serve_tcp`` then only stops accepting, and
-        the connections already open live on (a graceful shutdown needs exactly that).
+        the connections already open live on (a graceful shutdown needs exactly that). An
+        accept that fails for lack of descriptors or memory is reported to
+        ``on_accept_failed`` and retried after a pause, never raised.
         """
         ...
 
@@ -112,26 +122,87 @@ class RealNet:
         port: int,
         *,
         handler_nursery: trio.Nursery | None = None,
+        on_accept_failed: AcceptFailed | None = None,
         task_status: Any = trio.TASK_STATUS_IGNORED,
     ) -> None:
         listeners = await trio.open_tcp_listeners(port, host=host, backlog=1024)
         bound_port = listeners[0].socket.getsockname()[1]
 
         async def eager(stream: trio.SocketStream) -> None:
-            await handler(EagerStream(stream))  # no scheduler pass per send or receive
+            try:
+                await handler(EagerStream(stream))  # no scheduler pass per send or receive
+            finally:
+                await trio.aclose_forcefully(stream)
 
-        if handler_nursery is not None:
+        async with trio.open_nursery() as accepting:
+            handlers = handler_nursery or accepting
+            for listener in listeners:
+                accepting.start_soon(_accept_loop, listener, eager, handlers, on_accept_failed)
             task_status.started(bound_port)
-            await trio.serve_listeners(eager, listeners, handler_nursery=handler_nursery)
-            return
-        async with trio.open_nursery() as nursery:
-            task_status.started(bound_port)
-            await trio.serve_listeners(eager, listeners, handler_nursery=nursery)
 
     async def open_tcp_stream(self, host: str, port: int) -> trio.abc.Stream:
         stream = await trio.open_tcp_stream(host, port)
         stream.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
         return stream
+
+
+async def _accept_loop(
+    listener: trio.SocketListener,
+    handler: Callable[[trio.SocketStream], Awaitable[None]],
+    handlers: trio.Nursery,
+    on_accept_failed: AcceptFailed | None,
+) -> None:
+    """Accept connections for ever, each handled in ``handlers``.
+
+    Out of descriptors (EMFILE/ENFILE) or memory, accept cannot take the connection, which then
+    waits in the backlog, its client hanging. So a spare descriptor is kept: on EMFILE it is
+    closed, the waiting connection accepted and closed at once (its client sees the close, not
+    a hang), and the spare taken again. Each failure is reported, and accepting pauses
+    (10 ms, doubling to 1 s, back to 10 ms after a success) instead of spinning.
+    """
+    spare: int | None = os.open(os.devnull, os.O_RDONLY)
+    pause_s = _ACCEPT_BACKOFF_S[0]
+    try:
+        async with listener:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    if on_accept_failed is not None:
+                        on_accept_failed(errno.errorcode[exc.errno])
+                    if exc.errno == errno.EMFILE:
+                        if spare is not None:
+                            os.close(spare)
+                            await _refuse_one(listener)
+                        spare = _reopen_spare()
+                    await trio.sleep(pause_s)
+                    pause_s = min(pause_s * 2, _ACCEPT_BACKOFF_S[1])
+                    continue
+                pause_s = _ACCEPT_BACKOFF_S[0]
+                handlers.start_soon(handler, stream)
+    finally:
+        if spare is not None:
+            os.close(spare)
+
+
+async def _refuse_one(listener: trio.SocketListener) -> None:
+    """Accept one waiting connection (a descriptor was just freed for it) and close it; give
+    up after a moment if it went away meanwhile."""
+    with trio.move_on_after(0.05):
+        try:
+            stream = await listener.accept()
+        except OSError:
+            return
+        await trio.aclose_forcefully(stream)
+
+
+def _reopen_spare() -> int | None:
+    try:
+        return os.open(os.devnull, os.O_RDONLY)
+    except OSError:  # still none free: try again after the next failure
+        return None
 
 
 class RealEnv:

@@ -10,9 +10,12 @@ connection alive while the client wants it. Every route is a plain function retu
 (``HttpRoutes``), which knows its state, its metrics registry and its logs.
 
 Bounds: a request head may be at most ``_HEAD_BYTES_MAX`` (h11 enforces it), a request body is
-read and discarded up to ``_BODY_BYTES_MAX`` (the routes take none), and a connection that
-sends nothing for ``idle_timeout_ms`` is closed. Only GET and HEAD are served; anything else
-gets 405, an unknown path 404, a malformed request 400.
+read and discarded up to ``_BODY_BYTES_MAX`` (the routes take none), a connection that sends
+nothing for ``idle_timeout_ms`` is closed, and so is one whose request (head and body) is not
+complete ``request_timeout_ms`` after its first byte. Only GET and HEAD of HTTP/1.0 and 1.1
+are served; another version gets 505 (and the connection closes), another method 405, an
+unknown path 404 (the path is not echoed), a malformed request 400. Every answer carries
+``X-Content-Type-Options: nosniff``.
 """
 
 from __future__ import annotations
@@ -20,10 +23,13 @@ from __future__ import annotations
 import html
 import json
 import logging
+import math
 from typing import Callable, Mapping
 
 import h11
 import trio
+
+from rivven_broker.protocol import limits
 
 __all__ = ["Route", "serve_http_connection", "json_body", "render_dashboard"]
 
@@ -36,6 +42,7 @@ _HEAD_BYTES_MAX = 16 * 1024
 _BODY_BYTES_MAX = 64 * 1024
 _RECEIVE_BYTES = 16 * 1024
 _SERVER = b"rivven-broker"
+_HTTP_VERSIONS = (b"1.0", b"1.1")
 
 
 def json_body(document: object) -> bytes:
@@ -62,6 +69,7 @@ async def _respond(
         (b"content-length", str(len(body)).encode()),
         (b"cache-control", b"no-store"),
         (b"server", _SERVER),
+        (b"x-content-type-options", b"nosniff"),
     ]
     response = h11.Response(status_code=status, headers=headers)
     if head_only:
@@ -70,19 +78,46 @@ async def _respond(
         await _send(stream, connection, response, h11.Data(data=body), h11.EndOfMessage())
 
 
-async def _next_event(
-    stream: trio.abc.Stream, connection: h11.Connection, idle_timeout_ms: int
-) -> h11.Event | type[h11.PAUSED] | type[h11.NEED_DATA] | None:
-    """The next h11 event, reading as needed; ``None`` on idle timeout or a closed socket."""
-    while True:
-        event = connection.next_event()
-        if event is not h11.NEED_DATA:
-            return event
-        with trio.move_on_after(idle_timeout_ms / 1000):
-            data = await stream.receive_some(_RECEIVE_BYTES)
-            connection.receive_data(data)
-            continue
-        return None
+class _Reader:
+    """Reads h11 events off one connection, bounding two waits: ``idle_timeout_ms`` for a
+    silent connection, and ``request_timeout_ms`` from a request's first byte to its end
+    (head and body), so a request trickled a byte at a time cannot hold the connection."""
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        connection: h11.Connection,
+        idle_timeout_ms: int,
+        request_timeout_ms: int,
+    ) -> None:
+        self.stream = stream
+        self.connection = connection
+        self.idle_s = idle_timeout_ms / 1000
+        self.request_s = request_timeout_ms / 1000
+        self.request_deadline = math.inf  # set by the first byte of a request
+        self.timed_out = False
+
+    async def next_event(self) -> h11.Event | type[h11.PAUSED] | None:
+        """The next h11 event, reading as needed; ``None`` on a timeout or a closed socket."""
+        connection = self.connection
+        while True:
+            event = connection.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            if self.request_deadline == math.inf and connection.trailing_data[0]:
+                self.request_deadline = trio.current_time() + self.request_s
+            deadline = min(trio.current_time() + self.idle_s, self.request_deadline)
+            with trio.move_on_at(deadline):
+                data = await self.stream.receive_some(_RECEIVE_BYTES)
+                if data and self.request_deadline == math.inf:
+                    self.request_deadline = trio.current_time() + self.request_s
+                connection.receive_data(data)
+                continue
+            self.timed_out = deadline == self.request_deadline
+            return None
+
+    def request_done(self) -> None:
+        self.request_deadline = math.inf
 
 
 def _plain(text: str) -> bytes:
@@ -90,16 +125,13 @@ def _plain(text: str) -> bytes:
 
 
 async def _handle_one(
-    stream: trio.abc.Stream,
-    connection: h11.Connection,
-    request: h11.Request,
-    routes: Mapping[str, Route],
-    idle_timeout_ms: int,
+    reader: _Reader, request: h11.Request, routes: Mapping[str, Route]
 ) -> bool:
     """Answer ``request``; return False when the connection must close."""
+    stream, connection = reader.stream, reader.connection
     body_bytes = 0
     while True:  # drain the request body (the routes take none)
-        event = await _next_event(stream, connection, idle_timeout_ms)
+        event = await reader.next_event()
         if event is None or isinstance(event, h11.ConnectionClosed):
             return False
         if isinstance(event, h11.EndOfMessage):
@@ -109,35 +141,48 @@ async def _handle_one(
             if body_bytes > _BODY_BYTES_MAX:
                 await _respond(stream, connection, 413, "text/plain", _plain("body too large"))
                 return False
+    reader.request_done()
     method = request.method.decode("ascii", "replace").upper()
     path = request.target.decode("ascii", "replace").split("?", 1)[0]
     route = routes.get(path)
-    if method not in ("GET", "HEAD"):
+    if request.http_version not in _HTTP_VERSIONS:
+        status, content_type, body = 505, "text/plain", _plain("only HTTP/1.0 and HTTP/1.1")
+    elif method not in ("GET", "HEAD"):
         status, content_type, body = 405, "text/plain", _plain("only GET and HEAD")
     elif route is None:
-        status, content_type, body = 404, "text/plain", _plain(f"no such page: {path}")
+        status, content_type, body = 404, "text/plain", _plain("no such page")
     else:
         status, content_type, body = route()
     await _respond(stream, connection, status, content_type, body, head_only=method == "HEAD")
-    return True
+    return status != 505
 
 
 async def serve_http_connection(
-    stream: trio.abc.Stream, routes: Mapping[str, Route], *, idle_timeout_ms: int
+    stream: trio.abc.Stream,
+    routes: Mapping[str, Route],
+    *,
+    idle_timeout_ms: int,
+    request_timeout_ms: int = limits.request_timeout_ms_default,
+    on_request_timeout: Callable[[], None] | None = None,
 ) -> None:
-    """Serve HTTP/1.1 requests on ``stream`` until the client closes, errs or idles out.
+    """Serve HTTP/1.1 requests on ``stream`` until the client closes, errs or times out.
 
     Blocks for the life of the connection; closes ``stream`` before returning. Never raises
-    for client misbehaviour or a broken connection (those close the connection).
+    for client misbehaviour or a broken connection (those close the connection). Calls
+    ``on_request_timeout`` (before closing) when a request was not complete within
+    ``request_timeout_ms`` of its first byte.
     """
     connection = h11.Connection(h11.SERVER, max_incomplete_event_size=_HEAD_BYTES_MAX)
+    reader = _Reader(stream, connection, idle_timeout_ms, request_timeout_ms)
     try:
         while True:
             try:
-                event = await _next_event(stream, connection, idle_timeout_ms)
-                if not isinstance(event, h11.Request):
-                    return
-                if not await _handle_one(stream, connection, event, routes, idle_timeout_ms):
+                event = await reader.next_event()
+                if not isinstance(event, h11.Request) or not await _handle_one(
+                    reader, event, routes
+                ):
+                    if reader.timed_out and on_request_timeout is not None:
+                        on_request_timeout()
                     return
             except h11.RemoteProtocolError as exc:
                 if connection.our_state in (h11.IDLE, h11.SEND_RESPONSE):

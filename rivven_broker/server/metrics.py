@@ -163,6 +163,16 @@ class _SyncCollector(Collector):
         )
 
 
+class _ReadGauge:
+    """One gauge read at scrape time."""
+
+    def __init__(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        self._name, self._documentation, self._read = name, documentation, read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(self._name, self._documentation, value=self._read())
+
+
 class BrokerMetrics:
     """The metrics of one broker. Methods never block and never raise."""
 
@@ -190,6 +200,30 @@ class BrokerMetrics:
         self._connections_idle_closed = Counter(
             "rivven_connections_idle_closed",
             "Client connections closed after idle_timeout_ms without a whole request.",
+            registry=registry,
+        )
+        self._request_timeouts = Counter(
+            "rivven_connections_request_timed_out",
+            "Connections closed because a frame (client) or request head (HTTP) was not "
+            "complete within request_timeout_ms of its first byte.",
+            ["listener"],
+            registry=registry,
+        )
+        self._request_budget_waits = Counter(
+            "rivven_request_budget_waits",
+            "Times a connection stopped reading because queued_request_bytes_max was spent.",
+            registry=registry,
+        )
+        self._accept_failures = Counter(
+            "rivven_accept_failures",
+            "Connections the listener could not accept (out of file descriptors or buffers); "
+            "it backs off and retries.",
+            ["listener", "reason"],
+            registry=registry,
+        )
+        self._http_connections_rejected = Counter(
+            "rivven_http_connections_rejected",
+            "HTTP connections closed at once because http_connections_max was reached.",
             registry=registry,
         )
         info = Gauge("rivven_broker_info", "Constant 1, labelled with the node id.", ["node_id"],
@@ -239,6 +273,22 @@ class BrokerMetrics:
 
     def connection_idle_closed(self) -> None:
         self._connections_idle_closed.inc()
+
+    def connection_request_timed_out(self, listener: str = "clients") -> None:
+        self._request_timeouts.labels(listener).inc()
+
+    def request_budget_waited(self) -> None:
+        self._request_budget_waits.inc()
+
+    def accept_failed(self, listener: str, reason: str) -> None:
+        self._accept_failures.labels(listener, reason).inc()
+
+    def http_connection_rejected(self) -> None:
+        self._http_connections_rejected.inc()
+
+    def track_gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        """Export a gauge whose value is ``read()`` at every scrape."""
+        self.registry.register(_ReadGauge(name, documentation, read))
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this broker's registry."""

@@ -37,6 +37,11 @@ __all__ = ["FileStore", "OsFileStore", "Buffer"]
 
 Buffer = bytes | bytearray | memoryview
 
+#: Data files and directories are the broker's own (and its group's, for backups and
+#: monitoring): never world-readable. Records may be anyone's secrets.
+_FILE_MODE = 0o640
+_DIR_MODE = 0o750
+
 
 class FileStore(Protocol):
     """Where the storage layer keeps its files. See the module docstring for the semantics."""
@@ -65,7 +70,7 @@ class OsFileStore:
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
-        os.makedirs(self.root, exist_ok=True)
+        os.makedirs(self.root, _DIR_MODE, exist_ok=True)
 
     def _path(self, path: str) -> str:
         assert not os.path.isabs(path), path
@@ -76,7 +81,7 @@ class OsFileStore:
         flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
         if create:
             flags |= os.O_CREAT
-        return os.open(self._path(path), flags, 0o644)
+        return os.open(self._path(path), flags, _FILE_MODE)
 
     def close(self, handle: int) -> None:
         os.close(handle)
@@ -142,7 +147,7 @@ class OsFileStore:
         return sorted(os.listdir(self._path(path)))
 
     def makedirs(self, path: str) -> None:
-        os.makedirs(self._path(path), exist_ok=True)
+        os.makedirs(self._path(path), _DIR_MODE, exist_ok=True)
 
     def rename(self, source: str, target: str) -> None:
         os.replace(self._path(source), self._path(target))

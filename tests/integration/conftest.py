@@ -14,7 +14,8 @@ one line, in two flavours, and a minimal raw-protocol client to talk to it.
   ports; the fixture reads them) and returns a ``BrokerProcess`` (``.port``, ``.http_port``,
   ``.address``, ``.data_dir``, ``.popen``, ``.terminate()`` -> exit code, ``.kill()``).
   Leftover processes are killed at the end of the test. Pass the same ``data_dir`` again to
-  restart on the same data.
+  restart on the same data; ``nofile=(soft, hard)`` starts it with that descriptor limit;
+  ``stderr`` is passed to ``Popen`` (e.g. a file, to read its log).
 - ``connect`` (async): ``client = await connect(port)`` opens a ``RawClient``: a trio TCP
   stream driving the protocol's ``ClientConnection``. ``await client.call(request)`` sends one
   request and returns its response; ``send``/``receive`` pipeline; ``send_raw`` writes any
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import resource
 import select
 import signal
 import socket
@@ -283,13 +285,24 @@ def _port_of(text: str) -> int | None:
 def broker_process(tmp_path: pathlib.Path) -> Iterator[Callable[..., BrokerProcess]]:
     processes: list[BrokerProcess] = []
 
-    def start(*flags: str, data_dir: pathlib.Path | None = None) -> BrokerProcess:
+    def start(
+        *flags: str,
+        data_dir: pathlib.Path | None = None,
+        nofile: tuple[int, int] | None = None,
+        stderr: Any = None,
+    ) -> BrokerProcess:
         directory = data_dir or tmp_path / f"process-data-{len(processes)}"
         command = [
             *_broker_command(), "--data-dir", str(directory), "--listen", "127.0.0.1:0",
             "--http", "127.0.0.1:0", "--log-level", "WARNING", *flags,
         ]
-        popen = subprocess.Popen(command, stdout=subprocess.PIPE)
+
+        def limit_descriptors() -> None:  # in the child, before exec
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
+
+        popen = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr,
+                                 preexec_fn=limit_descriptors if nofile else None)
         try:
             line = _read_ready_line(popen)
         except BaseException:

@@ -122,10 +122,11 @@ class Peer:
             self.core.receive_data(data)
 
 
-async def start(nursery, handlers, *, idle_timeout_ms=60_000, in_flight=64):
+async def start(nursery, handlers, *, idle_timeout_ms=60_000, in_flight=64,
+                request_timeout_ms=30_000):
     client_end, server_end = trio.testing.memory_stream_pair()
     counting = CountingStream(server_end)
-    settings = ConnectionSettings(idle_timeout_ms, in_flight)
+    settings = ConnectionSettings(idle_timeout_ms, in_flight, request_timeout_ms)
     done = trio.Event()
 
     async def run() -> None:
@@ -210,6 +211,27 @@ async def test_a_client_waiting_for_an_answer_is_not_idle(nursery, autojump_cloc
     handlers.release("x")
     assert (await peer.receive()).correlation_id == correlation_id
     await done.wait()  # then, idle again, it is closed after the timeout
+
+
+async def test_a_trickled_frame_is_closed_at_the_request_timeout_from_its_first_byte(
+    nursery, autojump_clock
+):
+    """One byte every 100 ms (virtual) keeps the idle clock fresh; the request timeout of
+    1 s counts from the frame's first byte, so the connection closes after ten bytes."""
+    handlers = ScriptedHandlers()
+    peer, _, done = await start(nursery, handlers, idle_timeout_ms=500, request_timeout_ms=1_000)
+    await peer.send(Ping())  # a whole frame first: answered, and its clock ends
+    await peer.receive()
+    await trio.sleep(0.4)
+    first_byte_at = trio.current_time()
+    for byte in b"\x00\x00\x01\x00" + b"\x02" * 100:
+        if done.is_set():
+            break
+        await peer.stream.send_all(bytes([byte]))
+        await trio.sleep(0.1)
+    assert done.is_set()
+    assert 1.0 <= trio.current_time() - first_byte_at <= 1.2
+    assert not handlers.begun or handlers.begun == ["ping"]
 
 
 async def test_a_fatal_frame_closes_at_once_even_with_requests_open(nursery, autojump_clock):
