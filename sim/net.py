@@ -46,6 +46,7 @@ from typing import Any, Awaitable, Callable, Sequence
 import attrs
 import trio
 
+from sim.datagrams import DatagramConfig, SimDatagrams, SimDatagramSocket
 from sim.trace import Trace
 
 __all__ = ["NetworkConfig", "SimNetwork", "SimNet", "SimStream"]
@@ -66,6 +67,8 @@ class NetworkConfig:
     buffer_bytes_max: int = 4 * 1024 * 1024
     #: Per-link overrides: ((endpoint, endpoint), (latency_min_ms, latency_max_ms)).
     link_latency: tuple[tuple[tuple[str, str], tuple[float, float]], ...] = ()
+    #: The datagram path's own faults and timing (``sim/datagrams.py``).
+    datagrams: DatagramConfig = DatagramConfig()
 
     def __attrs_post_init__(self) -> None:
         assert 0 <= self.latency_min_ms <= self.latency_max_ms
@@ -203,10 +206,15 @@ class SimStream(trio.abc.Stream):
 class SimNetwork:
     """The shared fabric. Create inside ``trio.run`` and start ``run`` in the root nursery."""
 
-    def __init__(self, config: NetworkConfig, rng: random.Random, trace: Trace) -> None:
+    def __init__(self, config: NetworkConfig, rng: random.Random, trace: Trace,
+                 datagram_rng: random.Random | None = None) -> None:
         self.config = config
         self._rng = rng
         self._trace = trace
+        #: The datagram path (SWIM's UDP), obeying this fabric's partitions and incarnations.
+        self.datagrams = SimDatagrams(
+            self, config.datagrams, datagram_rng or random.Random(0), trace
+        )
         self._nursery: trio.Nursery | None = None
         self._listeners: dict[tuple[str, int], trio.MemorySendChannel[SimStream]] = {}
         self._connections: dict[int, _Connection] = {}
@@ -224,6 +232,7 @@ class SimNetwork:
         """Host the pump tasks until cancelled."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            await nursery.start(self.datagrams.run)
             task_status.started()
             await trio.sleep_forever()
 
@@ -321,6 +330,7 @@ class SimNetwork:
         for key in [k for k in self._listeners if k[0] == endpoint]:
             self._listeners.pop(key).close()
         self.reset(endpoint)
+        self.datagrams.crash(endpoint)
         self._trace.event("net.crash", endpoint)
 
     # --- internals --------------------------------------------------------------------------
@@ -497,6 +507,13 @@ class SimNet:
             if network._listeners.get(key) is send:
                 del network._listeners[key]
                 send.close()
+
+    async def bind_udp(self, host: str, port: int) -> SimDatagramSocket:
+        """A datagram socket on ``port`` of this endpoint (``host`` is ignored, as for
+        ``serve_tcp``). Raises ``OSError(EADDRINUSE)`` or ``OSError(ENETDOWN)``."""
+        self._check_alive()
+        await trio.lowlevel.checkpoint()
+        return self._network.datagrams.bind(self.name, self._generation, port)
 
     async def open_tcp_stream(self, host: str, port: int) -> SimStream:
         """Dial ``host:port``. Blocks for the handshake (longer across a partition).

@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 import attrs
 
+from sim.datagrams import DatagramConfig
 from sim.disk import DiskConfig
 from sim.net import NetworkConfig
 
@@ -358,7 +359,22 @@ def _network(table: _Table) -> NetworkConfig:
         stall_timeout_ms=table.duration("stall_timeout", 5_000),
         connect_timeout_ms=table.duration("connect_timeout", 3_000),
         link_latency=tuple(links),
+        datagrams=_datagrams(_Table(table.take("datagrams", None), "network.datagrams")),
     )
+    table.done()
+    return config
+
+
+def _datagrams(table: _Table) -> DatagramConfig:
+    """``[network.datagrams]``: the UDP path's faults (``sim/datagrams.py``)."""
+    low, high = table.range_ms("latency", (0.5, 2.0))
+    chances = {key: float(table.take(key, 0.0, (int, float)))
+               for key in ("loss", "duplicate", "reorder")}
+    for key, chance in chances.items():
+        if not 0.0 <= chance <= 1.0:
+            raise ScenarioError(f"network.datagrams.{key}: a probability in [0, 1]")
+    config = DatagramConfig(latency_min_ms=low, latency_max_ms=high,
+                            reorder_delay_ms=table.duration("reorder_delay", 20), **chances)
     table.done()
     return config
 

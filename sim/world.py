@@ -360,7 +360,8 @@ class World:
         scenario = self.scenario
         self.trace = Trace(self._trace_sink)
         self.history = History(self.trace)
-        self.network = SimNetwork(scenario.network, random.Random(f"{self.seed}/sim/net"), self.trace)
+        self.network = SimNetwork(scenario.network, random.Random(f"{self.seed}/sim/net"),
+                                  self.trace, random.Random(f"{self.seed}/sim/udp"))
         self.nemesis = Nemesis(self, list(self.schedule), self.history)
         final: dict[tuple[str, int], PartitionLog] | None = None
         read_error = None

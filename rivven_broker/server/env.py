@@ -13,6 +13,9 @@ itself. It asks its ``Env``:
 - ``net``: byte streams. ``serve_tcp`` listens and calls a handler per connection;
   ``open_tcp_stream`` dials. Streams are trio ``Stream`` objects (``send_all``,
   ``receive_some``, ``aclose``), real sockets here and in-memory streams in the simulator.
+  And datagrams (SWIM's): ``bind_udp`` gives a ``DatagramSocket`` (``send_to``,
+  ``receive_from``, ``close``): a real UDP socket here; in the simulator a datagram may be
+  lost, duplicated, reordered or delayed, and partitions may be one-way.
 - ``disk``: the storage ``FileStore``.
 - ``run_sync``: runs a blocking function (opening logs, a cleaner step) off the event loop,
   on one long-lived thread in production (``SyncThread``); the simulator runs it inline after
@@ -42,7 +45,7 @@ from rivven_broker.server.eager_stream import EagerStream
 from rivven_broker.server.sync_thread import InlineWhileFast, SyncThread
 from rivven_broker.storage.file_store import FileStore, OsFileStore
 
-__all__ = ["Clock", "Net", "Env", "RealClock", "RealNet", "RealEnv"]
+__all__ = ["Clock", "Net", "Env", "DatagramSocket", "RealClock", "RealNet", "RealEnv"]
 
 T = TypeVar("T")
 StreamHandler = Callable[[trio.abc.Stream], Awaitable[None]]
@@ -59,6 +62,28 @@ class Clock(Protocol):
     def wall_ms(self) -> int: ...
     async def sleep_until_ms(self, deadline_ms: int) -> None: ...
     async def sleep_ms(self, duration_ms: int) -> None: ...
+
+
+class DatagramSocket(Protocol):
+    """A bound datagram socket. Best effort: a datagram may be lost, and nothing says so."""
+
+    #: The port actually bound (useful after binding port 0).
+    local_port: int
+
+    async def send_to(self, data: bytes, host: str, port: int) -> None:
+        """Send one datagram. Does not wait for the network; a checkpoint. Never raises for
+        a datagram the network drops; ``OSError`` for a local failure (e.g. no buffer, a
+        datagram larger than the path allows) and ``trio.ClosedResourceError`` after
+        ``close``."""
+        ...
+
+    async def receive_from(self) -> tuple[bytes, str, int]:
+        """The next datagram and its sender's host and port. Blocks until one arrives."""
+        ...
+
+    def close(self) -> None:
+        """Close the socket; a pending ``receive_from`` raises ``ClosedResourceError``."""
+        ...
 
 
 class Net(Protocol):
@@ -84,6 +109,12 @@ class Net(Protocol):
         ...
 
     async def open_tcp_stream(self, host: str, port: int) -> trio.abc.Stream: ...
+
+    async def bind_udp(self, host: str, port: int) -> DatagramSocket:
+        """A datagram socket bound to ``host:port`` (port 0: any free port).
+
+        Raises ``OSError`` when the address cannot be bound."""
+        ...
 
 
 class Env(Protocol):
@@ -144,6 +175,51 @@ class RealNet:
         stream = await trio.open_tcp_stream(host, port)
         stream.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
         return stream
+
+    async def bind_udp(self, host: str, port: int) -> RealDatagramSocket:
+        family = trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET
+        sock = trio.socket.socket(family, trio.socket.SOCK_DGRAM)
+        try:
+            await sock.bind((host, port))
+        except BaseException:
+            sock.close()
+            raise
+        return RealDatagramSocket(sock)
+
+
+class RealDatagramSocket:
+    """A real UDP socket through trio."""
+
+    _RECEIVE_BYTES = 65_536
+
+    def __init__(self, sock: trio.socket.SocketType) -> None:
+        self._sock = sock
+        self.local_port: int = sock.getsockname()[1]
+
+    async def send_to(self, data: bytes, host: str, port: int) -> None:
+        try:
+            await self._sock.sendto(data, (host, port))
+        except (ConnectionRefusedError, ConnectionResetError):
+            pass  # an ICMP answer to an earlier datagram: the network lost it, as UDP may
+        except OSError as exc:
+            if exc.errno == errno.EBADF:
+                raise trio.ClosedResourceError("datagram socket closed") from exc
+            raise
+
+    async def receive_from(self) -> tuple[bytes, str, int]:
+        while True:
+            try:
+                data, address = await self._sock.recvfrom(self._RECEIVE_BYTES)
+            except (ConnectionRefusedError, ConnectionResetError):
+                continue  # an ICMP error about an earlier send: not a datagram
+            except OSError as exc:
+                if exc.errno == errno.EBADF:
+                    raise trio.ClosedResourceError("datagram socket closed") from exc
+                raise
+            return data, str(address[0]), int(address[1])
+
+    def close(self) -> None:
+        self._sock.close()
 
 
 async def _accept_loop(
