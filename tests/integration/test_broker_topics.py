@@ -15,7 +15,6 @@ from rivven_broker.protocol.messages import (
     CreateTopic,
     DeleteTopic,
     DescribeTopic,
-    ErrorResponse,
     Handshake,
     ListTopics,
     Metadata,
@@ -155,27 +154,3 @@ async def test_topics_survive_a_restart(start_broker, connect, tmp_path):
     described = await client.call(DescribeTopic("kept"))
     assert described.partitions == 2
     assert {e.name: e.value for e in described.configs}["retention.ms"] == "5000"
-
-
-async def test_apis_of_later_milestones_are_unsupported(broker, connect):
-    from rivven_broker.protocol.messages import REQUEST_TYPES
-
-    handled = set((await (await connect(broker.port)).call(Handshake())).api_versions)
-    later = [cls for key, cls in sorted(REQUEST_TYPES.items()) if key not in handled]
-    constructible = [cls for cls in later if _constructible(cls)]
-    if not constructible:
-        pytest.skip("every api of the protocol is handled")
-    client = await connect(broker.port)
-    request = constructible[0]()
-    response = await client.call(request)
-    assert isinstance(response, ErrorResponse)
-    assert response.error_code == ErrorCode.UNSUPPORTED_VERSION
-    assert isinstance(await client.call(Ping()), Pong)  # the connection goes on
-
-
-def _constructible(cls) -> bool:
-    try:
-        cls()
-    except Exception:
-        return False
-    return True

@@ -5,9 +5,8 @@ Method: (1) a toy trio program with a task that waits 0 ms for ever is run under
 run and name the busy task (without it, autojump would spin for ever in real time). (2) A
 short crash-and-reset scenario runs with ``client = "rivven"`` consumers (the real
 ``TrioConsumer`` over ``SimNet``) next to thin producers and must pass every invariant. (3)
-The same with ``client = "rivven"`` producers: today ``TrioProducer``'s sender spins while a
-metadata refresh is due, which the guard reports; the test records that as an expected
-failure (and passes outright once the producer is fixed; any other failure fails it).
+The same with ``client = "rivven"`` producers (the real ``TrioProducer``): every invariant
+must hold too (its sender once spun while a metadata refresh was due, which the guard caught).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from collections import Counter
 
 import pytest
 
-from rivven_broker.client import FeatureNotAvailableError, Producer, TopicPartition
+from rivven_broker.client import Producer, TopicPartition
 
 QUERY_TIMEOUT_S = 120
 
@@ -155,21 +155,7 @@ def test_batch_read_with_ending_offsets_min_partitions_and_headers(spark, broker
     assert by_key[b"k1"].headers is None and r3.topic == topic and r3.timestamp is not None
 
 
-def _transactions_available(broker) -> bool:
-    producer = Producer(broker.address, transactional_id="rivven-spark-capability-probe")
-    try:
-        producer.init_transactions()
-        return True
-    except FeatureNotAvailableError:
-        return False
-    finally:
-        producer.close()
-
-
 def test_read_committed_skips_aborted_transactions(spark, broker, tmp_path):
-    if not _transactions_available(broker):
-        pytest.skip("the broker and client have no transactions yet (Producer."
-                    "init_transactions raises FeatureNotAvailableError)")
     topic = broker.create("stream-txn", partitions=2)
     with Producer(broker.address, transactional_id="spark-test-txn") as producer:
         producer.init_transactions()
