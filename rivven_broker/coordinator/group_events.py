@@ -203,5 +203,8 @@ class Persist:
     group_id: str
     records: tuple[tuple[bytes, bytes | None], ...]
 
+    def __attrs_post_init__(self) -> None:
+        assert self.records, "a Persist carries at least one record (a batch is never empty)"
+
 
 Instruction = Respond | Persist

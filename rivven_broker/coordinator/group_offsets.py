@@ -318,6 +318,9 @@ class OffsetsMixin:
         if group.has_group_record:
             records.append((encode_key(GroupKey(group_id)), None))
         group.pending_members.clear()
+        if not records:  # never persisted (a member joined and left, nothing committed)
+            del self._groups[group_id]
+            return self._respond(token, DeleteGroupResponse(group_id, ErrorCode.NONE))
         group.transition(GroupState.DEAD, now_ms)
         group.delete_persist_id = self._persist(group, records, _DeletePersist(group, token))
 

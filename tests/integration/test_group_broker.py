@@ -234,3 +234,29 @@ def test_group_commands_of_the_cli(broker_process, capsys):
     assert rivven(base + ["group", "delete", "cli"]) == 0
     assert rivven(base + ["group", "describe", "cli"]) == 1
     assert "GROUP_ID_NOT_FOUND" in capsys.readouterr().err
+
+
+def test_deleting_a_group_that_never_committed_does_not_stop_the_broker(broker_process):
+    """Found by probing (issue 16): JoinGroup with an empty member id (MEMBER_ID_REQUIRED),
+    the client goes away, the session times out, then `rivven group delete` on the empty group
+    made the offsets manager persist an empty record list; an assertion stopped the process.
+    Through the real executable: the delete succeeds and the broker keeps serving."""
+    process = broker_process()
+
+    async def main() -> None:
+        stream = await trio.open_tcp_stream("127.0.0.1", process.port)
+        from tests.integration.conftest import RawClient
+
+        client = RawClient(stream)
+        joined = await client.call(m.JoinGroup("lonely", "", None, 1_000, 1_000,
+                                               "consumer", (m.JoinGroupProtocol("range", b""),)))
+        assert joined.error_code == ErrorCode.MEMBER_ID_REQUIRED
+        await stream.aclose()
+        await trio.sleep(2.5)  # the pending member's session (1 s) expires
+
+    trio.run(main)
+    assert rivven(["--bootstrap", process.address, "group", "delete", "lonely"]) == 0
+    assert process.popen.poll() is None, "the broker died"
+    assert rivven(["--bootstrap", process.address, "group", "describe", "lonely"]) == 1
+    assert rivven(["--bootstrap", process.address, "ping"]) == 0
+    assert process.terminate() == 0

@@ -296,6 +296,21 @@ def test_delete_group():
     assert driver.call(ListGroups()).groups == () and _fetch(driver) == -1
 
 
+def test_deleting_a_group_that_never_persisted_anything_needs_no_records():
+    """Found by probing the broker: a JoinGroup answered MEMBER_ID_REQUIRED, the client gone,
+    the pending member expired; the group was empty with nothing to tombstone, and DeleteGroup
+    emitted a Persist of no records, an assertion that stopped the broker."""
+    driver = Driver()
+    _member(driver)
+    driver.advance(10_001)
+    assert driver.call(DescribeGroup("g")).state == "Empty"
+    assert driver.call(DeleteGroup("g")).error_code == CODES.NONE
+    assert driver.call(DescribeGroup("g")).error_code == CODES.GROUP_ID_NOT_FOUND
+    assert driver.call(DeleteGroup("g")).error_code == CODES.GROUP_ID_NOT_FOUND
+    assert driver.call(ListGroups()).groups == ()
+    assert driver.answer(_join(driver)).error_code == CODES.MEMBER_ID_REQUIRED  # usable again
+
+
 def test_deadlines_and_statistics():
     coordinator = GroupCoordinator(random.Random(1), lambda t, p: None, FAST)
     assert coordinator.handle(Tick(), 0) == []
