@@ -124,12 +124,20 @@ class BrokerIO:
     def _offsets(
         self, leader: int, tps: list[TopicPartition], isolation_level: str, earliest: bool
     ) -> list[PartitionSnapshot]:
+        # One request per kind: a request may name each partition once (the broker refuses
+        # repeats with INVALID_REQUEST).
+        latest = self._list_offsets(leader, tps, isolation_level, m.LATEST_TIMESTAMP)
+        first = (self._list_offsets(leader, tps, isolation_level, m.EARLIEST_TIMESTAMP)
+                 if earliest else {})
+        return [PartitionSnapshot(tp.topic, tp.partition, first.get(tp, -1), latest[tp])
+                for tp in tps]
+
+    def _list_offsets(
+        self, leader: int, tps: list[TopicPartition], isolation_level: str, timestamp: int
+    ) -> dict[TopicPartition, int]:
         by_topic: dict[str, list[m.ListOffsetsPartition]] = {}
         for tp in tps:
-            entries = by_topic.setdefault(tp.topic, [])
-            if earliest:
-                entries.append(m.ListOffsetsPartition(tp.partition, m.EARLIEST_TIMESTAMP))
-            entries.append(m.ListOffsetsPartition(tp.partition, m.LATEST_TIMESTAMP))
+            by_topic.setdefault(tp.topic, []).append(m.ListOffsetsPartition(tp.partition, timestamp))
         request = m.ListOffsets(
             isolation_level=ISOLATION_LEVELS[isolation_level],
             topics=tuple(m.ListOffsetsTopic(name, tuple(p)) for name, p in by_topic.items()),
@@ -137,20 +145,16 @@ class BrokerIO:
         response = self._client.call(request, node_id=leader)
         if not isinstance(response, m.ListOffsetsResponse):
             raise RivvenError(f"expected ListOffsetsResponse, got {type(response).__name__}")
-        found: dict[tuple[str, int], list[int]] = {}
+        found: dict[TopicPartition, int] = {}
         for topic in response.topics:
             for part in topic.partitions:
                 if part.error_code != ErrorCode.NONE:
                     raise error_for(part.error_code, f"offsets of {topic.name}-{part.partition}")
-                found.setdefault((topic.name, part.partition), []).append(part.offset)
-        out = []
-        for tp in tps:
-            values = found.get((tp.topic, tp.partition), [])
-            if len(values) != (2 if earliest else 1):
-                raise RivvenError(f"ListOffsets answered {values} for {tp}")
-            first = values[0] if earliest else -1
-            out.append(PartitionSnapshot(tp.topic, tp.partition, first, values[-1]))
-        return out
+                found[TopicPartition(topic.name, part.partition)] = part.offset
+        missing = [tp for tp in tps if tp not in found]
+        if missing:
+            raise RivvenError(f"ListOffsets answered nothing for {missing}")
+        return found
 
     # --- reading ----------------------------------------------------------------------------
     def fetch(

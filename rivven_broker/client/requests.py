@@ -160,13 +160,17 @@ def fetch_request(
 def list_offsets_request(
     entries: Iterable[tuple[TopicPartition, int]], isolation_level: int = m.READ_UNCOMMITTED
 ) -> m.ListOffsets:
-    """ListOffsets for ``(tp, timestamp)`` pairs (-2 earliest, -1 latest, else a time in ms)."""
-    by_topic: dict[str, list[m.ListOffsetsPartition]] = {}
+    """ListOffsets for ``(tp, timestamp)`` pairs (-2 earliest, -1 latest, else a time in ms).
+    A partition named twice is asked once, for its last timestamp (a request may name each
+    partition once)."""
+    by_topic: dict[str, dict[int, m.ListOffsetsPartition]] = {}
     for tp, timestamp in entries:
-        by_topic.setdefault(tp.topic, []).append(m.ListOffsetsPartition(tp.partition, timestamp))
+        by_topic.setdefault(tp.topic, {})[tp.partition] = m.ListOffsetsPartition(
+            tp.partition, timestamp)
     return m.ListOffsets(
         isolation_level=isolation_level,
-        topics=tuple(m.ListOffsetsTopic(name, tuple(parts)) for name, parts in by_topic.items()),
+        topics=tuple(m.ListOffsetsTopic(name, tuple(parts.values()))
+                     for name, parts in by_topic.items()),
     )
 
 
