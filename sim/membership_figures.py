@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 import attrs
 
@@ -99,7 +98,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="accuracy: simulated node-minutes per mode (default 10000)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    started = time.monotonic()
     report: dict[str, object] = {}
     for name, config in (("lifeguard", MembershipConfig()),
                          ("swim", MembershipConfig(lifeguard=False))):
@@ -124,7 +122,6 @@ def main(argv: list[str] | None = None) -> int:
         report[f"accuracy_{name}"] = {"node_minutes": args.node_minutes, **totals}
     report["cost"] = {str(n): cost_per_member(n) for n in (5, 10, 20, 50)}
     report["config"] = attrs.asdict(MembershipConfig())
-    report["wall_s"] = round(time.monotonic() - started, 1)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
