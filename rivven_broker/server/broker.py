@@ -21,7 +21,10 @@ net, disk, run_sync), so the same code runs on real sockets and files and in the
    descriptor limit: ``descriptors.py``) a connection is closed at once, as is an HTTP
    connection over ``http_connections_max``. All connections share one ``RequestBudget``
    for the bytes of requests still arriving. A listener on a non-loopback address logs a
-   warning at start: nothing authenticates clients yet.
+   warning at start: nothing authenticates clients yet. With ``--peers`` the membership
+   driver (SWIM over UDP on the cluster address) starts once the client port is bound, so
+   the address it announces is the real one; at a graceful stop it announces the departure
+   before connections drain. Without ``--peers`` nothing of the cluster runs.
 3. *stopping* (``request_shutdown``): stop accepting; ask every connection to stop reading and
    let it finish the requests it has, for at most ``shutdown_timeout_ms`` (then cancel them);
    stop retention, the cleaner, the group and transaction drivers; close the sync worker (a
@@ -52,6 +55,8 @@ from rivven_broker.server.connection import (
     ConnectionSettings,
     serve_client_connection,
 )
+from rivven_broker.server.cluster.membership_driver import MembershipDriver
+from rivven_broker.server.cluster.metrics import MembershipCollector
 from rivven_broker.server.context import ServerContext
 from rivven_broker.server.descriptors import connections_max_for, descriptor_limit
 from rivven_broker.server.env import Env
@@ -66,6 +71,7 @@ from rivven_broker.server.txn_driver import TxnDriver
 from rivven_broker.storage.errors import StorageError, SyncFailedError
 from rivven_broker.storage.log_manager import LogManager
 from rivven_broker.storage.sync_worker import SyncPolicy, SyncWorker
+from rivven_cluster.membership import DEVELOPMENT_KEY, Address, KeyRing
 
 __all__ = ["Broker", "BrokerAddresses", "BrokerState"]
 
@@ -92,9 +98,14 @@ class BrokerAddresses:
 class Broker:
     """One single-node broker. ``serve`` runs it; ``request_shutdown`` stops it gracefully."""
 
-    def __init__(self, env: Env, config: BrokerConfig) -> None:
+    def __init__(self, env: Env, config: BrokerConfig, *, key_ring: KeyRing | None = None) -> None:
         self.env = env
         self.config = config
+        #: Authenticates cluster traffic (with --peers); the CLI loads it from
+        #: --cluster-key-file, or allows the development key on loopback only.
+        self.key_ring = key_ring if key_ring is not None else KeyRing.parse(DEVELOPMENT_KEY)
+        #: SWIM membership, with --peers (``cluster/membership_driver.py``).
+        self.membership: MembershipDriver | None = None
         self.metrics = BrokerMetrics(config.node_id)
         self.state = BrokerState.STARTING
         self.addresses: BrokerAddresses | None = None
@@ -193,6 +204,10 @@ class Broker:
                     port = await connections.start(self._listen, listener_scope, connections)
                     self.context.advertised_port = port
                     self.addresses = BrokerAddresses(HostPort(config.listen.host, port), http)
+                    membership_scope = trio.CancelScope()
+                    if config.peers:
+                        self.membership = self._membership_driver(port)
+                        await nursery.start(_run_in_scope, self.membership.run, membership_scope)
                     self.state = BrokerState.SERVING
                     log.info("node %d serving clients on %s (sync %s, at most %d connections)",
                              config.node_id, self.addresses.listen, policy,
@@ -203,6 +218,9 @@ class Broker:
                     self.state = BrokerState.STOPPING
                     log.info("stopping: no new connections; finishing in-flight requests")
                     listener_scope.cancel()
+                    if self.membership is not None:
+                        await self.membership.leave()
+                        membership_scope.cancel()
                     await self._drain_connections(connections)
                 retention_scope.cancel()
                 cleaner_scope.cancel()
@@ -281,6 +299,27 @@ class Broker:
                 handler_nursery=connections, task_status=task_status,
                 on_accept_failed=functools.partial(self._accept_failed, "clients"),
             )
+
+    def _membership_driver(self, client_port: int) -> MembershipDriver:
+        config = self.config
+        advertised = config.advertised
+        client = Address(_advertised_host(advertised.host),
+                         advertised.port if config.advertise is not None else client_port)
+        cluster = config.cluster_address
+        driver = MembershipDriver(
+            self.env, node_id=config.node_id, cluster_address=Address(cluster.host, cluster.port),
+            client_address=client, rack=config.rack,
+            seeds=tuple(Address(peer.address.host, peer.address.port) for peer in config.peers),
+            key_ring=self.key_ring, config=config.membership_config(),
+        )
+        self.metrics.registry.register(MembershipCollector(driver))
+        return driver
+
+    def reload_key_ring(self, ring: KeyRing) -> None:
+        """Use ``ring`` for cluster traffic from now on (SIGHUP). Never blocks."""
+        self.key_ring = ring
+        if self.membership is not None:
+            self.membership.reload(ring)
 
     def _accept_failed(self, listener: str, reason: str) -> None:
         """A listener could not accept (out of descriptors or memory): counted; logged once

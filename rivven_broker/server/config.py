@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, NoReturn, Sequence
 import attrs
 
 from rivven_broker.protocol import limits
+from rivven_cluster.membership import MembershipConfig
 
 __all__ = [
     "BrokerConfig",
@@ -78,6 +79,14 @@ class BrokerConfig:
     http: HostPort | None = HostPort("127.0.0.1", 9094)
     peers: tuple[Peer, ...] = ()
     rack: str | None = None
+    #: SWIM (UDP) and, later, Raft and replication (TCP). None: the listen host, port + 1.
+    cluster_listen: HostPort | None = None
+    #: One secret a line; the first signs, all verify (``rivven_cluster.membership.key_ring``).
+    cluster_key_file: str | None = None
+    #: The client address put in metadata and announced to the cluster (None: ``listen``).
+    advertise: HostPort | None = None
+    #: ``[cluster]`` table: MembershipConfig fields overridden, as (name, value) pairs.
+    cluster: tuple[tuple[str, int | bool], ...] = ()
     #: ``always`` | ``interval_ms=N`` | ``none`` (see storage.sync_worker.SyncPolicy).
     sync_policy: str = "always"
     log_level: str = "INFO"
@@ -96,6 +105,22 @@ class BrokerConfig:
     #: which is 4 MiB under ``sync_policy=always`` — measured here to cut the fdatasync of
     #: an append by a quarter or more — and off otherwise, where it only costs writes).
     preallocate_bytes: int = -1
+
+    @property
+    def cluster_address(self) -> HostPort:
+        """Where this broker's cluster traffic is received: ``cluster_listen``, or the listen
+        host at the client port + 1."""
+        if self.cluster_listen is not None:
+            return self.cluster_listen
+        return HostPort(self.listen.host, self.listen.port + 1 if self.listen.port else 0)
+
+    @property
+    def advertised(self) -> HostPort:
+        return self.advertise if self.advertise is not None else self.listen
+
+    def membership_config(self) -> MembershipConfig:
+        """SWIM's settings: the defaults with the ``[cluster]`` table's overrides."""
+        return MembershipConfig(**dict(self.cluster))
 
     @property
     def preallocate_bytes_effective(self) -> int:
@@ -197,6 +222,55 @@ def _peers(flag: str, value: object) -> tuple[Peer, ...]:
     return tuple(peers)
 
 
+def _advertise(flag: str, value: object) -> HostPort:
+    address = _host_port(flag, value)
+    if address.host in _WILDCARDS or address.port == 0:
+        _fail(flag, value, "a concrete HOST:PORT clients can dial (not a wildcard, not port 0)")
+    return address
+
+
+_WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def _cluster_table(table: object, where: str) -> tuple[tuple[str, int | bool], ...]:
+    """The ``[cluster]`` table: MembershipConfig fields with values of their type, > 0."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"--config: {where}: [cluster] must be a table")
+    fields = {field.name: field for field in attrs.fields(MembershipConfig)}
+    values: dict[str, int | bool] = {}
+    for raw_key, value in table.items():
+        key = raw_key.replace("-", "_")
+        field = fields.get(key)
+        if field is None:
+            raise ConfigError(f"--config: {where}: unknown key {raw_key!r} in [cluster] "
+                              f"(known: {', '.join(sorted(fields))})")
+        if field.type in (bool, "bool"):
+            if not isinstance(value, bool):
+                raise ConfigError(f"--config: {where}: [cluster] {raw_key} must be true or false")
+        elif isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _I32_MAX:
+            raise ConfigError(f"--config: {where}: [cluster] {raw_key} must be an integer "
+                              f"in 0..{_I32_MAX}")
+        values[key] = value
+    merged = {**attrs.asdict(MembershipConfig()), **values}
+    problems = []
+    if not 0 < merged["probe_timeout_ms"] < merged["probe_interval_ms"]:
+        problems.append("0 < probe_timeout_ms < probe_interval_ms")
+    for key in ("suspicion_multiplier", "suspicion_max_multiplier", "gossip_fanout",
+                "gossip_interval_ms", "retransmit_multiplier", "push_pull_interval_ms",
+                "join_retry_ms", "reconnect_interval_ms", "awareness_max"):
+        if merged[key] < 1:
+            problems.append(f"{key} >= 1")
+    if merged["indirect_probes"] > 16:
+        problems.append("indirect_probes <= 16")
+    if merged["members_max"] < 2:
+        problems.append("members_max >= 2")
+    if not 200 <= merged["payload_bytes_max"] <= 1_300:
+        problems.append("200 <= payload_bytes_max <= 1300")
+    if problems:
+        raise ConfigError(f"--config: {where}: [cluster] needs " + ", ".join(problems))
+    return tuple(sorted(values.items()))
+
+
 def _name(flag: str, value: object) -> str:
     if not isinstance(value, str) or not _NAME.fullmatch(value):
         _fail(flag, value, "1..64 characters of [A-Za-z0-9._-]")
@@ -242,9 +316,15 @@ _OPTIONS: tuple[_Option, ...] = (
     _Option("listen", "HOST:PORT", _host_port, "client listener (default 127.0.0.1:9092)"),
     _Option("http", "HOST:PORT", _optional_host_port, "HTTP /health, /metrics, dashboard "
             "(default 127.0.0.1:9094; 'off' disables)"),
-    _Option("peers", "ID@HOST:PORT,...", _peers, "cluster members (clustering is not yet "
-            "available: parsed, stored, and the broker runs single-node)"),
+    _Option("peers", "ID@HOST:PORT,...", _peers, "the cluster addresses of the other members "
+            "(membership by SWIM; metadata and replication come in later releases)"),
     _Option("rack", "NAME", _name, "rack of this broker, for replica placement"),
+    _Option("cluster_listen", "HOST:PORT", _host_port, "cluster traffic (SWIM over UDP) "
+            "(default: the listen host, client port + 1)"),
+    _Option("cluster_key_file", "FILE", _text, "the cluster's shared secrets, one a line, not "
+            "readable by group or others (make one with `rivven cluster keygen`)"),
+    _Option("advertise", "HOST:PORT", _advertise, "the client address given to clients and "
+            "the cluster (default: --listen; required with a wildcard --listen)"),
     _Option("sync_policy", "POLICY", _sync_policy, "always (default: fsync before ack), "
             "interval_ms=N, or none"),
     _Option("log_level", "LEVEL", _log_level, "DEBUG, INFO (default), WARNING, ERROR"),
@@ -335,10 +415,13 @@ def _file_layer(path: str, read_file: Callable[[str], bytes]) -> dict[str, objec
     table = document.get("broker", {})
     if not isinstance(table, dict):
         raise ConfigError(f"--config: {path}: [broker] must be a table")
-    unknown = sorted(set(document) - {"broker"})
+    unknown = sorted(set(document) - {"broker", "cluster"})
     if unknown:
-        raise ConfigError(f"--config: {path}: unknown table or key {unknown[0]!r} (only [broker])")
+        raise ConfigError(f"--config: {path}: unknown table or key {unknown[0]!r} "
+                          "(only [broker] and [cluster])")
     layer: dict[str, object] = {}
+    if "cluster" in document:
+        layer["cluster"] = _cluster_table(document["cluster"], path)
     for key, value in table.items():
         option = _BY_KEY.get(key)
         if option is None:
@@ -366,6 +449,9 @@ def load_config(
     merged.update(namespace)
     values = {}
     for field, raw in merged.items():
+        if field == "cluster":  # the [cluster] table, already checked
+            values[field] = raw
+            continue
         option = _BY_KEY[field]
         values[field] = option.convert(option.flag, raw)
     return BrokerConfig(**values)
@@ -380,5 +466,7 @@ def config_as_dict(config: BrokerConfig) -> Mapping[str, object]:
             value = str(value)
         elif field.name == "peers":
             value = ",".join(f"{peer.node_id}@{peer.address}" for peer in value)
+        elif field.name == "cluster":
+            value = ", ".join(f"{key}={item}" for key, item in value)
         result[field.name] = value
     return result

@@ -22,7 +22,7 @@ import random
 from typing import Callable
 
 from rivven_cluster.membership.config import MembershipConfig
-from rivven_cluster.membership.frame import ReplayGuard, open_frame, seal
+from rivven_cluster.membership.frame import Rejection, ReplayGuard, open_frame, seal
 from rivven_cluster.membership.key_ring import KeyRing
 from rivven_cluster.membership.members import Address, MemberState, make_boot_id
 from rivven_cluster.membership.messages import unpack
@@ -136,8 +136,8 @@ class SwimHarness:
         if to not in self.up:
             return
         opened = open_frame(_KEY, frame, self.now_ms, self.guards[to], timestamp_window_ms=30_000)
-        if not isinstance(opened, tuple) or not isinstance(opened[0], tuple):
-            return  # a rejection: a duplicate the replay guard absorbed
+        if isinstance(opened, Rejection):
+            return  # a duplicate the replay guard absorbed
         header, payload = opened
         messages = unpack(payload)
         assert messages is not None, "the harness only carries what cores packed"
