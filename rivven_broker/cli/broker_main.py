@@ -25,7 +25,13 @@ Before the broker is built it raises its soft descriptor limit to the hard one
 (``server/descriptors.py``): the default connection cap is derived from the limit in force.
 Data files and directories are created 0640/0750.
 
-Exit codes: 0 after a graceful shutdown, 1 for bad settings, a locked or unusable data
+With ``--peers`` it loads the cluster key ring from ``--cluster-key-file`` (refused when
+group or others may read it), or uses the public development key with a loud warning when
+every cluster address is loopback, and otherwise exits 2 saying how to make a key. SIGHUP
+re-reads the key file (rotation without a restart).
+
+Exit codes: 0 after a graceful shutdown, 2 for an unusable or missing cluster key, 1 for bad
+settings, a locked or unusable data
 directory, a port that cannot be bound, or a storage failure (a failed fsync stops the broker:
 it never carries on after one).
 """
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import fcntl
 import gc
+import ipaddress
 import logging
 import os
 import signal
@@ -45,6 +52,12 @@ import trio
 from rivven_broker.process_memory import keep_freed_memory
 from rivven_broker.server.broker import Broker, BrokerAddresses
 from rivven_broker.server.config import BrokerConfig, ConfigError, load_config
+from rivven_broker.server.cluster.key_file import (
+    DEVELOPMENT_KEY,
+    KeyFileError,
+    KeyRing,
+    load_key_ring,
+)
 from rivven_broker.server.descriptors import raise_descriptor_limit
 from rivven_broker.server.env import RealEnv
 from rivven_broker.storage.errors import StorageError
@@ -79,6 +92,9 @@ async def _watch_signals(
 ) -> None:
     count = 0
     async for signum in signals:
+        if signum == signal.SIGHUP:
+            _reload_key_ring(broker)
+            continue
         count += 1
         if count == 1:
             log.info("received %s: shutting down gracefully", signal.Signals(signum).name)
@@ -88,10 +104,56 @@ async def _watch_signals(
             cancel.cancel()
 
 
-async def _run(config: BrokerConfig) -> None:
+def _reload_key_ring(broker: Broker) -> None:
+    """SIGHUP: read --cluster-key-file again (key rotation); keep the old ring on a problem."""
+    path = broker.config.cluster_key_file
+    if path is None:
+        log.info("received SIGHUP: no --cluster-key-file to reload")
+        return
+    try:
+        ring = load_key_ring(path)
+    except KeyFileError as exc:
+        log.error("received SIGHUP: keeping the current cluster keys: %s", exc)
+        return
+    broker.reload_key_ring(ring)
+    log.info("received SIGHUP: cluster keys reloaded from %s (%d keys)", path, len(ring))
+
+
+def _cluster_key_ring(config: BrokerConfig) -> KeyRing | None:
+    """The ring for --peers: the key file's, or the development key when every cluster
+    address is loopback. Raises ``KeyFileError`` (the broker exits 2)."""
+    if not config.peers:
+        return None
+    if config.cluster_key_file is not None:
+        return load_key_ring(config.cluster_key_file)
+    addresses = [config.cluster_address.host] + [peer.address.host for peer in config.peers]
+    if all(_is_loopback(host) for host in addresses):
+        log.warning("NO CLUSTER KEY: --peers without --cluster-key-file; using the built-in "
+                    "development key, which anyone can know. Only because every cluster address "
+                    "is loopback. Make a key with `rivven cluster keygen > cluster.key; chmod 600 "
+                    "cluster.key` and pass --cluster-key-file cluster.key")
+        return KeyRing.parse(DEVELOPMENT_KEY)
+    raise KeyFileError(
+        "--peers with a cluster address that is not loopback needs --cluster-key-file (every "
+        "datagram between brokers is authenticated with it). Make one with `rivven cluster "
+        "keygen > cluster.key; chmod 600 cluster.key`, copy it to every broker, and pass "
+        "--cluster-key-file cluster.key"
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def _run(config: BrokerConfig, key_ring: KeyRing | None) -> None:
     env = RealEnv(config.data_dir)
-    broker = Broker(env, config)
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    broker = Broker(env, config, key_ring=key_ring)
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_signals, broker, signals, nursery.cancel_scope)
             addresses: BrokerAddresses = await nursery.start(broker.serve)
@@ -127,9 +189,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rivven-broker: {exc}", file=sys.stderr)
         return 1
     _setup_logging(config.log_level)
+    try:
+        key_ring = _cluster_key_ring(config)
+    except KeyFileError as exc:
+        print(f"rivven-broker: {exc}", file=sys.stderr)
+        return 2
     if config.peers:
-        log.warning("clustering is not yet available: --peers (%d peers) is stored but this "
-                    "broker runs single-node", len(config.peers))
+        log.warning("--peers: cluster membership (SWIM) runs with %d peers; topic metadata and "
+                    "replication are not clustered yet: each broker serves its own topics",
+                    len(config.peers))
     try:
         lock = _lock_data_dir(config.data_dir)
     except (ConfigError, OSError) as exc:
@@ -140,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if after != before:
         log.info("file descriptor limit raised from %d to %d", before, after)
     try:
-        trio.run(_run, config)
+        trio.run(_run, config, key_ring)
     except (OSError, StorageError, BaseExceptionGroup) as exc:
         failure = _operating_failure(exc)
         if failure is None:

@@ -38,6 +38,7 @@ from rivven_broker.client import (
     RivvenError,
     TopicPartition,
 )
+from rivven_broker.server.cluster.key_file import generate_key
 
 __all__ = ["main", "build_parser", "encode_bytes"]
 
@@ -123,8 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     reset.add_argument("--topic", required=True)
     reset.add_argument("--to", required=True, metavar="earliest|latest|OFFSET|timestamp=MS")
 
-    cluster = commands.add_parser("cluster", help="cluster status")
-    cluster.add_argument("action", choices=["status"])
+    cluster = commands.add_parser("cluster", help="cluster status; a new cluster key")
+    cluster.add_argument("action", choices=["status", "keygen"],
+                         help="status: brokers and members as the bootstrap broker sees them; "
+                         "keygen: print a new random key for --cluster-key-file")
     commands.add_parser("ping", help="round trip to a broker")
     bench = commands.add_parser("bench", help="benchmarks (docs/performance.md)", add_help=False)
     bench.add_argument("args", nargs=argparse.REMAINDER)
@@ -374,10 +377,14 @@ def _print_record(record: Any, out: Output) -> None:
 
 
 def cmd_cluster(args: argparse.Namespace, out: Output) -> int:
+    if args.action == "keygen":  # no broker needed: 32 bytes from the OS, one line
+        out.out.write(generate_key(os.urandom(32)) + "\n")
+        return EXIT_OK
     with _admin(args) as admin:
         status = admin.cluster_status()
     doc = status._asdict()
     doc["brokers"] = [b._asdict() for b in status.brokers]
+    doc["members"] = [member._asdict() for member in status.members]
 
     def human(o: TextIO) -> None:
         o.write(f"cluster {status.cluster_id or '-'}: controller {status.controller_id}, "
@@ -385,6 +392,11 @@ def cmd_cluster(args: argparse.Namespace, out: Output) -> int:
                 f"({status.partitions_without_leader} without leader)\n\n")
         _table(o, ["NODE", "HOST", "PORT", "RACK"],
                [(b.node_id, b.host, b.port, b.rack) for b in status.brokers])
+        o.write("\nmembers (membership as this broker sees it):\n")
+        _table(o, ["NODE", "STATE", "INCARNATION", "CLIENT", "CLUSTER", "RACK"],
+               [(x.node_id, x.state, x.incarnation, f"{x.host}:{x.port}",
+                 f"{x.cluster_host}:{x.cluster_port}" if x.cluster_host else "-", x.rack or "-")
+                for x in status.members])
 
     out.document(doc, human)
     return EXIT_OK

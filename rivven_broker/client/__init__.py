@@ -53,6 +53,7 @@ from rivven_broker.client.group_admin import (
 from rivven_broker.client.types import (
     BrokerInfo,
     ClusterStatus,
+    MemberInfo,
     ConfigValue,
     OffsetSpec,
     PartitionInfo,
@@ -79,6 +80,7 @@ __all__ = [
     "ConfigValue",
     "BrokerInfo",
     "ClusterStatus",
+    "MemberInfo",
     "GroupListing",
     "GroupDescription",
     "GroupMemberInfo",

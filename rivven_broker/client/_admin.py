@@ -29,6 +29,7 @@ from rivven_broker.client.group_core import committed_offsets
 from rivven_broker.client.requests import (
     check_response,
     cluster_status,
+    members_of,
     delete_records_request,
     delete_records_results,
     list_offsets_request,
@@ -198,7 +199,8 @@ class Admin:
     # --- cluster -------------------------------------------------------------------------------
     def cluster_status(self) -> ClusterStatus:
         """Brokers, controller and partition counts, from a Metadata answer for all topics."""
-        return cluster_status(self._client.fetch_metadata(None))
+        members = members_of(self._client.call(m.DescribeCluster()))
+        return cluster_status(self._client.fetch_metadata(None), members)
 
     def ping(self) -> int:
         """Round trip a Ping; returns the broker's protocol version from the handshake."""

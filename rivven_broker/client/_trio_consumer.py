@@ -55,6 +55,7 @@ from rivven_broker.client.requests import (
     ISOLATION_LEVELS,
     check_response,
     cluster_status,
+    members_of,
     delete_records_request,
     delete_records_results,
     fetch_request,
@@ -555,7 +556,8 @@ class TrioAdmin:
         return by_node
 
     async def cluster_status(self) -> ClusterStatus:
-        return cluster_status(await self._cluster.call(metadata_request(None, False)))
+        members = members_of(await self._cluster.call(m.DescribeCluster()))
+        return cluster_status(await self._cluster.call(metadata_request(None, False)), members)
 
     async def ping(self) -> None:
         check_response(await self._cluster.call(m.Ping()), m.Pong)

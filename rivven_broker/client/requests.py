@@ -21,6 +21,7 @@ from rivven_broker.client.fetch_state import FetchPlan
 from rivven_broker.client.types import (
     BrokerInfo,
     ClusterStatus,
+    MemberInfo,
     ConfigValue,
     PartitionInfo,
     PartitionOffset,
@@ -47,6 +48,7 @@ __all__ = [
     "topic_listings",
     "topic_description",
     "cluster_status",
+    "members_of",
 ]
 
 ISOLATION_LEVELS = {"read_uncommitted": m.READ_UNCOMMITTED, "read_committed": m.READ_COMMITTED}
@@ -271,7 +273,19 @@ def topic_description(describe: Any, metadata: Any | None) -> TopicDescription:
     )
 
 
-def cluster_status(response: Any) -> ClusterStatus:
+def members_of(response: Any) -> tuple[MemberInfo, ...]:
+    """The ``DescribeClusterResponse``'s members, by node id."""
+    response = check_response(response, m.DescribeClusterResponse)
+    raise_for(response.error_code, None, "describe cluster")
+    return tuple(sorted(
+        (MemberInfo(x.node_id, m.MEMBER_STATES[x.state], x.incarnation, x.client_host,
+                    x.client_port, x.cluster_host, x.cluster_port, x.rack)
+         for x in response.members),
+        key=lambda member: member.node_id,
+    ))
+
+
+def cluster_status(response: Any, members: tuple[MemberInfo, ...] = ()) -> ClusterStatus:
     response = check_response(response, m.MetadataResponse)
     brokers = tuple(
         sorted(
@@ -283,5 +297,6 @@ def cluster_status(response: Any) -> ClusterStatus:
     leaderless = sum(1 for t in response.topics for p in t.partitions if p.leader < 0)
     controller = response.controller_id if response.controller_id >= 0 else None
     return ClusterStatus(
-        response.cluster_id, controller, brokers, len(response.topics), partitions, leaderless
+        response.cluster_id, controller, brokers, len(response.topics), partitions, leaderless,
+        members,
     )

@@ -25,6 +25,7 @@ __all__ = [
     "TopicDescription",
     "ConfigValue",
     "ClusterStatus",
+    "MemberInfo",
     "OffsetSpec",
     "PartitionOffset",
 ]
@@ -99,6 +100,19 @@ class TopicDescription(NamedTuple):
     partition_info: tuple[PartitionInfo, ...]
 
 
+class MemberInfo(NamedTuple):
+    """One cluster member as the asked broker sees it (SWIM membership)."""
+
+    node_id: int
+    state: str  # alive | suspect | dead | left
+    incarnation: int
+    host: str  # the client address it announced
+    port: int
+    cluster_host: str
+    cluster_port: int
+    rack: str | None
+
+
 class ClusterStatus(NamedTuple):
     cluster_id: str | None
     controller_id: int | None
@@ -106,6 +120,8 @@ class ClusterStatus(NamedTuple):
     topics: int
     partitions: int
     partitions_without_leader: int
+    #: The asked broker's membership view, by node id (itself alone without --peers).
+    members: tuple[MemberInfo, ...] = ()
 
 
 class OffsetSpec:

@@ -97,6 +97,8 @@ class ApiKey(enum.IntEnum):
     ADD_OFFSETS_TO_TXN = 42
     TXN_OFFSET_COMMIT = 43
     END_TXN = 44
+    # 60-79: cluster and replication (cluster_messages.py)
+    DESCRIBE_CLUSTER = 60
 
 
 class FieldKind(NamedTuple):

@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 The classes live in ``admin_messages`` (handshake, ping, metadata, topic administration, the
 error answer), ``data_messages`` (produce, fetch, offsets, record deletion),
-``group_messages`` (consumer groups) and ``txn_messages`` (producer ids and transactions);
+``group_messages`` (consumer groups), ``txn_messages`` (producer ids and transactions) and
+``cluster_messages`` (the cluster's members);
 their building blocks in ``message_base``. This module re-exports them and builds the registries the codec
 decodes with: ``REQUEST_TYPES`` and ``RESPONSE_TYPES`` (api key -> class). A request and its
 response share an api key and a version range; ``ErrorResponse`` has its own key (19) and is a
@@ -40,6 +41,12 @@ from rivven_broker.protocol.admin_messages import (
     Pong,
     TopicListing,
     TopicMetadata,
+)
+from rivven_broker.protocol.cluster_messages import (
+    MEMBER_STATES,
+    ClusterMember,
+    DescribeCluster,
+    DescribeClusterResponse,
 )
 from rivven_broker.protocol.data_messages import (
     ACKS_ALL,
@@ -149,6 +156,10 @@ __all__ = [
     "REQUEST_TYPES",
     "RESPONSE_TYPES",
     "API_PAIRS",
+    "DescribeCluster",
+    "DescribeClusterResponse",
+    "ClusterMember",
+    "MEMBER_STATES",
     "supported_api_versions",
     "PROTOCOL_VERSION",
     "ACKS_NONE",
@@ -300,6 +311,7 @@ API_PAIRS: tuple[tuple[type[Request], type[Response]], ...] = (
     (AddOffsetsToTxn, AddOffsetsToTxnResponse),
     (TxnOffsetCommit, TxnOffsetCommitResponse),
     (EndTxn, EndTxnResponse),
+    (DescribeCluster, DescribeClusterResponse),
 )
 
 REQUEST_TYPES: dict[int, type[Request]] = {int(req.API_KEY): req for req, _ in API_PAIRS}

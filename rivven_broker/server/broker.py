@@ -207,6 +207,7 @@ class Broker:
                     membership_scope = trio.CancelScope()
                     if config.peers:
                         self.membership = self._membership_driver(port)
+                        self.context.members = self.membership.members
                         await nursery.start(_run_in_scope, self.membership.run, membership_scope)
                     self.state = BrokerState.SERVING
                     log.info("node %d serving clients on %s (sync %s, at most %d connections)",

@@ -38,6 +38,7 @@ from rivven_broker.server.producer_state_driver import ProducerStates
 from rivven_broker.storage.sync_worker import SyncPolicy, SyncWorker
 
 if TYPE_CHECKING:
+    from rivven_cluster.membership import Member
     from rivven_broker.server.config import BrokerConfig
     from rivven_broker.server.env import Env
     from rivven_broker.server.group_driver import GroupDriver
@@ -143,6 +144,8 @@ class ServerContext:
     txn: TxnDriver | None = None
     #: The group coordinator's driver, once the broker opened it (``group_driver.py``).
     groups: GroupDriver | None = None
+    #: This broker's view of the cluster's members (SWIM, with --peers; None: single node).
+    members: Callable[[], list[Member]] | None = None
 
     @property
     def policy(self) -> SyncPolicy:

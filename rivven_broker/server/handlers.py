@@ -47,6 +47,9 @@ from rivven_broker.protocol.messages import (
     AlterTopicConfig,
     AlterTopicConfigResponse,
     BrokerMetadata,
+    ClusterMember,
+    DescribeCluster,
+    DescribeClusterResponse,
     ConfigEntry,
     CreatePartitions,
     CreatePartitionsResponse,
@@ -128,6 +131,7 @@ class Handlers:
             Fetch: lambda request, now_ms: self.data.fetch(request),
             ListOffsets: lambda request, now_ms: self.data.list_offsets(request),
             DeleteRecords: lambda request, now_ms: self.data.delete_records(request),
+            DescribeCluster: self._describe_cluster,
         }
         if context.txn is not None:  # InitProducerId and the transaction apis (40-44)
             self._table.update(context.txn.handlers())
@@ -176,6 +180,24 @@ class Handlers:
         }
 
     # --- core ------------------------------------------------------------------------------
+
+    def _describe_cluster(self, request: DescribeCluster, now_ms: int) -> DescribeClusterResponse:
+        context = self._context
+        config = context.config
+        if context.members is None:  # a single node: itself
+            rack = config.rack
+            me = ClusterMember(config.node_id, context.advertised_host, context.advertised_port,
+                               rack=rack)
+            return DescribeClusterResponse(ErrorCode.NONE, config.node_id, (me,))
+        members = tuple(
+            ClusterMember(
+                member.node_id, member.client_address.host, member.client_address.port,
+                int(member.state), member.incarnation, member.boot_id,
+                member.cluster_address.host, member.cluster_address.port, member.rack,
+            )
+            for member in context.members()
+        )
+        return DescribeClusterResponse(ErrorCode.NONE, config.node_id, members)
 
     def _handshake(self, request: Handshake, now_ms: int) -> HandshakeResponse:
         if request.protocol_version < 1:

@@ -12,9 +12,14 @@ from __future__ import annotations
 import os
 import stat
 
-from rivven_cluster.membership.key_ring import KeyFileError, KeyRing
+from rivven_cluster.membership.key_ring import (
+    DEVELOPMENT_KEY,
+    KeyFileError,
+    KeyRing,
+    generate_key,
+)
 
-__all__ = ["load_key_ring"]
+__all__ = ["load_key_ring", "generate_key", "KeyFileError", "KeyRing", "DEVELOPMENT_KEY"]
 
 
 def load_key_ring(path: str) -> KeyRing:
