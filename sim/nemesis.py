@@ -74,13 +74,13 @@ def generate(scenario: Scenario, rng: random.Random, clients: tuple[str, ...]) -
         duration = min(rng.randint(spec.fault_for_min_ms, spec.fault_for_max_ms),
                        scenario.faults_end_ms - at)
         node = rng.choice(nodes)
-        faults.append(Fault(at, kind, _draw_params(kind, node, duration, rng, clients)))
+        faults.append(Fault(at, kind, _draw_params(kind, node, duration, rng, clients, nodes)))
         at += rng.randint(spec.interval_min_ms, spec.interval_max_ms)
     return faults
 
 
 def _draw_params(kind: str, node: str, duration: int, rng: random.Random,
-                 clients: tuple[str, ...]) -> dict[str, Any]:
+                 clients: tuple[str, ...], nodes: tuple[str, ...] = ()) -> dict[str, Any]:
     if kind == "crash":
         return {"node": node, "restart_after": duration}
     if kind == "pause":
@@ -92,9 +92,9 @@ def _draw_params(kind: str, node: str, duration: int, rng: random.Random,
         if rng.random() < 0.5:
             return {"node": node, "error": "eio", "count": 1}
         return {"node": node, "error": "enospc", "for": duration}
-    if kind == "partition":
+    if kind == "partition":  # the node alone on one side (other nodes with the clients)
         if rng.random() < 0.5 or not clients:
-            others = sorted(clients)
+            others = sorted([*clients, *(n for n in nodes if n != node)])
             return {"groups": [[node], others], "for": duration}
         return {"between": [node, rng.choice(clients)], "for": duration}
     if kind == "stall":
@@ -103,6 +103,8 @@ def _draw_params(kind: str, node: str, duration: int, rng: random.Random,
         if rng.random() < 0.5 or not clients:
             return {"node": node}
         return {"between": [node, rng.choice(clients)]}
+    if kind == "one_way" and len(nodes) > 1:
+        return {"between": [node, rng.choice([n for n in nodes if n != node])], "for": duration}
     raise AssertionError(f"no random fault of kind {kind}")
 
 
@@ -184,6 +186,10 @@ class Nemesis:
             a, b = fault.get("between")
             world.network.stall(a, b)
             self._later(fault.get("for", 0), lambda: world.network.unstall(a, b))
+        elif kind == "one_way":  # the datagram path only: TCP needs both directions anyway
+            a, b = fault.get("between")
+            world.network.datagrams.block_one_way(a, b)
+            self._later(fault.get("for"), lambda: world.network.datagrams.unblock_one_way(a, b))
         elif kind == "reset":
             between = fault.get("between")
             if between:

@@ -62,6 +62,8 @@ FAULT_KINDS: dict[str, frozenset[str]] = {
     "partition": frozenset({"groups", "between", "for"}),
     "stall": frozenset({"between", "for"}),
     "reset": frozenset({"between", "node"}),
+    # datagrams from the first to the second of 'between' are dropped (not the other way)
+    "one_way": frozenset({"between", "for"}),
 }
 DISK_ERRORS = ("eio", "enospc")
 ISOLATIONS = ("read_uncommitted", "read_committed")
@@ -79,6 +81,10 @@ INVARIANTS = (
     "storage_invariants",
     "no_unexpected_node_failure",
     "liveness",
+    "membership_detects_crashes",
+    "membership_no_false_dead",
+    "membership_converges",
+    "membership_wrong_key_excluded",
 )
 
 
@@ -170,6 +176,12 @@ class NodesSpec:
     clock_offset_max_ms: int = 0
     clock_drift_max: float = 0.0
     port: int = 9092
+    #: Every node runs cluster membership (--peers: the others) on port + 1.
+    cluster: bool = False
+    #: Racks by node, in order (empty: none).
+    racks: tuple[str, ...] = ()
+    #: Nodes started with a different cluster key (they must never be admitted).
+    wrong_key: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -189,6 +201,8 @@ class ChecksSpec:
     final_crash: bool = True
     fsync_stop_within_ms: int = 5_000
     invariants_every_ms: int = 1_000
+    #: Membership: a crashed node is seen dead by everyone within this.
+    detect_within_ms: int = 5_000
 
 
 @attrs.frozen
@@ -333,6 +347,9 @@ def _nodes(table: _Table) -> NodesSpec:
         clock_offset_max_ms=clock.duration("offset_max", 0),
         clock_drift_max=float(clock.take("drift_max", 0.0, (int, float))),
         port=table.take("port", 9092, int),
+        cluster=table.take("cluster", False, bool),
+        racks=tuple(table.take("racks", [], list)),
+        wrong_key=tuple(table.take("wrong_key", [], list)),
     )
     clock.done()
     table.done()
@@ -340,6 +357,12 @@ def _nodes(table: _Table) -> NodesSpec:
         raise ScenarioError("nodes.sync_policy: the checkers assume 'always' (see [test])")
     if not 0 <= spec.clock_drift_max < 0.5:
         raise ScenarioError("nodes.clock.drift_max: need 0 <= drift_max < 0.5")
+    if spec.racks and len(spec.racks) != len(spec.names):
+        raise ScenarioError("nodes.racks: one rack per node")
+    if not set(spec.wrong_key) <= set(spec.names):
+        raise ScenarioError("nodes.wrong_key: names of nodes")
+    if (spec.racks or spec.wrong_key) and not spec.cluster:
+        raise ScenarioError("nodes: racks and wrong_key need cluster = true")
     return spec
 
 
@@ -481,8 +504,10 @@ def _check_fault(kind: str, params: dict[str, Any], where: str) -> None:
     for key in needs:
         if key not in params:
             raise ScenarioError(f"{where}: {kind} needs {key!r}")
-    if kind == "stall" and len(params.get("between", ())) != 2:
-        raise ScenarioError(f"{where}: stall needs 'between' = [a, b]")
+    if kind in ("stall", "one_way") and len(params.get("between", ())) != 2:
+        raise ScenarioError(f"{where}: {kind} needs 'between' = [a, b]")
+    if kind == "one_way" and "for" not in params:
+        raise ScenarioError(f"{where}: one_way needs 'for'")
     if kind == "partition" and ("groups" in params) == ("between" in params):
         raise ScenarioError(f"{where}: partition needs exactly one of 'groups' or 'between'")
     if kind == "reset" and ("between" in params) == ("node" in params):
@@ -527,6 +552,7 @@ def _checks(table: _Table) -> ChecksSpec:
         final_crash=table.take("final_crash", True, bool),
         fsync_stop_within_ms=table.duration("fsync_stop_within", 5_000),
         invariants_every_ms=table.duration("invariants_every", 1_000),
+        detect_within_ms=table.duration("detect_within", 5_000),
     )
     table.done()
     return spec

@@ -49,14 +49,16 @@ import trio
 import trio.testing
 
 from rivven_broker.server.broker import Broker, BrokerState
-from rivven_broker.server.config import BrokerConfig, HostPort
+from rivven_broker.server.config import BrokerConfig, HostPort, Peer
 from rivven_broker.storage.errors import LogFailedError, StorageError, SyncFailedError
+from rivven_cluster.membership import KeyRing
 from sim.checkers import RunFacts, Violation, check
 from sim.clients import ClientConsumerProcess, ClientProducerProcess
 from sim.clock import SimClock
 from sim.disk import SimDisk
 from sim.env import SimEnv
 from sim.history import History
+from sim.membership_check import MembershipMonitor
 from sim.nemesis import Nemesis, realise_schedule
 from sim.net import SimNetwork
 from sim.scenario import Fault, Scenario
@@ -75,6 +77,8 @@ __all__ = ["World", "RunResult", "seeded_trio_scheduler", "run_scenario"]
 
 _FINAL_READ_TIMEOUT_S = 60.0
 _ACK_BEFORE_FSYNC_POLICY = "interval_ms=1000"  # test switch: acks no longer wait for fsync
+_CLUSTER_KEY = "the-simulated-cluster-key-0123456789"
+_WRONG_KEY = "somebody-elses-cluster-key-0123456789"
 
 
 @contextlib.contextmanager
@@ -187,13 +191,23 @@ class NodeHost:
         self._errors_at_start = 0
 
     def config(self) -> BrokerConfig:
-        policy = self.world.scenario.nodes.sync_policy
+        spec = self.world.scenario.nodes
+        policy = spec.sync_policy
         if self.world.scenario.test.ack_before_fsync:
             policy = _ACK_BEFORE_FSYNC_POLICY
+        peers: tuple[Peer, ...] = ()
+        if spec.cluster:  # every other node, at its cluster port (the client port + 1)
+            peers = tuple(Peer(i + 1, HostPort(name, spec.port + 1))
+                          for i, name in enumerate(spec.names) if name != self.name)
         return BrokerConfig(
-            node_id=self.node_id, data_dir=".", listen=HostPort(self.name, self.world.scenario.nodes.port),
-            http=None, sync_policy=policy, auto_create_topics=False,
+            node_id=self.node_id, data_dir=".", listen=HostPort(self.name, spec.port),
+            http=None, sync_policy=policy, auto_create_topics=False, peers=peers,
+            rack=spec.racks[self.node_id - 1] if spec.racks else None,
         )
+
+    def key_ring(self) -> KeyRing:
+        key = _WRONG_KEY if self.name in self.world.scenario.nodes.wrong_key else _CLUSTER_KEY
+        return KeyRing.parse(key)
 
     def ensure_up(self) -> bool:
         """Start a new incarnation if none is running. Returns whether it did."""
@@ -225,7 +239,7 @@ class NodeHost:
                      net=self.world.network.endpoint(self.name), disk=self.disk)
         self.world.history.note(self.name, "start", {"incarnation": incarnation})
         failure: BaseException | None = None
-        broker = self.broker = Broker(env, self.config())
+        broker = self.broker = Broker(env, self.config(), key_ring=self.key_ring())
         with trio.CancelScope() as scope:
             self._scope = scope
             try:
@@ -335,6 +349,7 @@ class World:
         self._given_schedule = schedule
         self._trace_sink = trace_sink
         self._online: list[Violation] = []
+        self._monitor: MembershipMonitor | None = None
         self.guard = LivelockGuard()
         producers = [f"p{i + 1}" for i in range(sum(p.count for p in scenario.producers))]
         consumers = [f"c{i + 1}" for i in range(sum(c.count for c in scenario.consumers))]
@@ -375,8 +390,17 @@ class World:
                 host.ensure_up()
             nursery.start_soon(self.nemesis.run, scenario.faults_end_ms)
             nursery.start_soon(self._check_storage_loop)
+            monitor = self._monitor = None
+            if scenario.nodes.cluster:
+                monitor = self._monitor = MembershipMonitor(self)
+                nursery.start_soon(monitor.run)
             await self._workload(scenario.duration_ms / 1000)
             self.history.close_open()
+            if monitor is not None:  # judged at the end of the quiet period, before healing
+                monitor.sample()
+                for violation in monitor.check(scenario, self.history, list(self.schedule),
+                                               trio.current_time() * 1000):
+                    self.online(violation)
             self.nemesis.heal_all()
             if scenario.checks.final_crash:
                 for host in self.nodes.values():
@@ -469,6 +493,8 @@ class World:
             "faults": len(self.schedule),
             "resets": self.network.resets,
             "fsyncs": sum(h.disk.store.stats.fsyncs for h in self.nodes.values()),
+            "datagrams": self.network.datagrams.sent,
+            "membership_changes": 0 if self._monitor is None else len(self._monitor.changes),
             **dict(sorted(counts.items())),
         }
 

@@ -131,6 +131,8 @@ class MembershipDriver:
                 nursery.start_soon(self._receive_loop)
                 nursery.start_soon(self._timer_loop)
                 task_status.started(self._socket.local_port)
+        except* trio.ClosedResourceError:  # the socket was taken away (a simulated crash)
+            log.info("membership: node %d stopped: its socket closed", self.node_id)
         finally:
             self._socket.close()
 
