@@ -3,7 +3,8 @@
 Suites: ``produce``, ``consume``, ``e2e`` (the broker benchmark tool, against a broker it
 starts or ``--bootstrap``, optionally side by side with ``--peer redis|nats``), ``suite`` (the
 standard suite behind ``make bench``, which rewrites docs/performance.md) and ``storage``
-(the partition log alone). See docs/performance.md.
+(the partition log alone), ``membership`` (SWIM crash detection with real processes). See
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import signal
 import sys
 
-from rivven_broker.bench import storage
+from rivven_broker.bench import membership, storage
 from rivven_broker.bench.options import MODES, OptionsError, add_arguments, options_from_args
 
 
@@ -34,12 +35,16 @@ def main(argv: list[str] | None = None) -> int:
 
     suite.add_arguments(suites.add_parser("suite", help=suite.HELP, description=suite.HELP))
     storage.add_arguments(suites.add_parser("storage", help=storage.HELP, description=storage.HELP))
+    membership.add_arguments(
+        suites.add_parser("membership", help=membership.HELP, description=membership.HELP))
     args = parser.parse_args(argv)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         # SIGTERM unwinds like Ctrl-C, so every server is stopped and every directory removed.
         signal.signal(signal.SIGTERM, _terminate)
     if args.suite == "storage":
         return storage.main(args)
+    if args.suite == "membership":
+        return membership.main(args)
     if args.suite == "suite":
         return suite.main(args)
     try:

@@ -58,3 +58,9 @@ def test_consume_bench_with_the_client_line():
     assert summary["rivven"]["records_per_s"] > 0 and summary["rivven"]["wire_mb_per_s"] > 0
     assert summary["rivven"]["lost"] == 0 and summary["rivven"]["duplicated"] == 0
     assert summary["client"]["records_per_s"] > 0 and not summary["client"]["errors"]
+
+
+def test_membership_bench_kills_and_detects():
+    summary = _bench("membership", "--brokers", "3", "--rounds", "2")
+    assert summary["brokers"] == 3 and summary["rounds"] == 2 and len(summary["all_s"]) == 2
+    assert 0 < summary["detection_s"]["p50"] <= summary["detection_s"]["max"]
