@@ -407,13 +407,18 @@ class Consumer:
                     continue
                 if not out:
                     collector.end()  # the wait below may block
+                elif self._state.has_error():
+                    break  # hand out what came before it; the next poll raises the error
                 completed = self._next_completed(deadline if not out else 0)
                 if completed is None:
                     if out or group is None or monotonic_ms() >= deadline:
                         break
                     continue  # the group wants attention: maintain, then wait on
                 collector.begin()
-                records = decode_completed(completed, check_crc=self._config.check_crcs)
+                records, corruption = decode_completed(completed, check_crc=self._config.check_crcs)
+                if corruption is not None:  # stop at the damage; poll raises it next
+                    with self._cond:
+                        completed = self._state.corrupted(completed, corruption)
                 if records:
                     self._inline = [completed, records, 0]
                 else:

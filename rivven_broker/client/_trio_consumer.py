@@ -315,6 +315,8 @@ class TrioConsumer:
         while len(out) < limit:
             if self._inline is None:
                 self._check_open()
+                if out and self._state.has_error():
+                    return  # hand out what came before it; the next poll raises the error
                 error = self._state.take_error()
                 if error is not None:
                     raise error
@@ -323,7 +325,9 @@ class TrioConsumer:
                     return
                 self._wake.fire()  # prefetch the partition's next chunk meanwhile
                 collector.begin()
-                records = decode_completed(completed, check_crc=self._config.check_crcs)
+                records, corruption = decode_completed(completed, check_crc=self._config.check_crcs)
+                if corruption is not None:  # stop at the damage; poll raises it next
+                    completed = self._state.corrupted(completed, corruption)
                 if not records:
                     self._state.advance(completed.tp, completed.epoch, completed.next_offset)
                     continue

@@ -62,6 +62,7 @@ __all__ = [
     "FetchState",
     "aborted_batch_filter",
     "decode_completed",
+    "Corruption",
 ]
 
 EARLIEST = -2
@@ -336,6 +337,8 @@ class FetchState:
         if code != ErrorCode.NONE:
             if code == ErrorCode.OFFSET_OUT_OF_RANGE:
                 self._out_of_range(tp, state, fetch_offset)
+            elif code == ErrorCode.CORRUPT_MESSAGE:  # retrying reads the same damaged bytes
+                state.error = _corrupt_at(tp, fetch_offset, "the broker found it damaged")
             elif not code.retriable:
                 state.error = error_for(code, f"fetching {tp} at offset {fetch_offset}")
             else:
@@ -379,6 +382,21 @@ class FetchState:
                 return completed
         return None
 
+    def corrupted(self, completed: CompletedFetch, corruption: Corruption) -> CompletedFetch:
+        """``completed`` held a damaged batch at ``corruption.offset``: fetching restarts
+        there (prefetched data after it is dropped) and the next ``take_error`` is the
+        corruption. Returns ``completed`` trimmed to end at the damage, under the partition's
+        new epoch, for the driver to hand out what came before it."""
+        state = self._partitions.get(completed.tp)
+        if state is None or state.epoch != completed.epoch:
+            return completed._replace(next_offset=corruption.offset)
+        position = state.position
+        self._restart(completed.tp, state)
+        state.position = position
+        state.fetch_offset = corruption.offset
+        state.error = corruption.error
+        return completed._replace(next_offset=corruption.offset, epoch=state.epoch)
+
     def advance(self, tp: TopicPartition, epoch: int, position: int) -> bool:
         """Records up to ``position`` were handed out; False when ``tp`` moved meanwhile."""
         state = self._partitions.get(tp)
@@ -387,6 +405,10 @@ class FetchState:
         assert state.position is None or position >= state.position
         state.position = position
         return True
+
+    def has_error(self) -> bool:
+        """Whether ``take_error`` has an error to give. Never blocks."""
+        return any(state.error is not None for state in self._partitions.values())
 
     def take_error(self) -> RivvenError | None:
         """An error ``poll`` should raise. Missing or out-of-range offsets stay until the user
@@ -442,12 +464,23 @@ def aborted_batch_filter(aborted: Iterable[tuple[int, int]]) -> BatchFilter:
     return keep
 
 
-def decode_completed(completed: CompletedFetch, **decode_options: Any) -> list[Record]:
+def _corrupt_at(tp: TopicPartition, offset: int, why: str) -> CorruptMessageError:
+    return CorruptMessageError(
+        f"{tp.topic}-{tp.partition}: the record batch at offset {offset} is corrupt ({why}); "
+        "every record before it was delivered; seek past it to go on"
+    )
+
+
+def decode_completed(
+    completed: CompletedFetch, **decode_options: Any
+) -> tuple[list[Record], Corruption | None]:
     """Decode a completed fetch into client ``Record`` tuples (records below its start dropped,
     and, when the answer listed aborted transactions, their batches).
 
-    Raises:
-        CorruptMessageError: a batch failed its CRC or framing check.
+    A batch that fails its CRC or framing check is never skipped: the records before it are
+    returned with a ``Corruption`` naming its offset; the driver hands those records out and
+    then calls ``FetchState.corrupted`` (the partition stops there and ``poll`` raises
+    ``CorruptMessageError``). Never raises for bad data.
     """
     if completed.aborted:
         decode_options["batch_filter"] = aborted_batch_filter(completed.aborted)
@@ -459,6 +492,15 @@ def decode_completed(completed: CompletedFetch, **decode_options: Any) -> list[R
             record_type=Record,
             prefix=(completed.tp.topic, completed.tp.partition),
             **decode_options,
-        )
+        ), None
     except BatchError as error:
-        raise CorruptMessageError(f"{completed.tp}: {error}") from error
+        offset = getattr(error, "batch_offset", completed.fetch_offset)
+        before = getattr(error, "records_before", [])
+        return before, Corruption(offset, _corrupt_at(completed.tp, offset, str(error)))
+
+
+class Corruption(NamedTuple):
+    """Where a fetched batch failed its checks, and the error ``poll`` will raise."""
+
+    offset: int
+    error: CorruptMessageError

@@ -55,6 +55,7 @@ from rivven_broker.records.header import (
     HEADER_BYTES,
     LOG_OVERHEAD_BYTES,
     MAGIC,
+    BatchError,
     BatchHeader,
     CorruptBatchError,
     InvalidBatchError,
@@ -152,46 +153,76 @@ def decode_records(
     Raises:
         InvalidBatchError: a batch header is malformed (bad magic, compression, counts).
         CorruptBatchError: a CRC mismatch (when ``check_crc``) or a malformed records section.
+            A batch failing its checks carries ``records_before`` (the records of the batches
+            before it) and ``batch_offset`` (its base offset).
     """
     if type(buf) is not bytes:
         buf = bytes(buf)
     assert len(prefix) in (0, 2)
     out: list[Record] = []
     for pos, header in iter_batches(buf):
-        _check_batch(buf, pos, header, check_crc)  # before trusting any header bit
-        if batch_filter is not None and not batch_filter(header):
-            continue
-        if header.attributes & ATTR_CONTROL:
-            continue
-        base_offset = header.base_offset
-        if base_offset + header.last_offset_delta < min_offset:
-            continue
-        if decompressor is None and header.attributes & COMPRESSION_MASK:
-            decompressor = zstandard.ZstdDecompressor()
-        data, start, end = _records_section(buf, pos, header, decompressor)
-        first_timestamp = header.first_timestamp
-        if base_offset >= min_offset:
-            before = len(out)
-            if not _decode_uniform(
-                data, start, end, header.record_count, base_offset, first_timestamp, out,
+        kept = len(out)
+        try:
+            decompressor = _decode_batch(
+                buf, pos, header, out, min_offset, check_crc, batch_filter, decompressor,
                 record_type, prefix,
-            ):
-                _decode_section(
-                    data, start, end, base_offset, first_timestamp, out, record_type, prefix
-                )
-            count = len(out) - before
-        else:
-            partial: list[Record] = []
-            _decode_section(
-                data, start, end, base_offset, first_timestamp, partial, record_type, prefix
             )
-            count = len(partial)
-            out += [record for record in partial if record.offset >= min_offset]
-        if count != header.record_count:
-            raise CorruptBatchError(
-                f"batch at {pos} holds {count} records, header says {header.record_count}"
-            )
+        except BatchError as error:  # the caller may keep what came before it
+            del out[kept:]  # nothing of the failing batch
+            error.records_before = out  # type: ignore[attr-defined]
+            error.batch_offset = header.base_offset  # type: ignore[attr-defined]
+            raise
     return out
+
+
+def _decode_batch(
+    buf: bytes,
+    pos: int,
+    header: BatchHeader,
+    out: list[Record],
+    min_offset: int,
+    check_crc: bool,
+    batch_filter: BatchFilter | None,
+    decompressor: zstandard.ZstdDecompressor | None,
+    record_type: type,
+    prefix: tuple[str, int] | tuple[()],
+) -> zstandard.ZstdDecompressor | None:
+    """Check one whole batch and append its records to ``out`` (see ``decode_records``);
+    returns the decompressor, made on the first compressed batch."""
+    _check_batch(buf, pos, header, check_crc)  # before trusting any header bit
+    if batch_filter is not None and not batch_filter(header):
+        return decompressor
+    if header.attributes & ATTR_CONTROL:
+        return decompressor
+    base_offset = header.base_offset
+    if base_offset + header.last_offset_delta < min_offset:
+        return decompressor
+    if decompressor is None and header.attributes & COMPRESSION_MASK:
+        decompressor = zstandard.ZstdDecompressor()
+    data, start, end = _records_section(buf, pos, header, decompressor)
+    first_timestamp = header.first_timestamp
+    if base_offset >= min_offset:
+        before = len(out)
+        if not _decode_uniform(
+            data, start, end, header.record_count, base_offset, first_timestamp, out,
+            record_type, prefix,
+        ):
+            _decode_section(
+                data, start, end, base_offset, first_timestamp, out, record_type, prefix
+            )
+        count = len(out) - before
+    else:
+        partial: list[Record] = []
+        _decode_section(
+            data, start, end, base_offset, first_timestamp, partial, record_type, prefix
+        )
+        count = len(partial)
+        out += [record for record in partial if record.offset >= min_offset]
+    if count != header.record_count:
+        raise CorruptBatchError(
+            f"batch at {pos} holds {count} records, header says {header.record_count}"
+        )
+    return decompressor
 
 
 def _check_batch(buf: bytes, pos: int, header: BatchHeader, check_crc: bool) -> None:

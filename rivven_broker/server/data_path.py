@@ -83,7 +83,12 @@ from rivven_broker.protocol.messages import (
 from rivven_broker.protocol.fast_codec import produce_partition_appended, produce_response_of
 from rivven_broker.protocol.names import topic_name_error
 from rivven_broker.records.header import BatchError, BatchHeader
-from rivven_broker.storage.errors import StorageError, SyncFailedError, UnknownTopicOrPartitionError
+from rivven_broker.storage.errors import (
+    CorruptRecordsError,
+    StorageError,
+    SyncFailedError,
+    UnknownTopicOrPartitionError,
+)
 from rivven_broker.server.context import Pending, ServerContext
 from rivven_broker.server.group_driver import is_internal_topic
 from rivven_broker.server.producer_state_driver import TxnCheck
@@ -98,6 +103,7 @@ log = logging.getLogger(__name__)
 _PartitionError = tuple[ErrorCode, str]
 #: ``(topic name, now_ms) -> None`` when the topic now exists, else the error to answer.
 AutoCreate = Callable[[str, int], "_PartitionError | None"]
+_CORRUPTION_PLACES_MAX = 1024  # damaged places remembered for logging once
 
 
 def _error_of(exc: Exception) -> _PartitionError:
@@ -120,6 +126,7 @@ class DataPath:
     def __init__(self, context: ServerContext, create_topic: AutoCreate) -> None:
         self._context = context
         self._auto_create = create_topic
+        self._corruption_logged: set[tuple[str, int]] = set()
 
     # --- produce ---------------------------------------------------------------------------
 
@@ -327,6 +334,9 @@ class DataPath:
                 records = b""
             else:
                 return FetchPartitionResponse(partition, ErrorCode.OFFSET_OUT_OF_RANGE)
+        except CorruptRecordsError as exc:
+            self._report_corruption(name, partition, exc, "fetch")
+            return FetchPartitionResponse(partition, ErrorCode.CORRUPT_MESSAGE)
         except (StorageError, OSError) as exc:
             return FetchPartitionResponse(partition, _error_of(exc)[0])
         return FetchPartitionResponse(
@@ -338,6 +348,19 @@ class DataPath:
             records,
             aborted,
         )
+
+    def _report_corruption(self, topic: str, partition: int, exc: CorruptRecordsError,
+                           source: str) -> None:
+        """Count a damaged batch; log it once per place (not once per fetch)."""
+        self._context.metrics.corrupt_batch(topic, partition, source)
+        place = (exc.file, exc.position)
+        if place not in self._corruption_logged:
+            if len(self._corruption_logged) >= _CORRUPTION_PLACES_MAX:
+                self._corruption_logged.clear()
+            self._corruption_logged.add(place)
+            log.error("%s-%d: a stored batch is damaged: %s; fetches of offset %d answer "
+                      "CORRUPT_MESSAGE (records before it are served)", topic, partition, exc,
+                      exc.offset)
 
     # --- offsets ---------------------------------------------------------------------------
 

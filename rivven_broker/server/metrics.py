@@ -221,6 +221,12 @@ class BrokerMetrics:
             ["listener", "reason"],
             registry=registry,
         )
+        self._corrupt_batches = Counter(
+            "rivven_corrupt_batches",
+            "Damaged stored batches found (a fetch answered CORRUPT_MESSAGE, or the scrubber).",
+            ["topic", "partition", "source"],
+            registry=registry,
+        )
         self._http_connections_rejected = Counter(
             "rivven_http_connections_rejected",
             "HTTP connections closed at once because http_connections_max was reached.",
@@ -285,6 +291,10 @@ class BrokerMetrics:
 
     def http_connection_rejected(self) -> None:
         self._http_connections_rejected.inc()
+
+    def corrupt_batch(self, topic: str, partition: int, source: str) -> None:
+        """A damaged stored batch was found by a fetch or by the scrubber."""
+        self._corrupt_batches.labels(topic, str(partition), source).inc()
 
     def track_gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
         """Export a gauge whose value is ``read()`` at every scrape."""

@@ -25,6 +25,7 @@ __all__ = [
     "OffsetOutOfRangeError",
     "RecordTooLargeError",
     "CorruptLogError",
+    "CorruptRecordsError",
     "LogFailedError",
 ]
 
@@ -153,6 +154,21 @@ class CorruptLogError(StorageError):
         super().__init__(f"{file} is corrupt at byte {position}: {reason}")
         self.file = file
         self.position = position
+        self.reason = reason
+
+
+class CorruptRecordsError(StorageError):
+    """A batch the log holds is damaged (a sealed segment changed on disk): its header does not
+    chain, its length runs past the segment, or its CRC does not match. Reads stop before it;
+    the fetch of ``offset`` is answered ``CORRUPT_MESSAGE``; nothing is cut or skipped."""
+
+    code = ErrorCode.CORRUPT_MESSAGE
+
+    def __init__(self, file: str, position: int, offset: int, reason: str) -> None:
+        super().__init__(f"{file} is corrupt at byte {position} (offset {offset}): {reason}")
+        self.file = file
+        self.position = position
+        self.offset = offset
         self.reason = reason
 
 

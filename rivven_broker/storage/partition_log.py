@@ -63,6 +63,7 @@ from rivven_broker.storage.checkpoint import (
     write_checkpoint,
 )
 from rivven_broker.storage.errors import (
+    CorruptRecordsError,
     LogFailedError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
@@ -321,8 +322,13 @@ class PartitionLog:
         a ``FileRegion`` naming them in the segment file (the caller sends and closes it; see
         ``file_region.py``). Blocks on reads.
 
+        A damaged batch (a sealed segment changed on disk) is never skipped: the read stops
+        before it, and a read that starts at it raises.
+
         Raises:
             OffsetOutOfRangeError: ``offset`` is below the log start or above the log end.
+            CorruptRecordsError: the batch holding ``offset`` (or one the walk to it crosses)
+                is damaged; names the file, position and offset.
             StorageError: the store failed.
         """
         assert not self._closed and max_bytes >= 0
@@ -347,14 +353,18 @@ class PartitionLog:
         except OSError as exc:
             raise StorageError(f"read of {segment.log_path} failed: {exc}") from exc
         end = count = 0
-        next_offset = offset
+        next_offset = first.base_offset
         for batch_position, header in iter_batches(data):
             if max_offset is not None and header.base_offset >= max_offset:
                 break
+            if segment.damage(position + batch_position, header, next_offset) is not None:
+                break  # served up to the damage; a read starting there reports it
             end = batch_position + header.size
             count += 1
             next_offset = header.next_offset
-        assert count >= 1
+        if count == 0:  # find_batch found a sound header, but the batch's bytes are not whole
+            raise CorruptRecordsError(segment.log_path, position, first.base_offset,
+                                      "the batch does not parse where its header says it is")
         # A view, not a slice: the tail past the last whole batch is dropped without copying.
         return ReadResult(data if end == len(data) else memoryview(data)[:end], next_offset, count)
 

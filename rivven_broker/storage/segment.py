@@ -33,11 +33,13 @@ from rivven_broker.file_region import FileRegion
 from rivven_broker.records.header import (
     HEADER_BYTES,
     LOG_OVERHEAD_BYTES,
+    MAGIC,
     BatchHeader,
     iter_batches,
     parse_header,
     validate,
 )
+from rivven_broker.storage.errors import CorruptRecordsError
 from rivven_broker.storage.file_store import Buffer, FileStore
 from rivven_broker.storage.offset_index import ENTRY_BYTES as OFFSET_ENTRY_BYTES
 from rivven_broker.storage.offset_index import OffsetIndex
@@ -307,32 +309,57 @@ class Segment:
             if end + HEADER_BYTES > limit:
                 break
             header = parse_header(self.store.pread(self.log_handle, HEADER_BYTES, end))
-            assert header.batch_length >= _MIN_BATCH_LENGTH, (self.log_path, end)
+            if self.damage(end, header, next_offset) is not None:
+                break  # served up to the damage; a read starting there reports it
         return end, next_offset, count
+
+    def damage(self, position: int, header: BatchHeader, expected_offset: int) -> str | None:
+        """Why the batch header at ``position`` cannot be this log's own, or None: a length
+        below a header's or running past the segment, a wrong magic, or a base offset before
+        ``expected_offset`` (the previous batch's end; later is fine: compaction leaves gaps)."""
+        if header.batch_length < _MIN_BATCH_LENGTH:
+            return f"batch length {header.batch_length} is below a header's"
+        if position + header.size > self.size:
+            return f"a batch of {header.size} bytes runs past the segment's {self.size}"
+        if header.magic != MAGIC:
+            return f"magic {header.magic}, not {MAGIC}"
+        if header.base_offset < expected_offset:
+            return f"base offset {header.base_offset} is before {expected_offset}"
+        return None
 
     def iter_headers(
         self, start: int, end: int | None = None
     ) -> Iterator[tuple[int, BatchHeader]]:
         """``(position, header)`` of each batch from ``start`` (a batch boundary) to ``end``.
 
-        Reads the log in chunks and skips over the bodies of large batches. The data is the
-        log's own (already validated), so a malformed header is an assertion. Blocks.
+        Reads the log in chunks and skips over the bodies of large batches. Blocks.
+
+        Raises:
+            CorruptRecordsError: a header that cannot be the log's own (the segment was
+                damaged on disk after it was written), with the file, position and the
+                offset expected there.
         """
         end = self.size if end is None else end
         buffer, buffer_position = b"", start
         position = start
+        expected = self.base_offset
         while position < end:
             if position + HEADER_BYTES > buffer_position + len(buffer):
                 buffer = self.store.pread(
                     self.log_handle, min(WALK_CHUNK_BYTES, end - position), position
                 )
                 buffer_position = position
-                assert len(buffer) >= HEADER_BYTES, (self.log_path, position)
+                if len(buffer) < HEADER_BYTES:
+                    raise CorruptRecordsError(self.log_path, position, expected,
+                                              f"{end - position} bytes, less than a header")
             header = parse_header(buffer, position - buffer_position)
-            assert header.batch_length >= _MIN_BATCH_LENGTH, (self.log_path, position)
+            problem = self.damage(position, header, expected if position > start else 0)
+            if problem is not None or position + header.size > end:
+                raise CorruptRecordsError(self.log_path, position, expected,
+                                          problem or "a batch runs past the end")
             yield position, header
+            expected = header.next_offset
             position += header.batch_length + LOG_OVERHEAD_BYTES
-        assert position == end, (self.log_path, position, end)
 
     def find_batch(self, offset: int) -> tuple[int, BatchHeader]:
         """Position and header of the batch holding ``offset`` (``base <= offset < next``)."""

@@ -63,7 +63,7 @@ async def values(client, topic: str, partition: int, isolation: int) -> list[byt
     aborted = tuple((a.producer_id, a.first_offset) for a in part.aborted_transactions)
     completed = CompletedFetch(TopicPartition(topic, partition), 0, 0, part.records, 0,
                                part.high_watermark, aborted)
-    return [record.value for record in decode_completed(completed)]
+    return [record.value for record in decode_completed(completed)[0]]
 
 
 async def open_client(connect, running, topic: str = "t", partitions: int = 2):

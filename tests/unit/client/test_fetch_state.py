@@ -69,7 +69,7 @@ def test_a_response_is_buffered_and_the_partition_waits_until_it_is_taken():
     completed = state.take_completed()
     assert completed.next_offset == 10
     assert state.fetchable(0) == [(TP, epoch, 10)]  # prefetch of the next chunk may start
-    records = decode_completed(completed)
+    records, _ = decode_completed(completed)
     assert [r.offset for r in records] == list(range(10))
     assert records[0].topic == "t" and records[0].partition == 0 and records[0].value == b"v0"
     assert state.advance(TP, epoch, 10)
@@ -84,7 +84,7 @@ def test_records_below_the_fetch_offset_are_dropped():
     [plan] = fetch_round(state)
     tp, epoch, offset = plan.partitions[0]
     state.on_partition_data(tp, epoch, offset, 0, 5, batch(0, 5), 0)
-    assert [r.offset for r in decode_completed(state.take_completed())] == [3, 4]
+    assert [r.offset for r in decode_completed(state.take_completed())[0]] == [3, 4]
 
 
 def test_seek_drops_buffered_and_in_flight_data():
@@ -178,17 +178,32 @@ def test_unknown_leaders_and_unready_nodes_are_skipped():
     assert state.fetchable(0)  # not marked in flight
 
 
-def test_a_corrupt_batch_raises_corrupt_message():
+def test_a_corrupt_batch_stops_the_partition_there_after_the_records_before_it():
+    """Found by probing (issue 16): a damaged batch was skipped with every record around it.
+    Now the records before it are handed out, the partition stops at its offset, and every
+    later poll raises CorruptMessageError naming the offset until the user seeks past it."""
     state = FetchState()
     state.assign([TP])
     state.seek(TP, 0)
     [plan] = fetch_round(state)
     tp, epoch, offset = plan.partitions[0]
-    data = bytearray(batch(0, 3))
-    data[-1] ^= 0xFF
-    state.on_partition_data(tp, epoch, offset, 0, 3, bytes(data), 0)
-    with pytest.raises(CorruptMessageError):
-        decode_completed(state.take_completed())
+    damaged = bytearray(batch(3, 3))
+    damaged[-1] ^= 0xFF
+    state.on_partition_data(tp, epoch, offset, 0, 9, batch(0, 3) + bytes(damaged) + batch(6, 3), 0)
+    completed = state.take_completed()
+    records, corruption = decode_completed(completed)
+    assert [r.offset for r in records] == [0, 1, 2] and corruption.offset == 3
+    completed = state.corrupted(completed, corruption)
+    assert completed.next_offset == 3
+    assert state.advance(completed.tp, completed.epoch, completed.next_offset)
+    assert state.position(TP) == 3
+    error = state.take_error()
+    assert isinstance(error, CorruptMessageError) and "offset 3" in str(error)
+    [plan] = fetch_round(state)
+    assert plan.partitions[0][2] == 3  # fetched again from the damage, not past it
+    state.on_partition_data(*plan.partitions[0], 0, 9, bytes(damaged) + batch(6, 3), 0)
+    records, corruption = decode_completed(state.take_completed())
+    assert records == [] and corruption.offset == 3  # and so on, until a seek
 
 
 def test_a_partial_trailing_batch_is_fetched_again():
@@ -278,7 +293,7 @@ class FetchMachine(RuleBasedStateMachine):
             completed = self.state.take_completed()
             if completed is None:
                 return
-            records = decode_completed(completed)
+            records, _ = decode_completed(completed)
         taken, rest = records[:limit], records[limit:]
         tp = completed.tp
         for record in taken:

@@ -232,5 +232,5 @@ def test_read_committed_sees_exactly_the_committed_and_plain_records(operations,
         offset = read.next_offset
     aborted = tuple(state.aborted_in(start, stable))
     completed = CompletedFetch(TopicPartition("t", 0), 0, start, data, stable, stable, aborted)
-    got = [record.value for record in decode_completed(completed)]
+    got = [record.value for record in decode_completed(completed)[0]]
     assert got == [value for offset, value in sorted(visible) if start <= offset < stable]
