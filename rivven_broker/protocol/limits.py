@@ -72,6 +72,10 @@ segment_bytes_min = 1024
 segment_ms_default = 7 * 24 * 3600 * 1000
 retention_ms_default = 7 * 24 * 3600 * 1000
 sync_group_bytes_max = 4 * 1024 * 1024  # one group commit covers at most this much new data
+#: The background scrubber checks sealed segments' CRCs this many bytes per step, and at most
+#: ``scrub_bytes_per_second_default`` bytes a second unless configured (0: off).
+scrub_chunk_bytes = 256 * 1024
+scrub_bytes_per_second_default = 4 * 1024 * 1024
 
 # --- consumer groups (protocol/group_messages.py, coordinator/) ------------------------------
 #: Member ids are chosen by the broker (client id prefix + 32 hex digits); the bound is loose.

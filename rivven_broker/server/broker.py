@@ -67,6 +67,7 @@ from rivven_broker.server.log_cleaner import LogCleaner
 from rivven_broker.server.metrics import CONTENT_TYPE, BrokerMetrics, PartitionSnapshot
 from rivven_broker.server.producer_state_driver import ProducerStates
 from rivven_broker.server.request_budget import RequestBudget
+from rivven_broker.server.scrubber import Scrubber
 from rivven_broker.server.txn_driver import TxnDriver
 from rivven_broker.storage.errors import StorageError, SyncFailedError
 from rivven_broker.storage.log_manager import LogManager
@@ -104,6 +105,8 @@ class Broker:
         #: Authenticates cluster traffic (with --peers); the CLI loads it from
         #: --cluster-key-file, or allows the development key on loopback only.
         self.key_ring = key_ring if key_ring is not None else KeyRing.parse(DEVELOPMENT_KEY)
+        #: Checks sealed segments' CRCs in the background (``scrubber.py``).
+        self.scrubber: Scrubber | None = None
         #: SWIM membership, with --peers (``cluster/membership_driver.py``).
         self.membership: MembershipDriver | None = None
         self.metrics = BrokerMetrics(config.node_id)
@@ -199,6 +202,10 @@ class Broker:
                 await nursery.start(_run_in_scope, self.log_cleaner.run, cleaner_scope)
                 retention_scope = trio.CancelScope()
                 nursery.start_soon(self._retention_loop, logs, retention_scope)
+                scrub_scope = trio.CancelScope()
+                if config.scrub_bytes_per_second:
+                    self.scrubber = Scrubber(self.context, config.scrub_bytes_per_second)
+                    await nursery.start(_run_in_scope, self.scrubber.run, scrub_scope)
                 async with trio.open_nursery() as connections:
                     listener_scope = trio.CancelScope()
                     port = await connections.start(self._listen, listener_scope, connections)
@@ -224,6 +231,7 @@ class Broker:
                         membership_scope.cancel()
                     await self._drain_connections(connections)
                 retention_scope.cancel()
+                scrub_scope.cancel()
                 cleaner_scope.cancel()
                 groups_scope.cancel()
                 txn_scope.cancel()

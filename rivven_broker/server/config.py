@@ -141,6 +141,8 @@ class BrokerConfig:
     offsets_retention_minutes: int = limits.offsets_retention_ms_default // 60_000
     #: How often the log cleaner looks for compacted partitions to clean.
     log_cleaner_backoff_ms: int = 15_000
+    #: The background scrubber's rate over sealed segments (0: off).
+    scrub_bytes_per_second: int = limits.scrub_bytes_per_second_default
 
     def __attrs_post_init__(self) -> None:
         assert 0 <= self.node_id <= _I32_MAX
@@ -369,6 +371,9 @@ _OPTIONS: tuple[_Option, ...] = (
             "committed offsets of an empty group expire after this (default 10080)"),
     _Option("log_cleaner_backoff_ms", "MS", _int_in(1, _I32_MAX),
             "how often the log cleaner compacts compacted topics (default 15000)"),
+    _Option("scrub_bytes_per_second", "BYTES", _int_in(0, 1 << 40),
+            "the background scrubber checks sealed segments' CRCs at most this fast "
+            f"(default {limits.scrub_bytes_per_second_default}; 0: off)"),
 )
 _BY_KEY: dict[str, _Option] = {}
 for _option in _OPTIONS:

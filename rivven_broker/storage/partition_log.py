@@ -50,10 +50,12 @@ from rivven_broker.protocol import limits
 from rivven_broker.records.header import (
     HEADER_BYTES,
     LOG_OVERHEAD_BYTES,
+    BatchError,
     BatchHeader,
     InvalidBatchError,
     batch_length_at,
     iter_batches,
+    parse_header,
     stamp,
     validate,
 )
@@ -367,6 +369,56 @@ class PartitionLog:
                                       "the batch does not parse where its header says it is")
         # A view, not a slice: the tail past the last whole batch is dropped without copying.
         return ReadResult(data if end == len(data) else memoryview(data)[:end], next_offset, count)
+
+    def sealed_segment_bases(self) -> list[int]:
+        """Base offsets of the sealed segments (all but the active one), oldest first."""
+        assert not self._closed
+        return [segment.base_offset for segment in self._segments[:-1]]
+
+    def scrub(self, base_offset: int, position: int, max_bytes: int) -> int | None:
+        """Check the sealed segment ``base_offset`` from byte ``position`` (a batch boundary):
+        the whole batches within about ``max_bytes`` (one at least), framing and CRCs. Returns
+        where to go on, or None when the segment is done or gone (deleted, compacted). Blocks
+        on reads.
+
+        Raises:
+            CorruptRecordsError: a damaged batch, with its file, position and offset.
+            StorageError: the store failed.
+        """
+        assert not self._closed and max_bytes > 0
+        index = bisect_right(self._bases, base_offset) - 1
+        if index < 0 or index >= len(self._segments) - 1:
+            return None  # gone, or now the active segment (never scrubbed)
+        segment = self._segments[index]
+        if segment.base_offset != base_offset or position >= segment.size:
+            return None
+        try:
+            data = segment.read(position, min(segment.size - position, max_bytes))
+            if len(data) >= HEADER_BYTES:
+                first = parse_header(data)
+                if first.size > len(data) and segment.damage(position, first, 0) is None:
+                    data = segment.read(position, first.size)  # one large batch: read it whole
+        except OSError as exc:
+            raise StorageError(f"read of {segment.log_path} failed: {exc}") from exc
+        done = 0
+        expected = 0
+        for batch_position, header in iter_batches(data):
+            where = position + batch_position
+            problem = segment.damage(where, header, expected)
+            if problem is not None:  # the header itself is not to be believed
+                raise CorruptRecordsError(segment.log_path, where, expected or base_offset,
+                                          problem)
+            try:
+                validate(data, batch_position, header.size, dense=False)
+            except BatchError as exc:
+                raise CorruptRecordsError(segment.log_path, where, header.base_offset,
+                                          str(exc)) from exc
+            done = batch_position + header.size
+            expected = header.next_offset
+        if done == 0:  # not even one whole batch where a batch must start
+            raise CorruptRecordsError(segment.log_path, position, expected or base_offset,
+                                      "no whole batch starts here")
+        return position + done if position + done < segment.size else None
 
     def iter_headers(self, from_offset: int) -> Iterator[BatchHeader]:
         """The stored header of every batch from the one holding ``max(from_offset, log start)``

@@ -99,3 +99,38 @@ def test_a_damaged_batch_stops_the_consumer_with_corrupt_message(broker_process,
         assert broker.terminate() == 0
     if damage == "length":
         assert log_path.read_text().count("a stored batch is damaged") == 1
+
+
+def test_the_scrubber_reports_damage_before_any_reader(broker_process, tmp_path):
+    """Nobody reads: the background scrubber (fast here) finds the flipped byte, counts it
+    under source="scrub" and logs it once, however many passes it makes."""
+    first = broker_process()
+    _fill(first.address)
+    assert first.terminate() == 0
+    segments = sorted(glob.glob(str(first.data_dir / "t-0" / "*.log")))
+    sealed = segments[1]
+    data = bytearray(open(sealed, "rb").read())
+    position, base_offset, size = _batches(bytes(data))[3]
+    data[position + size - 3] ^= 0xFF
+    with open(sealed, "r+b") as handle:
+        handle.write(bytes(data))
+    log_path = tmp_path / "broker.log"
+    with open(log_path, "wb") as log_file:
+        broker = broker_process("--scrub-bytes-per-second", "50000000", data_dir=first.data_dir,
+                                stderr=log_file)
+        deadline = time.monotonic() + 30
+        while _scrub_metric(broker.http_port) < 1:
+            assert time.monotonic() < deadline, "the scrubber found nothing"
+            time.sleep(0.2)
+        time.sleep(1)  # more passes: still one report
+        assert _scrub_metric(broker.http_port) == 1
+        assert broker.terminate() == 0
+    text = log_path.read_text()
+    assert text.count("scrub: t-0 holds a damaged batch") == 1
+    assert f"offset {base_offset}" in text
+
+
+def _scrub_metric(http_port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics") as answer:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in answer.read().decode().splitlines()
+                   if line.startswith("rivven_corrupt_batches_total{") and 'source="scrub"' in line)
