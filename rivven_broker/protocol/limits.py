@@ -74,6 +74,9 @@ retention_ms_default = 7 * 24 * 3600 * 1000
 sync_group_bytes_max = 4 * 1024 * 1024  # one group commit covers at most this much new data
 #: The background scrubber checks sealed segments' CRCs this many bytes per step, and at most
 #: ``scrub_bytes_per_second_default`` bytes a second unless configured (0: off).
+#: A file of this many bytes kept in the data directory: given up on a full disk so the topic
+#: registry can still be rewritten (a topic deleted to free space), taken again once room returns.
+space_reserve_bytes = 1024 * 1024
 scrub_chunk_bytes = 256 * 1024
 scrub_bytes_per_second_default = 4 * 1024 * 1024
 

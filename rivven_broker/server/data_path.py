@@ -425,7 +425,7 @@ class DataPath:
             if target <= plog.log_start_offset:
                 start = plog.log_start_offset
                 return DeleteRecordsPartitionResponse(partition, ErrorCode.NONE, start)
-            low_watermark = plog.delete_records(target)
+            low_watermark = self._context.logs.with_room(lambda: plog.delete_records(target))
         except (StorageError, OSError) as exc:
             return DeleteRecordsPartitionResponse(partition, _error_of(exc)[0])
         return DeleteRecordsPartitionResponse(partition, ErrorCode.NONE, low_watermark)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import random
 import types
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping, TypeVar
 
 import attrs
 
@@ -49,12 +49,14 @@ from rivven_broker.protocol import limits
 from rivven_broker.storage.errors import (
     InvalidPartitionsError,
     InvalidReplicationFactorError,
+    StorageError,
     TopicExistsError,
     UnknownTopicOrPartitionError,
 )
 from rivven_broker.storage.file_store import FileStore
 from rivven_broker.storage.partition_log import PartitionLog
 from rivven_broker.storage.recovery import RecoveryReport
+from rivven_broker.storage.segment import disk_full
 from rivven_broker.storage.registry import (
     TopicInfo,
     load_registry,
@@ -69,7 +71,10 @@ __all__ = ["LogManager", "OpenReport", "TopicPartition", "DELETE_SUFFIX"]
 
 TopicPartition = tuple[str, int]
 #: Directories being deleted end with this (never a partition number, so never parsed as one).
+T = TypeVar("T")
 DELETE_SUFFIX = "-delete"
+#: Room kept in the data directory for metadata writes on a full disk (``ensure_space_reserve``).
+SPACE_RESERVE_FILE = ".space-reserve"
 _NAME_BYTES_MAX = 255  # file name limit of common file systems
 
 
@@ -142,6 +147,7 @@ class LogManager:
             store.fsync_dir("")
         for directory in retired:
             manager._remove_dir(directory)
+        manager.ensure_space_reserve()
         removed += retired
         reports: dict[TopicPartition, RecoveryReport] = {}
         for info in sorted(manager._topics.values(), key=lambda i: i.name):
@@ -305,6 +311,7 @@ class LogManager:
         for directory in retired:
             self._remove_dir(directory)
         self._store.fsync_dir("")
+        self.ensure_space_reserve()  # the deleted data made room for it again
 
     def alter_topic_config(self, name: str, changes: Mapping[str, str | None]) -> TopicInfo:
         """Apply config ``changes`` (``None`` resets a key) to a topic and its logs.
@@ -387,7 +394,57 @@ class LogManager:
                 return topic_id
 
     def _save(self) -> None:
-        save_registry(self._store, self._topics, self._next_topic_number)
+        """Write the registry; on a full disk, give up the space reserve and try once more (so
+        a topic can be deleted to free space when nothing else fits).
+
+        Raises:
+            OSError: the store failed (the old registry stands: it is replaced atomically).
+        """
+        try:
+            save_registry(self._store, self._topics, self._next_topic_number)
+        except OSError as exc:
+            if not disk_full(exc) or not self._store.exists(SPACE_RESERVE_FILE):
+                raise
+            self._store.remove(SPACE_RESERVE_FILE)
+            save_registry(self._store, self._topics, self._next_topic_number)
+
+    def with_room(self, change: Callable[[], T]) -> T:
+        """``change()`` (a partition's metadata write, e.g. ``delete_records``); when the disk
+        is full and the space reserve is there, give the reserve up and run it once more.
+
+        Raises what ``change`` raises."""
+        try:
+            return change()
+        except (StorageError, OSError) as exc:
+            full = isinstance(exc, OSError) and disk_full(exc) or isinstance(
+                exc.__cause__, OSError) and disk_full(exc.__cause__)
+            if not full or not self._store.exists(SPACE_RESERVE_FILE):
+                raise
+            self._store.remove(SPACE_RESERVE_FILE)
+            return change()
+
+    def ensure_space_reserve(self) -> bool:
+        """Keep ``SPACE_RESERVE_FILE`` (``limits.space_reserve_bytes`` of zeros) in the data
+        directory, the room metadata writes fall back on when the disk is full; True when it
+        is there. Best effort: a full disk leaves it missing until a later call. Blocks on it.
+        """
+        store = self._store
+        if store.exists(SPACE_RESERVE_FILE):
+            return True
+        try:
+            handle = store.open(SPACE_RESERVE_FILE)
+            try:
+                store.allocate(handle, limits.space_reserve_bytes)
+                store.fsync(handle)
+            finally:
+                store.close(handle)
+        except OSError as exc:
+            if not disk_full(exc):
+                raise
+            if store.exists(SPACE_RESERVE_FILE):
+                store.remove(SPACE_RESERVE_FILE)
+            return False
+        return True
 
     def _retire_dir(self, directory: str, tag: str) -> str:
         """Rename a partition directory to a unique ``*-delete`` name (not yet dir-synced)."""

@@ -75,7 +75,7 @@ from rivven_broker.storage.file_store import FileStore
 from rivven_broker.storage.log_config import LogConfig
 from rivven_broker.storage.log_results import AppendInfo, LogStatistics, ReadResult, SyncTicket
 from rivven_broker.storage.recovery import RecoveryReport, recover
-from rivven_broker.storage.segment import Segment
+from rivven_broker.storage.segment import Segment, disk_full
 
 __all__ = ["PartitionLog", "AppendInfo", "ReadResult", "SyncTicket", "LogStatistics",
            "REGION_BATCH_BYTES_MIN"]
@@ -283,12 +283,19 @@ class PartitionLog:
         old = self._segments[-1]
         if old.size == 0:
             return
-        with self._mutation():
+        try:
             old.trim()
             new = Segment.open(
                 self._store, self._directory, old.next_offset, self.config.index_interval_bytes,
                 fresh=True,
             )
+        except OSError as exc:
+            if not disk_full(exc):
+                self._fail(exc)
+            # Nothing changed that matters: the old segment stays active (its trimmed tail
+            # and index entries are what a later roll writes anyway); retry when space returns.
+            raise StorageError(f"roll of {self._directory} failed: {exc}") from exc
+        with self._mutation():
             self._segments.append(new)
             self._bases.append(new.base_offset)
             old.synced = False
@@ -297,8 +304,8 @@ class PartitionLog:
             while len(self._segments) > 1 and self._segments[0].next_offset <= start:
                 self._delete_first_segment()  # delete_records reached the end of it
             recovery_point = self._synced_prefix_end()
-            if recovery_point > self._recovery_point:
-                self._write_checkpoint(RECOVERY_POINT_FILE, recovery_point)  # fsyncs the dir
+            if recovery_point > self._recovery_point and self._checkpoint_if_room(
+                    RECOVERY_POINT_FILE, recovery_point):  # fsyncs the dir
                 self._recovery_point = recovery_point
             else:
                 self._store.fsync_dir(self._directory)
@@ -483,12 +490,45 @@ class PartitionLog:
             raise OffsetOutOfRangeError(before_offset, self._log_start_offset, self.log_end_offset)
         if before_offset <= self._log_start_offset:
             return self._log_start_offset
-        with self._mutation():
+        try:
             self._write_checkpoint(LOG_START_OFFSET_FILE, before_offset)
+        except OSError as exc:  # the checkpoint is replaced atomically: nothing changed
+            if not disk_full(exc):
+                self._fail(exc)
+            self._delete_on_a_full_disk(before_offset, exc)
+        with self._mutation():
             self._raise_log_start(before_offset)
             while len(self._segments) > 1 and self._segments[0].next_offset <= before_offset:
                 self._delete_first_segment()
         return self._log_start_offset
+
+    def _delete_on_a_full_disk(self, before_offset: int, exc: OSError) -> None:
+        """The log-start checkpoint did not fit: free the space of the whole segments below
+        ``before_offset`` first, then write it. (A crash in between brings back, at most, the
+        records between the first remaining segment's base and ``before_offset``.)
+
+        Raises:
+            StorageError: still no room (nothing was deleted that is not below the new start).
+        """
+        with self._mutation():
+            while len(self._segments) > 1 and self._segments[0].next_offset <= before_offset:
+                self._delete_first_segment()
+        try:
+            self._write_checkpoint(LOG_START_OFFSET_FILE, before_offset)
+        except OSError as again:
+            if not disk_full(again):
+                self._fail(again)
+            raise StorageError(f"delete records of {self._directory}: {again}") from exc
+
+    def _checkpoint_if_room(self, name: str, value: int) -> bool:
+        """Write a checkpoint that may wait (a recovery point); False when the disk is full."""
+        try:
+            self._write_checkpoint(name, value)
+        except OSError as exc:
+            if not disk_full(exc):
+                raise
+            return False
+        return True
 
     def apply_retention(self, now_ms: int) -> int:
         """Delete the oldest segments (never the active one) that are past ``retention.ms`` by
@@ -517,11 +557,16 @@ class PartitionLog:
         if doomed == 0:
             return 0
         start = max(self._log_start_offset, self._segments[doomed].base_offset)
-        with self._mutation():
-            if start > self._log_start_offset:
+        if start > self._log_start_offset:
+            try:
                 self._write_checkpoint(LOG_START_OFFSET_FILE, start)
-                self._raise_log_start(start)
-            for _ in range(doomed):
+            except OSError as exc:  # replaced atomically: nothing changed yet
+                if not disk_full(exc):
+                    self._fail(exc)
+                self._delete_on_a_full_disk(start, exc)  # retention frees space on a full disk
+        with self._mutation():
+            self._raise_log_start(start)
+            while len(self._segments) > 1 and self._segments[0].next_offset <= start:
                 self._delete_first_segment()
         return doomed
 
@@ -664,8 +709,11 @@ class PartitionLog:
         try:  # once per sync rather than once per entry; keeps the file close to memory
             self._segments[-1].write_indexes()
         except OSError as exc:
-            self._failed = exc  # every later call raises LogFailedError carrying it
-            return None
+            if not disk_full(exc):
+                self._failed = exc  # every later call raises LogFailedError carrying it
+                return None
+            # Full: the entries stay pending (indexes are rebuilt by recovery anyway) and the
+            # data already written is made durable all the same.
         handles: list[int] = []
         versions = []
         for segment in self._segments[:-1]:

@@ -24,6 +24,7 @@ The segment does file I/O only through its ``FileStore`` and knows nothing of du
 
 from __future__ import annotations
 
+import errno
 import posixpath
 from typing import Iterator, Sequence
 
@@ -67,6 +68,12 @@ IOV_MAX = 1024
 #: Bytes read at a time when walking batch headers.
 WALK_CHUNK_BYTES = 16 * 1024
 _MIN_BATCH_LENGTH = HEADER_BYTES - LOG_OVERHEAD_BYTES
+
+
+def disk_full(exc: OSError) -> bool:
+    """The store is out of space (or quota): the operation did nothing durable to undo, and may
+    succeed once space returns."""
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -246,8 +253,13 @@ class Segment:
         end = position + total
         if preallocate_bytes and end > self.allocated:
             target = max(end, min(end + preallocate_bytes, preallocate_limit))
-            self.store.allocate(self.log_handle, target)
-            self.allocated = target
+            try:
+                self.store.allocate(self.log_handle, target)
+                self.allocated = target
+            except OSError as exc:
+                if not disk_full(exc):
+                    raise
+                # No room to run ahead: write without it (the write itself may still fit).
         if len(parts) <= IOV_MAX:  # the common case: one system call
             self.store.pwritev(self.log_handle, parts, position)
         else:

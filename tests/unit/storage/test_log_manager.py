@@ -27,7 +27,7 @@ from rivven_broker.storage.errors import (
     UnknownTopicOrPartitionError,
 )
 from rivven_broker.storage.file_store import FileStore, OsFileStore
-from rivven_broker.storage.log_manager import DELETE_SUFFIX, LogManager
+from rivven_broker.storage.log_manager import DELETE_SUFFIX, SPACE_RESERVE_FILE, LogManager
 from rivven_broker.storage.memory_store import MemoryFileStore
 from rivven_broker.storage.registry import REGISTRY_FILE, parse_partition_dir
 
@@ -101,7 +101,7 @@ def test_create_append_reopen_delete(store: FileStore) -> None:
 
     manager.delete_topic("my-orders")
     assert dict(manager.topics()) == {}
-    assert store.listdir("") == [REGISTRY_FILE]
+    assert store.listdir("") == sorted([REGISTRY_FILE, SPACE_RESERVE_FILE])
     with pytest.raises(UnknownTopicOrPartitionError):
         manager.get_log("my-orders", 0)
     manager.close()
@@ -234,7 +234,7 @@ def test_open_removes_leftover_delete_dirs_and_orphans() -> None:
     assert manager.open_report.removed_dirs == tuple(sorted(
         [f"x-0.ab{DELETE_SUFFIX}", f"gone-0.orphan{DELETE_SUFFIX}", f"t-3.orphan{DELETE_SUFFIX}"]
     ))
-    assert store.listdir("") == ["t-0", REGISTRY_FILE]
+    assert store.listdir("") == sorted([SPACE_RESERVE_FILE, "t-0", REGISTRY_FILE])
     assert set(reports) == {("t", 0)}
     manager.close()
 
