@@ -58,7 +58,11 @@ from rivven_broker.server.connection import (
 from rivven_broker.server.cluster.membership_driver import MembershipDriver
 from rivven_broker.server.cluster.metrics import MembershipCollector
 from rivven_broker.server.context import ServerContext
-from rivven_broker.server.descriptors import connections_max_for, descriptor_limit
+from rivven_broker.server.descriptors import (
+    connections_max_for,
+    descriptor_limit,
+    files_max_for,
+)
 from rivven_broker.server.env import Env
 from rivven_broker.server.group_driver import GroupDriver, GroupDriverSettings, GroupLagCollector
 from rivven_broker.server.handlers import Handlers
@@ -70,6 +74,7 @@ from rivven_broker.server.request_budget import RequestBudget
 from rivven_broker.server.scrubber import Scrubber
 from rivven_broker.server.txn_driver import TxnDriver
 from rivven_broker.storage.errors import StorageError, SyncFailedError
+from rivven_broker.storage.handle_cache import BoundedHandles
 from rivven_broker.storage.log_manager import LogManager
 from rivven_broker.storage.sync_worker import SyncPolicy, SyncWorker
 from rivven_cluster.membership import DEVELOPMENT_KEY, Address, KeyRing
@@ -125,6 +130,10 @@ class Broker:
                 descriptor_limit(), config.http_connections_max
             )
         self.request_budget = RequestBudget(config.queued_request_bytes_max)
+        self.open_files_max = config.open_files_max
+        if self.open_files_max == -1:  # the other half of the descriptors (descriptors.py)
+            self.open_files_max = files_max_for(descriptor_limit(), config.http_connections_max)
+        self.files: BoundedHandles | None = None
         self.metrics.track_gauge(
             "rivven_request_budget_reserved_bytes",
             "Bytes of partly received requests reserved now (queued_request_bytes_max bounds).",
@@ -251,9 +260,13 @@ class Broker:
     async def _open_logs(self) -> LogManager:
         env = self.env
         now_ms = env.clock.wall_ms()
+        self.files = BoundedHandles(env.disk, self.open_files_max)
+        self.metrics.track_gauge("rivven_open_files", "Segment and index files open now "
+                                 "(open_files_max bounds them, plus files being written).",
+                                 lambda: self.files.statistics().open_now)
         opener = functools.partial(
             LogManager.open,
-            env.disk,
+            self.files,
             now_ms,
             preallocate_bytes=self.config.preallocate_bytes_effective,
             rng=env.rng("topic-ids"),

@@ -98,6 +98,8 @@ class BrokerConfig:
     #: -1: derived at start from the process's descriptor limit (``descriptors.py``).
     connections_max: int = -1
     http_connections_max: int = limits.http_connections_max_default
+    #: Segment and index files kept open at most (-1: derived from the descriptor limit).
+    open_files_max: int = -1
     #: Broker-wide bound on unfinished request frames' bytes (0: unbounded).
     queued_request_bytes_max: int = limits.queued_request_bytes_max_default
     in_flight_requests_max: int = limits.in_flight_requests_per_connection_max
@@ -151,6 +153,8 @@ class BrokerConfig:
         assert self.connections_max == -1 or 0 < self.connections_max <= limits.connections_max
         assert 0 < self.request_timeout_ms <= limits.request_timeout_ms_max
         assert 0 < self.http_connections_max <= limits.http_connections_max
+        assert self.open_files_max == -1 or (
+            limits.open_files_min <= self.open_files_max <= limits.open_files_max)
         assert 0 <= self.queued_request_bytes_max <= limits.queued_request_bytes_max
         assert 0 < self.in_flight_requests_max <= limits.in_flight_requests_per_connection_max
         assert self.log_level in LOG_LEVELS
@@ -222,6 +226,13 @@ def _peers(flag: str, value: object) -> tuple[Peer, ...]:
     if len(set(ids)) != len(ids):
         _fail(flag, value, "distinct node ids")
     return tuple(peers)
+
+
+def _files_max(flag: str, value: object) -> int:
+    number = _int_in(-1, limits.open_files_max)(flag, value)
+    if number != -1 and number < limits.open_files_min:
+        _fail(flag, value, f"-1 or an integer in {limits.open_files_min}..{limits.open_files_max}")
+    return number
 
 
 def _advertise(flag: str, value: object) -> HostPort:
@@ -341,6 +352,9 @@ _OPTIONS: tuple[_Option, ...] = (
     _Option("connections_max", "N", _int_in(-1, limits.connections_max),
             "client connections at most (default -1: half of the descriptors the process may "
             f"open, at most {limits.connections_max})"),
+    _Option("open_files_max", "N", _files_max,
+            "segment and index files kept open at most, whatever the partitions (default -1: "
+            "half of the descriptors the process may open)"),
     _Option("http_connections_max", "N", _int_in(1, limits.http_connections_max),
             f"HTTP connections at most (default {limits.http_connections_max_default})"),
     _Option("queued_request_bytes_max", "BYTES", _int_in(0, limits.queued_request_bytes_max),

@@ -9,7 +9,8 @@ the usual soft limit is 1,024 while the hard limit is often far higher. At the l
 start (``raise_descriptor_limit``), and a broker whose ``connections_max`` is left at -1 takes
 its connection cap from the limit then in force (``connections_max_for``): half of what is left
 after a fixed reserve (listeners, the lock, the log, pipes, the fsync thread) and the HTTP
-cap, so the other half stays for segment files, whose handles the storage layer bounds.
+cap, so the other half stays for segment files: the storage layer keeps at most that many open
+(``files_max_for``, ``storage/handle_cache.py``), whatever the number of partitions and segments.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import resource
 
 from rivven_broker.protocol import limits
 
-__all__ = ["raise_descriptor_limit", "descriptor_limit", "connections_max_for"]
+__all__ = ["raise_descriptor_limit", "descriptor_limit", "connections_max_for", "files_max_for"]
 
 #: Descriptors kept for the broker itself: listeners, the data-directory lock, logging,
 #: signal pipes, the fsync thread, a spare kept to refuse connections cleanly.
@@ -43,6 +44,13 @@ def descriptor_limit() -> int:
     """The soft RLIMIT_NOFILE in force now."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def files_max_for(descriptors: int, http_connections_max: int) -> int:
+    """The open-files bound of the storage layer for a process allowed ``descriptors``: the
+    half ``connections_max_for`` leaves, at least ``limits.open_files_min``."""
+    spare = descriptors - _RESERVED_DESCRIPTORS - http_connections_max
+    return max(limits.open_files_min, min(limits.open_files_max, spare // 2))
 
 
 def connections_max_for(descriptors: int, http_connections_max: int) -> int:

@@ -28,6 +28,7 @@ from hypothesis.stateful import (
 
 from rivven_broker.storage.errors import LogFailedError, OffsetOutOfRangeError
 from rivven_broker.storage.log_config import LogConfig
+from rivven_broker.storage.handle_cache import BoundedHandles
 from rivven_broker.storage.memory_store import MemoryFileStore
 from rivven_broker.storage.partition_log import PartitionLog, SyncTicket
 from tests.unit.storage.log_batches import make_batch, stored
@@ -74,10 +75,16 @@ class PartitionLogMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.store = MemoryFileStore()
+        self.files: object = self.store
         self.model = Model()
         self.now_ms = 1_000_000
         self.tickets: list[tuple[SyncTicket, bool]] = []  # (ticket, fsynced yet)
         self.log: PartitionLog
+
+    def _files(self) -> object:
+        """The store the log sees (a fresh view after a crash, as a new process)."""
+        self.files = self.store
+        return self.files
 
     @initialize(
         preallocate=st.sampled_from([0, 300, 4096]),
@@ -92,7 +99,7 @@ class PartitionLogMachine(RuleBasedStateMachine):
             index_interval_bytes=128,
             preallocate_bytes=preallocate,
         )
-        self.log, report = PartitionLog.open(self.store, DIRECTORY, self.config, self.now_ms)
+        self.log, report = PartitionLog.open(self._files(), DIRECTORY, self.config, self.now_ms)
         assert report.cuts == () and self.log.log_end_offset == 0
 
     # --- appends and reads ---------------------------------------------------------------------
@@ -220,7 +227,7 @@ class PartitionLogMachine(RuleBasedStateMachine):
         i = next(i for i, (_, done) in enumerate(self.tickets) if not done)
         ticket = self.tickets[i][0]
         for handle in ticket.handles:
-            self.store.fsync(handle)
+            self.files.fsync(handle)
         self.tickets[i] = (ticket, True)
 
     @precondition(lambda self: any(done for _, done in self.tickets))
@@ -238,7 +245,7 @@ class PartitionLogMachine(RuleBasedStateMachine):
         ticket = self.log.begin_sync()
         if ticket is not None:
             for handle in ticket.handles:
-                self.store.fsync(handle)
+                self.files.fsync(handle)
         self.append(shapes, 0, 0)
         if ticket is not None:
             self.log.complete_sync(ticket)
@@ -255,7 +262,7 @@ class PartitionLogMachine(RuleBasedStateMachine):
         self.complete_tickets()
         self.log.close()
         assert self.store.open_handles() == 0
-        self.log, report = PartitionLog.open(self.store, DIRECTORY, self.config, self.now_ms)
+        self.log, report = PartitionLog.open(self._files(), DIRECTORY, self.config, self.now_ms)
         assert report.clean, report
         assert self.log.log_end_offset == self.model.end
         assert self.log.log_start_offset == self.model.start
@@ -266,11 +273,11 @@ class PartitionLogMachine(RuleBasedStateMachine):
         if partial_sync and self.tickets:  # the crash hits in the middle of a group commit
             for handle in self.tickets[-1][0].handles:
                 if rng.random() < 0.5:
-                    self.store.fsync(handle)
+                    self.files.fsync(handle)
         durable = self.log.durable_offset
         self.tickets.clear()
         self.store.crash(rng, tear_last_write=tear)
-        self.log, report = PartitionLog.open(self.store, DIRECTORY, self.config, self.now_ms)
+        self.log, report = PartitionLog.open(self._files(), DIRECTORY, self.config, self.now_ms)
         self.check_after_crash(durable)
 
     @rule(shapes=SHAPES, seed=st.integers(0, 2**32), flush_first=st.booleans())
@@ -296,7 +303,7 @@ class PartitionLogMachine(RuleBasedStateMachine):
             self.store.fault_hook = None
         self.tickets.clear()
         self.store.crash(random.Random(seed), tear_last_write=True)
-        self.log, _ = PartitionLog.open(self.store, DIRECTORY, self.config, self.now_ms)
+        self.log, _ = PartitionLog.open(self._files(), DIRECTORY, self.config, self.now_ms)
         self.check_after_crash(durable)
 
     def check_after_crash(self, durable: int) -> None:
@@ -341,3 +348,29 @@ PartitionLogMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestPartitionLog = PartitionLogMachine.TestCase
+
+
+class BoundedHandlesMachine(PartitionLogMachine):
+    """The same rules with the log's files behind ``BoundedHandles`` holding at most 4 open:
+    every operation crosses evictions and reopenings (issue 16: bounded descriptors)."""
+
+    def _files(self) -> object:
+        self.files = BoundedHandles(self.store, 4)
+        return self.files
+
+    @invariant()
+    def files_stay_bounded(self) -> None:
+        if isinstance(self.files, BoundedHandles):
+            stats = self.files.statistics()
+            # the bound, plus files being written, plus those an fsync just unpinned (evicted
+            # at the next open), plus the one an open is about to use
+            assert stats.open_now <= 4 + stats.pinned_now + stats.unpinned + 1
+
+
+BoundedHandlesMachine.TestCase.settings = settings(
+    max_examples=100,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestPartitionLogWithBoundedHandles = BoundedHandlesMachine.TestCase
