@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from rivven_broker.client._sync import SyncClient
 from rivven_broker.client.config import ConnectionConfig, build_configs
-from rivven_broker.client.errors import RivvenError, error_for
+from rivven_broker.client.errors import RivvenError, UnsupportedVersionError, error_for
 from rivven_broker.client.group_admin import (
     GroupDescription,
     GroupListing,
@@ -199,7 +199,10 @@ class Admin:
     # --- cluster -------------------------------------------------------------------------------
     def cluster_status(self) -> ClusterStatus:
         """Brokers, controller and partition counts, from a Metadata answer for all topics."""
-        members = members_of(self._client.call(m.DescribeCluster()))
+        try:
+            members = members_of(self._client.call(m.DescribeCluster()))
+        except UnsupportedVersionError:  # a broker older than membership: no members to show
+            members = ()
         return cluster_status(self._client.fetch_metadata(None), members)
 
     def ping(self) -> int:

@@ -41,6 +41,7 @@ from rivven_broker.client.errors import (
     ClosedError,
     ConnectionFailedError,
     RivvenError,
+    UnsupportedVersionError,
     error_for,
 )
 from rivven_broker.client.fetch_state import (
@@ -560,7 +561,10 @@ class TrioAdmin:
         return by_node
 
     async def cluster_status(self) -> ClusterStatus:
-        members = members_of(await self._cluster.call(m.DescribeCluster()))
+        try:
+            members = members_of(await self._cluster.call(m.DescribeCluster()))
+        except UnsupportedVersionError:  # a broker older than membership: no members to show
+            members = ()
         return cluster_status(await self._cluster.call(metadata_request(None, False)), members)
 
     async def ping(self) -> None:
