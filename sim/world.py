@@ -78,6 +78,9 @@ __all__ = ["World", "RunResult", "seeded_trio_scheduler", "run_scenario"]
 _FINAL_READ_TIMEOUT_S = 60.0
 _ACK_BEFORE_FSYNC_POLICY = "interval_ms=1000"  # test switch: acks no longer wait for fsync
 _CLUSTER_KEY = "the-simulated-cluster-key-0123456789"
+#: Segment files a node keeps open: a handful, far fewer than a world's files, so every run
+#: crosses the descriptor cache's evictions and reopenings, crashes included.
+_OPEN_FILES_MAX = 8
 _WRONG_KEY = "somebody-elses-cluster-key-0123456789"
 
 
@@ -202,6 +205,7 @@ class NodeHost:
         return BrokerConfig(
             node_id=self.node_id, data_dir=".", listen=HostPort(self.name, spec.port),
             http=None, sync_policy=policy, auto_create_topics=False, peers=peers,
+            open_files_max=_OPEN_FILES_MAX,
             rack=spec.racks[self.node_id - 1] if spec.racks else None,
         )
 

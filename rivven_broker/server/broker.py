@@ -260,10 +260,11 @@ class Broker:
     async def _open_logs(self) -> LogManager:
         env = self.env
         now_ms = env.clock.wall_ms()
-        self.files = BoundedHandles(env.disk, self.open_files_max)
-        self.metrics.track_gauge("rivven_open_files", "Segment and index files open now "
-                                 "(open_files_max bounds them, plus files being written).",
-                                 lambda: self.files.statistics().open_now)
+        # Files written and not yet fsynced are the last the cache closes; under `none`
+        # nothing is fsynced before close, so none is kept for that (handle_cache.py).
+        pin = SyncPolicy.parse(self.config.sync_policy).mode != "none"
+        self.files = BoundedHandles(env.disk, self.open_files_max, pin_unsynced=pin)
+        self.metrics.track_files(self.files.statistics)
         opener = functools.partial(
             LogManager.open,
             self.files,

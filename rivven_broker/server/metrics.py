@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from rivven_broker.storage.handle_cache import HandleStatistics
 from rivven_broker.storage.sync_worker import SyncWorkerStatistics
 
 __all__ = ["BrokerMetrics", "PartitionSnapshot", "CONTENT_TYPE"]
@@ -163,6 +164,29 @@ class _SyncCollector(Collector):
         )
 
 
+class _FilesCollector(Collector):
+    """The segment-file descriptor cache's counts, read when scraped (never blocks)."""
+
+    def __init__(self, statistics: Callable[[], HandleStatistics]) -> None:
+        self._statistics = statistics
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        stats = self._statistics()
+        yield GaugeMetricFamily(
+            "rivven_open_files", "Segment and index files open now (open_files_max bounds them).",
+            value=stats.open_now,
+        )
+        yield CounterMetricFamily(
+            "rivven_open_files_reopened", "Files opened again after the cache had closed them.",
+            value=stats.reopened,
+        )
+        yield CounterMetricFamily(
+            "rivven_open_files_evicted_unsynced",
+            "Files the cache closed before their fsync (written faster than they are synced).",
+            value=stats.evicted_unsynced,
+        )
+
+
 class _ReadGauge:
     """One gauge read at scrape time."""
 
@@ -240,6 +264,10 @@ class BrokerMetrics:
     def track_partitions(self, snapshot: Callable[[], Iterable[PartitionSnapshot]]) -> None:
         """Export per-partition gauges read from ``snapshot()`` at every scrape."""
         self.registry.register(_PartitionCollector(snapshot))
+
+    def track_files(self, statistics: Callable[[], HandleStatistics]) -> None:
+        """Export the descriptor cache's counts read from ``statistics()`` at every scrape."""
+        self.registry.register(_FilesCollector(statistics))
 
     def track_sync(self, statistics: Callable[[], SyncWorkerStatistics]) -> None:
         """Export the group commit's counters read from ``statistics()`` at every scrape."""

@@ -7,18 +7,28 @@ partitions x segments: a 1,000-partition ``CreateTopic`` from any client took 3,
 process ran out (issue 16). This wrapper gives the storage layer *virtual* handles: ``open``
 creates or opens the file as asked and returns a number; the real descriptor behind it is
 kept in an LRU of at most ``open_files_max``, closed when it falls off the end, and opened
-again by path on the next use. The hot paths (the active segment's append and fsync, reads of
-the tail) stay in the cache and pay one dict lookup.
+again by path (never creating it) on the next use. The hot paths (the active segment's
+append, reads of the tail) stay in the cache and pay one dict lookup and an LRU move.
 
-A descriptor with changes not yet fsynced (writes, preallocation, a truncation that changed
-the size) is *pinned* and never closed by the LRU: closing does not lose the data on Linux
-(fsync syncs the file, whichever descriptor wrote it), but an asynchronous write-back error is
-only reported to descriptors open when it happens, and the group commit must see it; and the
-group commit may fsync from its own thread, so a descriptor it may use must not move (an fsync
-of an unpinned handle uses a descriptor of its own). So the bound can be exceeded by the files
-being written between two group commits, which the group commit itself bounds. ``rename`` keeps a virtual handle's path
-right (compaction swaps files in place); a handle whose file was removed fails on its next
-use as a closed one would.
+The bound is strict: after every call at most ``open_files_max`` descriptors are open (plus,
+for the length of each ``fsync`` call, the one it opens). Within it, files with changes not
+yet fsynced (writes, preallocation, a truncation that changed the size) are *pinned*: the LRU
+closes every clean file before one of them. Closing loses no data (fsync syncs the file,
+whichever descriptor wrote it), but Linux reports an asynchronous write-back error to a later
+fsync only while the kernel keeps the file's inode, which an open descriptor guarantees; so a
+file written stays open until the group commit has synced it, unless the files being written
+alone pass the bound (then the oldest of them are closed too, and counted). Under
+``sync_policy=none`` nothing is fsynced before close, so nothing is pinned
+(``pin_unsynced=False``): every file ever written would otherwise be preferred.
+
+Threads: everything runs on the caller's (the event loop's) thread except ``fsync``, which the
+group commit and the cleaner call from theirs. So ``fsync`` never touches the LRU's
+descriptors (the loop may close one at any time): it opens one of its own by path, syncs,
+closes it, and appends ``(handle, mark)`` to ``_synced``, the only state it changes (a list
+append is atomic). The loop unpins at its next open, and only if no change came after the mark
+the sync saw: a write racing the fsync keeps the pin. ``rename`` keeps a virtual handle's path
+right (compaction swaps files in place); a handle whose file was removed fails on its next use
+as a closed one would (an ``fsync`` of it does nothing: the data is gone by design).
 
 The wrapper holds no data: reopening is always correct; only its counts (``statistics``)
 say how often it had to.
@@ -26,6 +36,8 @@ say how often it had to.
 
 from __future__ import annotations
 
+import itertools
+import posixpath
 from collections import OrderedDict
 from typing import Sequence
 
@@ -39,28 +51,34 @@ __all__ = ["BoundedHandles", "HandleStatistics"]
 
 @attrs.define
 class HandleStatistics:
-    opened: int = 0  # real opens, first and again
+    """Counts of a ``BoundedHandles`` (cumulative except the ``_now`` ones)."""
+
+    opened: int = 0  # real opens by the cache, first and again (not fsync's own)
     reopened: int = 0  # opens of a handle whose descriptor the LRU had closed
-    evicted: int = 0
-    open_now: int = 0
-    pinned_now: int = 0
-    #: Handles unpinned by an fsync since the last eviction pass (open beyond the bound until
-    #: the next open on the loop evicts them: fsync may run off the loop).
-    unpinned: int = 0
+    evicted: int = 0  # descriptors the LRU closed
+    evicted_unsynced: int = 0  # ... of them, files still waiting for their fsync
+    open_now: int = 0  # at most open_files_max
+    pinned_now: int = 0  # written and not yet known synced (fsynced ones unpin at the next open)
 
 
 class BoundedHandles:
-    """A ``FileStore`` over ``store`` with at most ``open_files_max`` real descriptors open
-    (plus those pinned by unsynced writes). Not thread-safe: one caller at a time, as the
-    storage layer already is (the fsync thread only calls ``fsync``; see ``fsync``)."""
+    """A ``FileStore`` over ``store`` with at most ``open_files_max`` real descriptors open.
+    Not thread-safe except ``fsync`` (see the module docstring): one caller at a time, as the
+    storage layer already is."""
 
-    def __init__(self, store: FileStore, open_files_max: int) -> None:
+    def __init__(
+        self, store: FileStore, open_files_max: int, *, pin_unsynced: bool = True
+    ) -> None:
         assert open_files_max >= 4
         self._store = store
         self.open_files_max = open_files_max
+        self._pin = pin_unsynced
         self._paths: dict[int, str] = {}  # virtual handle -> path
+        self._in_dir: dict[str, set[int]] = {}  # directory -> handles of files directly in it
         self._real: OrderedDict[int, int] = OrderedDict()  # virtual -> real, LRU order
-        self._dirty: set[int] = set()  # virtual handles with writes since their last fsync
+        self._dirty: dict[int, int] = {}  # pinned handle -> mark of its last change
+        self._marks = itertools.count(1)
+        self._synced: list[tuple[int, int]] = []  # (handle, mark) fsynced; the loop unpins
         self._next = 1
         self.stats = HandleStatistics()
 
@@ -74,14 +92,15 @@ class BoundedHandles:
         handle = self._next
         self._next += 1
         self._paths[handle] = path
+        self._in_dir.setdefault(posixpath.dirname(path), set()).add(handle)
         self._real[handle] = real
         self.stats.opened += 1
         self._evict()
         return handle
 
     def close(self, handle: int) -> None:
-        self._paths.pop(handle)
-        self._dirty.discard(handle)
+        self._forget_path(handle, self._paths.pop(handle))
+        self._dirty.pop(handle, None)
         real = self._real.pop(handle, None)
         if real is not None:
             self._store.close(real)
@@ -99,21 +118,39 @@ class BoundedHandles:
         self._evict()
         return real
 
+    def _changed(self, handle: int) -> None:
+        """Pin ``handle`` after a change to its file, done or failed (a failed write may have
+        written part of its bytes)."""
+        if self._pin:
+            self._dirty[handle] = next(self._marks)
+
     def _evict(self) -> None:
-        """Close least recently used descriptors beyond the bound: never a pinned one, nor
-        the most recent (the one the caller is about to use)."""
-        self.stats.unpinned = 0
-        if len(self._real) <= self.open_files_max:
+        """Unpin what was fsynced since, then close least recently used descriptors beyond
+        the bound: clean files first, pinned ones only if they alone pass it; never the most
+        recent (the one the caller is about to use)."""
+        while self._synced:
+            handle, mark = self._synced.pop()
+            if self._dirty.get(handle) == mark:  # no change since the mark that was synced
+                del self._dirty[handle]
+        excess = len(self._real) - self.open_files_max
+        if excess <= 0:
             return
-        for handle in list(self._real)[:-1]:
-            if len(self._real) <= self.open_files_max:
-                break
-            if handle in self._dirty:
-                continue
+        newest = next(reversed(self._real))
+        victims: list[int] = []
+        for pinned_too in (False, True):  # the scan stops once it has enough, from the LRU end
+            for handle in self._real:
+                if len(victims) == excess or handle == newest:
+                    break
+                if (handle in self._dirty) == pinned_too:
+                    victims.append(handle)
+        for handle in victims:
             self._store.close(self._real.pop(handle))
-            self.stats.evicted += 1
+            if handle in self._dirty:
+                self.stats.evicted_unsynced += 1
+        self.stats.evicted += len(victims)
 
     def statistics(self) -> HandleStatistics:
+        """Counts (a copy). Never blocks."""
         self.stats.open_now = len(self._real)
         self.stats.pinned_now = len(self._dirty)
         return attrs.evolve(self.stats)
@@ -125,30 +162,30 @@ class BoundedHandles:
 
     def pwrite(self, handle: int, data: Buffer, position: int) -> None:
         real = self._fd(handle)
-        self._dirty.add(handle)
-        self._store.pwrite(real, data, position)
+        try:
+            self._store.pwrite(real, data, position)
+        finally:
+            self._changed(handle)
 
     def pwritev(self, handle: int, parts: Sequence[Buffer], position: int) -> None:
         real = self._fd(handle)
-        self._dirty.add(handle)
-        self._store.pwritev(real, parts, position)
+        try:
+            self._store.pwritev(real, parts, position)
+        finally:
+            self._changed(handle)
 
     def pread(self, handle: int, size: int, position: int) -> bytes:
         return self._store.pread(self._fd(handle), size, position)
 
     def region(self, handle: int, size: int, position: int) -> bytes | FileRegion:
+        # A FileRegion holds a duplicate of the descriptor: evicting ours never breaks it.
         return self._store.region(self._fd(handle), size, position)
 
     def fsync(self, handle: int) -> None:
-        # The group commit may call this from its fsync thread while the loop opens and evicts
-        # others. A handle with changes is pinned, so its descriptor stays open and in place;
-        # any other (data written before a restart, say) is synced through a descriptor of its
-        # own, opened and closed here: the shared LRU is never touched off the loop.
-        if handle in self._dirty:
-            self._store.fsync(self._real[handle])
-            self._dirty.discard(handle)
-            self.stats.unpinned += 1  # over the bound until the next open evicts
-            return
+        # May run on the group commit's (or the cleaner's) thread while the loop opens and
+        # evicts: never uses the LRU's descriptors, and changes nothing but ``_synced``. The
+        # mark is read before the sync, so a change racing it leaves the handle pinned.
+        mark = self._dirty.get(handle)
         try:
             real = self._store.open(self._paths[handle], create=False)
         except FileNotFoundError:
@@ -157,17 +194,23 @@ class BoundedHandles:
             self._store.fsync(real)
         finally:
             self._store.close(real)
+        if mark is not None:
+            self._synced.append((handle, mark))
 
     def truncate(self, handle: int, size: int) -> None:
         real = self._fd(handle)
         if self._store.size(real) != size:  # a new, empty file stays unpinned
-            self._dirty.add(handle)
-            self._store.truncate(real, size)
+            try:
+                self._store.truncate(real, size)
+            finally:
+                self._changed(handle)
 
     def allocate(self, handle: int, size: int) -> None:
         real = self._fd(handle)
-        self._dirty.add(handle)
-        self._store.allocate(real, size)
+        try:
+            self._store.allocate(real, size)
+        finally:
+            self._changed(handle)
 
     # --- names -----------------------------------------------------------------------------
 
@@ -181,13 +224,27 @@ class BoundedHandles:
         self._store.makedirs(path)
 
     def rename(self, source: str, target: str) -> None:
+        """Rename, and follow it: handles of the file ``source``, or of the files directly in
+        the directory ``source`` (the data directory's layout has no deeper ones), name their
+        files by the new path from now on. Costs the handles moved, not all of them."""
         self._store.rename(source, target)
-        prefix = source + "/"
-        for handle, path in self._paths.items():  # a file, or files under a directory
-            if path == source:
-                self._paths[handle] = target
-            elif path.startswith(prefix):
-                self._paths[handle] = target + path[len(source):]
+        inside = self._in_dir.pop(source, None)  # ``source`` is a directory with open files
+        if inside is not None:
+            self._in_dir.setdefault(target, set()).update(inside)
+            for handle in inside:
+                self._paths[handle] = target + self._paths[handle][len(source):]
+        siblings = self._in_dir.get(posixpath.dirname(source), ())
+        for handle in [h for h in siblings if self._paths[h] == source]:  # the file ``source``
+            self._forget_path(handle, source)
+            self._paths[handle] = target
+            self._in_dir.setdefault(posixpath.dirname(target), set()).add(handle)
+
+    def _forget_path(self, handle: int, path: str) -> None:
+        directory = posixpath.dirname(path)
+        inside = self._in_dir[directory]
+        inside.discard(handle)
+        if not inside:
+            del self._in_dir[directory]
 
     def remove(self, path: str) -> None:
         self._store.remove(path)

@@ -75,3 +75,24 @@ def test_group_commit_counters_are_read_from_the_sync_worker_when_scraped() -> N
     assert value("rivven_sync_fsyncs_total") == 7
     assert value("rivven_sync_logs_synced_total") == 5
     assert value("rivven_sync_waiters") == 2
+
+
+def test_the_descriptor_cache_is_read_when_scraped() -> None:
+    from rivven_broker.storage.handle_cache import BoundedHandles
+    from rivven_broker.storage.memory_store import MemoryFileStore
+
+    store = MemoryFileStore()
+    store.makedirs("d")
+    files = BoundedHandles(store, 4)
+    metrics = BrokerMetrics(1)
+    metrics.track_files(files.statistics)
+    value = metrics.registry.get_sample_value
+    handles = []
+    for i in range(6):  # six written, none synced: the bound still holds
+        handles.append(files.open(f"d/f{i}"))
+        files.pwrite(handles[-1], b"x", 0)
+    assert value("rivven_open_files") == 4
+    assert value("rivven_open_files_evicted_unsynced_total") == 2
+    assert value("rivven_open_files_reopened_total") == 0
+    files.pread(handles[0], 1, 0)
+    assert value("rivven_open_files_reopened_total") == 1

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from rivven_broker.records import BatchBuilder, decode_records
 from rivven_broker.records.header import iter_batches, validate
 from rivven_broker.storage.cleaner import clean_log, prepare_clean, rewrite_batch
+from rivven_broker.storage.handle_cache import BoundedHandles
 from rivven_broker.storage.log_config import LogConfig
 from rivven_broker.storage.memory_store import MemoryFileStore
 from rivven_broker.storage.partition_log import PartitionLog
@@ -110,6 +111,26 @@ def test_cleaning_keeps_latest_per_key_and_reads_across_gaps():
     reopened, _ = PartitionLog.open(store, DIRECTORY, CONFIG, 0)
     assert all_records(reopened) == after
     reopened.check_invariants(deep=True)
+    reopened.close()
+
+
+def test_cleaning_through_the_descriptor_cache_swaps_files_under_evicted_handles():
+    """The broker's files go through ``BoundedHandles``: with 4 descriptors for dozens of
+    files, the cleaner's renames (``.cleaned`` -> ``.swap`` -> final) and removals happen
+    to files whose descriptors were closed, and every read after follows the new files."""
+    store = MemoryFileStore()
+    files = BoundedHandles(store, 4)
+    log = filled_log(files, random.Random(3))
+    before = all_records(log)
+    result = clean_log(log, now_ms=10**12, delete_retention_ms=10**15)
+    assert result.segments_cleaned >= 1 and files.statistics().reopened > 0
+    after = all_records(log)
+    assert latest(after) == latest(before)
+    log.check_invariants(deep=True)
+    log.close()
+    assert store.open_handles() == 0
+    reopened, _ = PartitionLog.open(BoundedHandles(store, 4), DIRECTORY, CONFIG, 0)
+    assert all_records(reopened) == after
     reopened.close()
 
 

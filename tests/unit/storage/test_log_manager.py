@@ -27,6 +27,7 @@ from rivven_broker.storage.errors import (
     UnknownTopicOrPartitionError,
 )
 from rivven_broker.storage.file_store import FileStore, OsFileStore
+from rivven_broker.storage.handle_cache import BoundedHandles
 from rivven_broker.storage.log_manager import DELETE_SUFFIX, SPACE_RESERVE_FILE, LogManager
 from rivven_broker.storage.memory_store import MemoryFileStore
 from rivven_broker.storage.registry import REGISTRY_FILE, parse_partition_dir
@@ -60,12 +61,16 @@ class DirRenameStore(MemoryFileStore):
 
 
 def _store_kinds() -> list[str]:
-    return ["memory", "os"]
+    return ["memory", "os", "os-4-open"]
 
 
 @pytest.fixture(params=_store_kinds())
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> FileStore:
-    return DirRenameStore() if request.param == "memory" else OsFileStore(str(tmp_path))
+    if request.param == "memory":
+        return DirRenameStore()
+    if request.param == "os-4-open":  # the broker's descriptor cache, at its smallest
+        return BoundedHandles(OsFileStore(str(tmp_path)), 4)
+    return OsFileStore(str(tmp_path))
 
 
 def _append(manager: LogManager, topic: str, partition: int, count: int, now_ms: int = 1) -> None:
