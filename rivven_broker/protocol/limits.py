@@ -27,6 +27,10 @@ config_key_bytes_max = 256
 config_value_bytes_max = 4096
 list_length_max = 10_000  # topics, partitions, configs ... in one request or response
 partitions_per_topic_max = 1000
+#: Partitions of all topics together that clients may have the broker create (CreateTopic,
+#: CreatePartitions, auto-creation answer INVALID_PARTITIONS beyond); the broker's own topics
+#: count but are never refused. Each partition costs memory and files, not descriptors.
+partitions_per_broker_max = 10_000
 replication_factor_max = 16
 headers_per_record_max = 1024
 #: Structural bound on a topic name, group id, transactional id, rack or cluster id inside a

@@ -249,6 +249,10 @@ class Handlers:
 
     def _auto_create(self, name: str, now_ms: int) -> tuple[ErrorCode, str] | None:
         """Create ``name`` with the default layout; None when it exists afterwards."""
+        if name not in self._context.logs.topics():
+            problem = self._room_problem(self._context.config.default_partitions)
+            if problem is not None:
+                return problem
         try:
             self._context.logs.create_topic(
                 name, self._context.config.default_partitions, 1, {}, now_ms
@@ -276,7 +280,17 @@ class Handlers:
                     "a single-node broker keeps exactly one replica (replication factor 1)")
         if request.name in self._context.logs.topics():
             return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {request.name!r} already exists"
-        return None
+        return self._room_problem(partitions)
+
+    def _room_problem(self, added: int) -> tuple[ErrorCode, str] | None:
+        """INVALID_PARTITIONS when ``added`` more partitions would take the broker past
+        ``limits.partitions_per_broker_max`` (every topic counts, the broker's own too)."""
+        held = sum(info.partitions for info in self._context.logs.topics().values())
+        if held + added <= limits.partitions_per_broker_max:
+            return None
+        return (ErrorCode.INVALID_PARTITIONS,
+                f"the broker holds {held} partitions; {added} more would pass its limit of "
+                f"{limits.partitions_per_broker_max}")
 
     def _create_topic(self, request: CreateTopic, now_ms: int) -> CreateTopicResponse:
         name = request.name
@@ -393,6 +407,8 @@ class Handlers:
         elif request.count > limits.partitions_per_topic_max:
             problem = (ErrorCode.INVALID_PARTITIONS,
                        f"partitions must be at most {limits.partitions_per_topic_max}")
+        else:
+            problem = self._room_problem(request.count - current)
         if problem is not None:
             return CreatePartitionsResponse(name, *problem, current)
         if request.validate_only:

@@ -1,4 +1,4 @@
-"""Many partitions and segments against a real in-process broker: descriptors stay bounded.
+"""Many partitions and segments against a real in-process broker: descriptors and the bound.
 
 Method: found by probing (issue 16, defect 5): every segment kept its three files open, so one
 1,000-partition ``CreateTopic`` from any client took 3,000 descriptors, and sealed segments
@@ -7,8 +7,10 @@ out. Here the test process's own descriptor limit is lowered to 1,024 (the in-pr
 shares it and derives its open-files bound from it, as at start) and a 1,000-partition topic
 with 1 KiB segments is created, written (several sealed segments in each partition written)
 and read back from its first offset, under both kinds of sync policy: the count of
-``/proc/self/fd`` must stay far below the file count, and every read must be right. No
-sleeps; waits are bounded by the requests themselves.
+``/proc/self/fd`` must stay far below the file count, and every read must be right. Then the
+broker-wide partition bound: creations that would pass it are refused whole with
+``INVALID_PARTITIONS``, and deleting a topic makes room again. No sleeps; waits are bounded
+by the requests themselves.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ import resource
 
 import pytest
 
+from rivven_broker.protocol import limits
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.messages import (
+    CreatePartitions,
     CreateTopic,
+    DeleteTopic,
     Fetch,
     FetchPartition,
     FetchTopic,
@@ -89,3 +94,30 @@ async def test_a_thousand_partitions_of_small_segments_fit_a_small_descriptor_li
     stats = files.statistics()
     assert stats.reopened > 0 and stats.open_now <= files.open_files_max
 
+
+async def test_creations_past_the_broker_wide_partition_bound_are_refused_whole(
+    start_broker, connect, monkeypatch
+):
+    broker = await start_broker(sync_policy="none", http=None)
+    client = await connect(broker.port)
+    held = sum(info.partitions for info in broker.broker.context.logs.topics().values())
+    monkeypatch.setattr(limits, "partitions_per_broker_max", held + 30)  # the broker's own count
+
+    assert (await client.call(CreateTopic("a", 20))).error_code == ErrorCode.NONE
+    refused = await client.call(CreateTopic("b", 11))
+    assert refused.error_code == ErrorCode.INVALID_PARTITIONS
+    assert f"limit of {held + 30}" in refused.error_message
+    assert (await client.call(CreateTopic("b", 11, validate_only=True))).error_code == (
+        ErrorCode.INVALID_PARTITIONS)
+    assert (await client.call(CreateTopic("b", 10))).error_code == ErrorCode.NONE  # exactly full
+    grown = await client.call(CreatePartitions("b", 11))
+    assert grown.error_code == ErrorCode.INVALID_PARTITIONS
+    produced = await client.call(Produce(acks=1, topics=(ProduceTopic(  # auto-creation
+        "c", (ProducePartition(0, _batch(0, 0)),)),)))
+    assert produced.topics[0].partitions[0].error_code == ErrorCode.INVALID_PARTITIONS
+    assert set(broker.broker.context.logs.topics()) >= {"a", "b"}
+    assert "c" not in broker.broker.context.logs.topics()
+    assert broker.broker.context.logs.topics()["b"].partitions == 10
+
+    assert (await client.call(DeleteTopic("a"))).error_code == ErrorCode.NONE
+    assert (await client.call(CreatePartitions("b", 30))).error_code == ErrorCode.NONE
