@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import fcntl
 import gc
-import ipaddress
 import logging
 import os
 import signal
@@ -50,7 +49,7 @@ from typing import Sequence
 import trio
 
 from rivven_broker.process_memory import keep_freed_memory
-from rivven_broker.server.broker import Broker, BrokerAddresses
+from rivven_broker.server.broker import Broker, BrokerAddresses, is_loopback
 from rivven_broker.server.config import BrokerConfig, ConfigError, load_config
 from rivven_broker.server.cluster.key_file import (
     DEVELOPMENT_KEY,
@@ -127,7 +126,7 @@ def _cluster_key_ring(config: BrokerConfig) -> KeyRing | None:
     if config.cluster_key_file is not None:
         return load_key_ring(config.cluster_key_file)
     addresses = [config.cluster_address.host] + [peer.address.host for peer in config.peers]
-    if all(_is_loopback(host) for host in addresses):
+    if all(is_loopback(host) for host in addresses):
         log.warning("NO CLUSTER KEY: --peers without --cluster-key-file; using the built-in "
                     "development key, which anyone can know. Only because every cluster address "
                     "is loopback. Make a key with `rivven cluster keygen > cluster.key; chmod 600 "
@@ -139,15 +138,6 @@ def _cluster_key_ring(config: BrokerConfig) -> KeyRing | None:
         "keygen > cluster.key; chmod 600 cluster.key`, copy it to every broker, and pass "
         "--cluster-key-file cluster.key"
     )
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 async def _run(config: BrokerConfig, key_ring: KeyRing | None) -> None:

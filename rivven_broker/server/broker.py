@@ -482,7 +482,7 @@ async def _run_in_scope(
 def _warn_if_exposed(config: BrokerConfig) -> None:
     """Say loudly that a listener off loopback serves anyone: no authentication exists yet."""
     exposed = [str(address) for address in (config.listen, config.http)
-               if address is not None and not _is_loopback(address.host)]
+               if address is not None and not is_loopback(address.host)]
     if exposed:
         log.warning(
             "listening on %s, which is not loopback, and clients are not authenticated: anyone "
@@ -492,7 +492,8 @@ def _warn_if_exposed(config: BrokerConfig) -> None:
         )
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (a host name other than localhost: no)."""
     if host == "localhost":
         return True
     try:
