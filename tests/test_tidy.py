@@ -207,3 +207,36 @@ def test_no_hidden_nondeterminism(module: str, path: pathlib.Path):
                 assert node.attr in RANDOM_ALLOWED, (
                     f"{module}:{node.lineno} uses random.{node.attr}; inject a random.Random"
                 )
+
+
+# PySyncObj reads its clock, randomness, journal, snapshot files and poller through module
+# globals of ``pysyncobj.syncobj`` and keeps leader, term and match indexes in name-mangled
+# attributes. One adapter replaces the globals and reads those attributes, so an upgrade of
+# PySyncObj (pinned to 0.3.17) has exactly one module to check. Everyone else uses its public
+# API (SyncObjConf, Transport, Node, replicated).
+PYSYNCOBJ_INTERNALS_OWNER = "rivven_broker.server.cluster.pysyncobj_host"
+
+
+@pytest.mark.parametrize("module,path", MODULES, ids=[m for m, _ in MODULES])
+def test_only_the_adapter_touches_pysyncobj_internals(module: str, path: pathlib.Path):
+    if module == PYSYNCOBJ_INTERNALS_OWNER:
+        return
+    tree = ast.parse(path.read_text(), str(path))
+    for name in _imports(module, path, tree):
+        assert not name.startswith("pysyncobj.syncobj"), (
+            f"{module} imports {name}; only {PYSYNCOBJ_INTERNALS_OWNER} may")
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Attribute):
+            names.append(node.attr)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.append(node.name)
+        for name in names:
+            assert not name.startswith("_SyncObj__"), (
+                f"{module}:{node.lineno} uses PySyncObj's private {name}; only "
+                f"{PYSYNCOBJ_INTERNALS_OWNER} may")
+
+
+def test_the_pysyncobj_adapter_is_the_one_that_does():
+    path = ROOT / "rivven_broker/server/cluster/pysyncobj_host.py"
+    assert "_SyncObj__" in path.read_text() and "pysyncobj.syncobj" in path.read_text()

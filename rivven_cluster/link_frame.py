@@ -1,0 +1,169 @@
+"""Authenticated frames on a byte stream between brokers (the Raft link, later replication).
+
+Theory of operation
+-------------------
+A link is one TCP connection. Each side opens it with a *hello*: its node id, boot id and a
+fresh 16-byte nonce, MACed under the ring's signing key. After both hellos every frame is
+
+    u32 length | key id (4) | u64 sequence | payload | tag (16)
+
+with ``tag = HMAC-SHA256(key, session | key id | sequence | payload)[:16]``, where the session
+is the sender's nonce followed by the receiver's. So a frame is valid on one connection, in
+one direction, at one position: a frame replayed onto another connection (the receiver's nonce
+differs), reflected back to its sender (the nonce order differs), repeated, dropped or
+reordered (the sequence is not the next one) fails, and the connection is closed. That is the
+channel PySyncObj needs to be safe: FIFO, no duplicates, loss only with a disconnect. Nothing
+is unpickled before its tag verifies, so nobody without a key reaches PySyncObj's pickles.
+
+The key is chosen by key id (the ring's first key signs, every key verifies), so key rotation
+works as for SWIM datagrams. ``LinkError`` names what was wrong; the driver counts it by reason.
+Pure: no I/O, no clock; the driver feeds bytes in and writes bytes out.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import struct
+from typing import Callable
+
+import attrs
+
+from rivven_cluster.membership.key_ring import KEY_ID_BYTES, KeyRing
+
+__all__ = [
+    "LINK_FRAME_BYTES_MAX",
+    "NONCE_BYTES",
+    "LinkFault",
+    "LinkError",
+    "Hello",
+    "seal_hello",
+    "LinkSealer",
+    "LinkReader",
+]
+
+LINK_FRAME_BYTES_MAX = 16 * 1024 * 1024
+NONCE_BYTES = 16
+TAG_BYTES = 16
+_MAGIC = b"RVNL"
+_VERSION = 1
+_HEAD = struct.Struct(">I")
+_SEQ = struct.Struct(">Q")
+_HELLO = struct.Struct(">4sBiQ16s")  # magic, version, node id, boot id, nonce
+_HELLO_LABEL = b"rivven link hello"
+
+
+class LinkFault(enum.Enum):
+    OVERSIZED = "oversized"
+    MALFORMED = "malformed"
+    UNKNOWN_KEY = "unknown_key"
+    BAD_MAC = "bad_mac"
+    SEQUENCE = "sequence"
+
+
+class LinkError(Exception):
+    def __init__(self, fault: LinkFault, detail: str) -> None:
+        super().__init__(f"{fault.value}: {detail}")
+        self.fault = fault
+
+
+@attrs.frozen
+class Hello:
+    node_id: int
+    boot_id: int
+    nonce: bytes
+
+
+def _tag(key: bytes, *parts: bytes) -> bytes:
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    for part in parts:
+        mac.update(part)
+    return mac.digest()[:TAG_BYTES]
+
+
+def seal_hello(ring: KeyRing, hello: Hello) -> bytes:
+    assert len(hello.nonce) == NONCE_BYTES
+    body = _HELLO.pack(_MAGIC, _VERSION, hello.node_id, hello.boot_id, hello.nonce)
+    key_id = ring.signing_key_id
+    frame = key_id + _SEQ.pack(0) + body
+    return _HEAD.pack(len(frame) + TAG_BYTES) + frame + _tag(
+        ring.signing_key, _HELLO_LABEL, key_id, body)
+
+
+class LinkSealer:
+    """Seals this side's frames of one connection (sequence 1, 2, ...)."""
+
+    def __init__(self, ring: Callable[[], KeyRing], own_nonce: bytes, peer_nonce: bytes) -> None:
+        self._ring = ring
+        self._session = own_nonce + peer_nonce
+        self._sequence = 0
+
+    def seal(self, payload: bytes) -> bytes:
+        assert len(payload) + 32 <= LINK_FRAME_BYTES_MAX, "a link frame is too large"
+        self._sequence += 1
+        ring = self._ring()
+        head = ring.signing_key_id + _SEQ.pack(self._sequence)
+        tag = _tag(ring.signing_key, self._session, head, payload)
+        return _HEAD.pack(len(head) + len(payload) + TAG_BYTES) + head + payload + tag
+
+
+class LinkReader:
+    """Opens the peer's frames of one connection: first its hello, then payloads in order."""
+
+    def __init__(self, ring: Callable[[], KeyRing], own_nonce: bytes) -> None:
+        self._ring = ring
+        self._own_nonce = own_nonce
+        self._buffer = bytearray()
+        self._session: bytes | None = None
+        self._sequence = 0
+        self.hello: Hello | None = None
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The complete payloads ``data`` finishes (the hello is kept in ``hello``).
+        Raises ``LinkError``: the connection must then be closed."""
+        self._buffer += data
+        payloads = []
+        while len(self._buffer) >= _HEAD.size:
+            (length,) = _HEAD.unpack_from(self._buffer)
+            if length > LINK_FRAME_BYTES_MAX:
+                raise LinkError(LinkFault.OVERSIZED, f"a frame of {length} bytes")
+            if length < KEY_ID_BYTES + _SEQ.size + TAG_BYTES:
+                raise LinkError(LinkFault.MALFORMED, f"a frame of {length} bytes")
+            if len(self._buffer) < _HEAD.size + length:
+                break
+            frame = bytes(self._buffer[_HEAD.size:_HEAD.size + length])
+            del self._buffer[:_HEAD.size + length]
+            payload = self._open(frame)
+            if payload is not None:
+                payloads.append(payload)
+        return payloads
+
+    def _open(self, frame: bytes) -> bytes | None:
+        key_id = frame[:KEY_ID_BYTES]
+        (sequence,) = _SEQ.unpack_from(frame, KEY_ID_BYTES)
+        body = frame[KEY_ID_BYTES + _SEQ.size:-TAG_BYTES]
+        key = self._ring().key_for(key_id)
+        if key is None:
+            raise LinkError(LinkFault.UNKNOWN_KEY, f"key id {key_id.hex()}")
+        if sequence != self._sequence:
+            raise LinkError(LinkFault.SEQUENCE, f"frame {sequence} where {self._sequence} was due")
+        if self._session is None:
+            expected = _tag(key, _HELLO_LABEL, key_id, body)
+        else:
+            expected = _tag(key, self._session, frame[:KEY_ID_BYTES + _SEQ.size], body)
+        if not hmac.compare_digest(expected, frame[-TAG_BYTES:]):
+            raise LinkError(LinkFault.BAD_MAC, f"frame {sequence}")
+        self._sequence += 1
+        if self._session is not None:
+            return body
+        if len(body) != _HELLO.size:
+            raise LinkError(LinkFault.MALFORMED, "a hello of the wrong size")
+        magic, version, node_id, boot_id, nonce = _HELLO.unpack(body)
+        if magic != _MAGIC or version != _VERSION:
+            raise LinkError(LinkFault.MALFORMED, f"not a version {_VERSION} link hello")
+        if nonce == self._own_nonce:
+            raise LinkError(LinkFault.MALFORMED, "our own hello reflected back")
+        self.hello = Hello(node_id, boot_id, nonce)
+        self._session = nonce + self._own_nonce
+        return None

@@ -1,0 +1,119 @@
+"""Authenticated link frames: only the next frame of this connection and direction opens."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from rivven_cluster.link_frame import (
+    LINK_FRAME_BYTES_MAX,
+    Hello,
+    LinkError,
+    LinkFault,
+    LinkReader,
+    LinkSealer,
+    seal_hello,
+)
+from rivven_cluster.membership import KeyRing
+
+RING = KeyRing((b"a-cluster-key-of-enough-length",))
+OTHER = KeyRing((b"another-key-of-enough-length!!",))
+A_NONCE, B_NONCE = b"a" * 16, b"b" * 16
+
+
+def _connection(ring=RING):
+    """A's sealer and B's reader, after both hellos."""
+    reader = LinkReader(lambda: ring, B_NONCE)
+    assert reader.feed(seal_hello(ring, Hello(1, 7, A_NONCE))) == []
+    assert reader.hello == Hello(1, 7, A_NONCE)
+    return LinkSealer(lambda: ring, A_NONCE, B_NONCE), reader
+
+
+def test_frames_open_in_order_even_split_anywhere():
+    sealer, reader = _connection()
+    stream = b"".join(sealer.seal(p) for p in (b"one", b"", b"three" * 100))
+    received = []
+    for i in range(0, len(stream), 7):
+        received += reader.feed(stream[i:i + 7])
+    assert received == [b"one", b"", b"three" * 100]
+
+
+@pytest.mark.parametrize("damage", ["drop", "repeat", "swap"])
+def test_a_lost_repeated_or_reordered_frame_breaks_the_link(damage):
+    sealer, reader = _connection()
+    frames = [sealer.seal(b"%d" % i) for i in range(3)]
+    if damage == "drop":
+        frames = [frames[0], frames[2]]
+    elif damage == "repeat":
+        frames = [frames[0], frames[0]]
+    else:
+        frames = [frames[1], frames[0]]
+    with pytest.raises(LinkError) as caught:
+        for frame in frames:
+            reader.feed(frame)
+    assert caught.value.fault is LinkFault.SEQUENCE
+
+
+def test_a_frame_replayed_onto_another_connection_fails():
+    sealer, _ = _connection()
+    frame = sealer.seal(b"vote for me")
+    other_reader = LinkReader(lambda: RING, b"c" * 16)
+    other_reader.feed(seal_hello(RING, Hello(1, 7, A_NONCE)))
+    with pytest.raises(LinkError) as caught:
+        other_reader.feed(frame)
+    assert caught.value.fault is LinkFault.BAD_MAC
+
+
+def test_a_frame_reflected_to_its_sender_fails():
+    sealer, _ = _connection()
+    frame = sealer.seal(b"x")
+    back = LinkReader(lambda: RING, A_NONCE)
+    back.feed(seal_hello(RING, Hello(2, 1, B_NONCE)))
+    with pytest.raises(LinkError) as caught:
+        back.feed(frame)
+    assert caught.value.fault is LinkFault.BAD_MAC
+
+
+def test_a_flipped_bit_fails():
+    sealer, reader = _connection()
+    frame = bytearray(sealer.seal(b"payload"))
+    frame[20] ^= 1
+    with pytest.raises(LinkError) as caught:
+        reader.feed(bytes(frame))
+    assert caught.value.fault is LinkFault.BAD_MAC
+
+
+def test_a_stranger_s_hello_names_an_unknown_key():
+    reader = LinkReader(lambda: RING, B_NONCE)
+    with pytest.raises(LinkError) as caught:
+        reader.feed(seal_hello(OTHER, Hello(1, 1, A_NONCE)))
+    assert caught.value.fault is LinkFault.UNKNOWN_KEY
+    assert reader.hello is None
+
+
+def test_a_reflected_hello_is_refused():
+    reader = LinkReader(lambda: RING, B_NONCE)
+    with pytest.raises(LinkError, match="reflected"):
+        reader.feed(seal_hello(RING, Hello(1, 1, B_NONCE)))
+
+
+def test_oversized_and_undersized_frames_are_refused_before_buffering():
+    _, reader = _connection()
+    with pytest.raises(LinkError) as caught:
+        reader.feed(struct.pack(">I", LINK_FRAME_BYTES_MAX + 1))
+    assert caught.value.fault is LinkFault.OVERSIZED
+    _, reader = _connection()
+    with pytest.raises(LinkError) as caught:
+        reader.feed(struct.pack(">I", 3) + b"abc")
+    assert caught.value.fault is LinkFault.MALFORMED
+
+
+def test_key_rotation_verifies_with_any_key_of_the_ring():
+    old_key, new_key = RING.secrets[0], b"the-new-cluster-key-0123456789"
+    signer = KeyRing((new_key, old_key))   # step 2: signs with the new key
+    verifier = KeyRing((old_key, new_key))  # step 1 on the other side: verifies both
+    reader = LinkReader(lambda: verifier, B_NONCE)
+    reader.feed(seal_hello(signer, Hello(1, 1, A_NONCE)))
+    sealer = LinkSealer(lambda: signer, A_NONCE, B_NONCE)
+    assert reader.feed(sealer.seal(b"ok")) == [b"ok"]
