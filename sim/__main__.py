@@ -108,7 +108,9 @@ def _summary(result: RunResult) -> str:
     stats = result.stats
     return (f"trace {result.trace_digest[:16]}, {stats.get('send.ok', 0)} sends ok, "
             f"{stats.get('poll.ok', 0)} polls, {stats['faults']} faults, "
-            f"{stats['virtual_s']} virtual s")
+            + (f"{stats['controller_acknowledged']} controller commands over "
+               f"{stats['controller_terms']} terms, " if "controller_terms" in stats else "")
+            + f"{stats['virtual_s']} virtual s")
 
 
 def _show_entries(result: RunResult, indexes: Sequence[int]) -> None:

@@ -54,6 +54,8 @@ class DiskConfig:
     torn_write_probability: float = 0.5
     #: Test-only: probability that an fsync silently does nothing.
     lying_fsync_probability: float = 0.0
+    #: Test-only: the same, for the controller's Raft journal (``.controller/``).
+    raft_lying_fsync_probability: float = 0.0
 
     def __attrs_post_init__(self) -> None:
         assert 0 <= self.fsync_latency_min_ms <= self.fsync_latency_max_ms
@@ -139,7 +141,11 @@ class SimDisk:
 
     def _lie(self, path: str) -> bool:
         p = self.config.lying_fsync_probability
-        if p and path.endswith(".log") and self._rng.random() < p:
+        if path.startswith(".controller/") or path.startswith("./.controller/"):
+            p = self.config.raft_lying_fsync_probability
+        elif not path.endswith(".log"):
+            p = 0.0
+        if p and self._rng.random() < p:
             self._trace.event("disk.lie", self.node, path)
             return True
         return False

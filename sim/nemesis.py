@@ -26,6 +26,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Any, Callable
 
+import attrs
 import trio
 
 from sim.history import History
@@ -153,6 +154,7 @@ class Nemesis:
     def apply(self, fault: Fault) -> None:
         """Do ``fault`` now. Never blocks."""
         world = self._world
+        fault = self._resolve_controller(fault)
         self.applied += 1
         self._history.note("nemesis", fault.kind, dict(fault.params))
         kind, node = fault.kind, fault.get("node")
@@ -199,6 +201,23 @@ class Nemesis:
             self.healed()
         else:  # pragma: no cover - the scenario parser rejects unknown kinds
             raise AssertionError(kind)
+
+    def _resolve_controller(self, fault: Fault) -> Fault:
+        """``"controller"`` names the node leading the Raft controller now (resolved when the
+        fault happens; the first serving node when nobody leads). In ``groups`` it takes the
+        leader out of the other groups: ``[["controller"], ["n1", "n2", "n3"]]`` isolates it."""
+        mentions = [fault.get("node")] + [x for group in fault.get("groups") or () for x in group]
+        if "controller" not in mentions:
+            return fault
+        leader = self._world.controller_leader()
+        params = dict(fault.params)
+        if params.get("node") == "controller":
+            params["node"] = leader
+        if params.get("groups"):  # the leader joins the group naming it, and leaves the others
+            params["groups"] = [[leader] + [x for x in group if x not in (leader, "controller")]
+                                if "controller" in group else [x for x in group if x != leader]
+                                for group in params["groups"]]
+        return attrs.evolve(fault, params=params)
 
     def _disk(self, fault: Fault) -> None:
         disk = self._world.nodes[fault.get("node")].disk

@@ -85,6 +85,10 @@ INVARIANTS = (
     "membership_no_false_dead",
     "membership_converges",
     "membership_wrong_key_excluded",
+    "controller_one_leader_per_term",
+    "controller_logs_agree",
+    "controller_nothing_lost",
+    "controller_applied_once",
 )
 
 
@@ -212,10 +216,14 @@ class TestSwitches:
     ack_before_fsync: bool = False
     lying_fsync_probability: float = 0.0
     fetch_skip_probability: float = 0.0
+    #: The disk reports fsyncs of the controller's Raft journal it never did.
+    raft_lying_fsync_probability: float = 0.0
 
     @property
     def any(self) -> bool:
-        return self.ack_before_fsync or bool(self.lying_fsync_probability or self.fetch_skip_probability)
+        return self.ack_before_fsync or bool(self.lying_fsync_probability
+                                             or self.fetch_skip_probability
+                                             or self.raft_lying_fsync_probability)
 
 
 @attrs.frozen
@@ -317,6 +325,9 @@ def loads(data: bytes, name: str = "scenario") -> Scenario:
     test = _test(_Table(top.take("test", None), "test"))
     if test.lying_fsync_probability:
         disk = attrs.evolve(disk, lying_fsync_probability=test.lying_fsync_probability)
+    if test.raft_lying_fsync_probability:
+        disk = attrs.evolve(disk,
+                            raft_lying_fsync_probability=test.raft_lying_fsync_probability)
     topics, producers, consumers = _workload(_Table(top.take("workload", None), "workload"))
     faults = parse_faults(top.take("faults", []), "faults")
     nemesis = _nemesis(_Table(top.take("nemesis", None), "nemesis"))
@@ -417,9 +428,11 @@ def _test(table: _Table) -> TestSwitches:
         ack_before_fsync=table.take("ack_before_fsync", False, bool),
         lying_fsync_probability=float(table.take("lying_fsync", 0.0, (int, float))),
         fetch_skip_probability=float(table.take("fetch_skip_offset", 0.0, (int, float))),
+        raft_lying_fsync_probability=float(table.take("raft_lying_fsync", 0.0, (int, float))),
     )
     table.done()
-    for value in (switches.lying_fsync_probability, switches.fetch_skip_probability):
+    for value in (switches.lying_fsync_probability, switches.fetch_skip_probability,
+                  switches.raft_lying_fsync_probability):
         if not 0.0 <= value <= 1.0:
             raise ScenarioError("test: probabilities must be in [0, 1]")
     return switches
@@ -575,7 +588,8 @@ def _validate(scenario: Scenario) -> None:
                 raise ScenarioError(f"workload.consumers: no partition {p} in {spec.topic}")
     for fault in scenario.faults:
         node = fault.get("node")
-        if node is not None and node != "random" and fault.kind != "reset" and node not in names:
+        if node is not None and node not in ("random", "controller") and fault.kind != "reset" \
+                and node not in names:
             raise ScenarioError(f"faults: unknown node {node!r} at {fault.at_ms} ms")
         if fault.at_ms >= scenario.faults_end_ms:
             raise ScenarioError(f"faults: a fault at {fault.at_ms} ms is in the quiet period")

@@ -58,6 +58,9 @@ from sim.clock import SimClock
 from sim.disk import SimDisk
 from sim.env import SimEnv
 from sim.history import History
+from rivven_broker.server.cluster.controller_host import ControllerUnavailable
+from rivven_cluster.metadata import CreateTopic
+from sim.controller_check import ControllerMonitor, ControllerWorkload
 from sim.membership_check import MembershipMonitor
 from sim.nemesis import Nemesis, realise_schedule
 from sim.net import SimNetwork
@@ -230,6 +233,7 @@ class NodeHost:
             return
         self.up = False
         self._killed = True
+        self.broker = None  # gone: nothing may reach its revoked disk until the next starts
         torn = self.disk.crash(tear)
         self.world.network.crash(self.name)
         self.world.history.note(self.name, "crash", {"reason": reason, "incarnation": self.incarnation,
@@ -243,7 +247,8 @@ class NodeHost:
                      net=self.world.network.endpoint(self.name), disk=self.disk)
         self.world.history.note(self.name, "start", {"incarnation": incarnation})
         failure: BaseException | None = None
-        broker = self.broker = Broker(env, self.config(), key_ring=self.key_ring())
+        broker = self.broker = Broker(env, self.config(), key_ring=self.key_ring(),
+                                      controller_observer=self.world.controller_monitor)
         with trio.CancelScope() as scope:
             self._scope = scope
             try:
@@ -354,6 +359,9 @@ class World:
         self._trace_sink = trace_sink
         self._online: list[Violation] = []
         self._monitor: MembershipMonitor | None = None
+        #: Hears every controller of a cluster run (``controller_check.py``).
+        self.controller_monitor = ControllerMonitor() if scenario.nodes.cluster else None
+        self.controller_workload: ControllerWorkload | None = None
         self.guard = LivelockGuard()
         producers = [f"p{i + 1}" for i in range(sum(p.count for p in scenario.producers))]
         consumers = [f"c{i + 1}" for i in range(sum(c.count for c in scenario.consumers))]
@@ -364,6 +372,21 @@ class World:
             self.schedule = realise_schedule(scenario, seed, self.clients)
         else:
             self.schedule = sorted(schedule, key=lambda fault: fault.at_ms)
+
+    def controller_leader(self) -> str:
+        """The serving node that leads the controller in the highest term (or the first one)."""
+        best: tuple[int, str] | None = None
+        for name, host in sorted(self.nodes.items()):
+            broker = host.broker
+            if host.up and broker is not None and broker.cluster is not None \
+                    and broker.cluster.host.running:
+                status = broker.cluster.host.status()
+                if status.state == "leader" and (best is None or status.term > best[0]):
+                    best = (status.term, name)
+        if best is not None:
+            return best[1]
+        up = [name for name, host in sorted(self.nodes.items()) if host.up]
+        return up[0] if up else sorted(self.nodes)[0]
 
     def online(self, violation: Violation) -> None:
         self.history.note("checker", "violation", {"invariant": violation.invariant})
@@ -406,6 +429,11 @@ class World:
                                                trio.current_time() * 1000):
                     self.online(violation)
             self.nemesis.heal_all()
+            if self.controller_monitor is not None and self.controller_workload is not None:
+                await self.controller_monitor.catch_up(self)
+                for violation in self.controller_monitor.check(
+                        self, self.controller_workload.acknowledged):
+                    self.online(violation)
             if scenario.checks.final_crash:
                 for host in self.nodes.values():
                     host.crash(reason="final")
@@ -446,6 +474,32 @@ class World:
                 f"{process} read {topic}/{partition}@{last_offset} while the node had made only "
                 f"offsets below {durable} durable", (entry,)))
 
+    async def _create_topics_led_by_target(self) -> None:
+        """In a cluster: the workload's topics, every replica on the node the clients talk to.
+
+        The thin clients speak to one node and do not follow leaders yet, so the data
+        workload's partitions are all led by it; placement and leader moves are exercised by
+        the controller workload (``controller_check.py``)."""
+        target = self.nodes[self._target().host]
+        rng = random.Random(f"{self.seed}/sim/admin")
+        for spec in self.scenario.topics:
+            command = CreateTopic(spec.name, rng.randbytes(8).hex(),
+                                  ((target.node_id,),) * spec.partitions)
+            while True:
+                control = target.broker.cluster if target.up and target.broker else None
+                if control is not None and control.host.running:
+                    try:
+                        if (await control.host.propose(command)).ok:
+                            break
+                    except ControllerUnavailable:
+                        pass
+                await trio.sleep(0.2)
+            while not (target.up and target.broker is not None and target.broker.context
+                       and spec.name in target.broker.context.logs.topics()):
+                await trio.sleep(0.05)
+            self.history.note("admin", "create_topic", {"topic": spec.name,
+                                                        "partitions": spec.partitions})
+
     def _target(self) -> Target:
         return Target(self.scenario.nodes.names[0], self.scenario.nodes.port)
 
@@ -454,8 +508,16 @@ class World:
         topics = {t.name: t for t in scenario.topics}
         with trio.move_on_at(until_s):
             async with trio.open_nursery() as nursery:
-                await create_topics(self.network.endpoint("admin"), self._target(), scenario.topics,
-                                    self.history, random.Random(f"{self.seed}/sim/admin"))
+                if self.controller_monitor is not None:
+                    self.controller_workload = ControllerWorkload(
+                        self, random.Random(f"{self.seed}/sim/controller"))
+                    nursery.start_soon(self.controller_workload.run)
+                if self.controller_monitor is not None:
+                    await self._create_topics_led_by_target()
+                else:
+                    await create_topics(self.network.endpoint("admin"), self._target(),
+                                        scenario.topics, self.history,
+                                        random.Random(f"{self.seed}/sim/admin"))
                 names = iter(self.producer_names)
                 for spec in scenario.producers:
                     for _ in range(spec.count):
@@ -484,6 +546,13 @@ class World:
             kwargs["seed"] = self.seed
         return kwargs
 
+    def _controller_stats(self) -> dict[str, int]:
+        monitor, workload = self.controller_monitor, self.controller_workload
+        if monitor is None or workload is None:
+            return {}
+        return {"controller_terms": len(monitor.leaders), "controller_index": monitor.highest,
+                "controller_acknowledged": len(workload.acknowledged)}
+
     def _stats(self, end_ms: float) -> dict[str, Any]:
         counts: dict[str, int] = {}
         for entry in self.history:
@@ -499,6 +568,7 @@ class World:
             "fsyncs": sum(h.disk.store.stats.fsyncs for h in self.nodes.values()),
             "datagrams": self.network.datagrams.sent,
             "membership_changes": 0 if self._monitor is None else len(self._monitor.changes),
+            **self._controller_stats(),
             **dict(sorted(counts.items())),
         }
 

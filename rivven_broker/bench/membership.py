@@ -41,13 +41,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
-def _free_ports(count: int, kind: int) -> list[int]:
-    sockets = [socket.socket(socket.AF_INET, kind) for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
+def _free_ports(count: int, *, both: bool = False, taken: tuple[int, ...] = ()) -> list[int]:
+    """Ports free for TCP now (and for UDP too with ``both``: the cluster port carries SWIM
+    over UDP and the Raft links over TCP), none of ``taken``."""
+    ports: list[int] = []
+    while len(ports) < count:
+        with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            tcp.bind(("127.0.0.1", 0))
+            port = tcp.getsockname()[1]
+            if both:
+                try:
+                    udp.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+        if port not in ports and port not in taken:
+            ports.append(port)
     return ports
 
 
@@ -88,7 +96,8 @@ def _wait(predicate: Any, what: str) -> None:
 def main(args: argparse.Namespace) -> int:
     root = tempfile.mkdtemp(prefix="rivven-bench-membership-")
     count = args.brokers
-    udp, tcp = _free_ports(count, socket.SOCK_DGRAM), _free_ports(count, socket.SOCK_STREAM)
+    udp = _free_ports(count, both=True)
+    tcp = _free_ports(count, taken=tuple(udp))
     key = os.path.join(root, "cluster.key")
     with open(key, "w") as handle:
         handle.write(generate_key(os.urandom(32)) + "\n")

@@ -385,6 +385,9 @@ def cmd_cluster(args: argparse.Namespace, out: Output) -> int:
     doc = status._asdict()
     doc["brokers"] = [b._asdict() for b in status.brokers]
     doc["members"] = [member._asdict() for member in status.members]
+    if status.raft is not None:
+        doc["raft"] = {**status.raft._asdict(),
+                       "voters": [voter._asdict() for voter in status.raft.voters]}
 
     def human(o: TextIO) -> None:
         o.write(f"cluster {status.cluster_id or '-'}: controller {status.controller_id}, "
@@ -397,6 +400,14 @@ def cmd_cluster(args: argparse.Namespace, out: Output) -> int:
                [(x.node_id, x.state, x.incarnation, f"{x.host}:{x.port}",
                  f"{x.cluster_host}:{x.cluster_port}" if x.cluster_host else "-", x.rack or "-")
                 for x in status.members])
+        raft = status.raft
+        if raft is not None:
+            o.write(f"\ncontroller (Raft) as this broker sees it: {raft.role} in term "
+                    f"{raft.term}, leader {raft.leader if raft.leader is not None else '-'}, "
+                    f"commit index {raft.commit_index}, applied {raft.last_applied}\n")
+            _table(o, ["VOTER", "LINK", "MATCH INDEX"],
+                   [(v.node_id, "up" if v.connected else "down",
+                     "-" if v.match_index is None else v.match_index) for v in raft.voters])
 
     out.document(doc, human)
     return EXIT_OK

@@ -200,10 +200,10 @@ class Admin:
     def cluster_status(self) -> ClusterStatus:
         """Brokers, controller and partition counts, from a Metadata answer for all topics."""
         try:
-            members = members_of(self._client.call(m.DescribeCluster()))
+            members, raft = members_of(self._client.call(m.DescribeCluster()))
         except UnsupportedVersionError:  # a broker older than membership: no members to show
-            members = ()
-        return cluster_status(self._client.fetch_metadata(None), members)
+            members, raft = (), None
+        return cluster_status(self._client.fetch_metadata(None), members, raft)
 
     def ping(self) -> int:
         """Round trip a Ping; returns the broker's protocol version from the handshake."""

@@ -562,10 +562,11 @@ class TrioAdmin:
 
     async def cluster_status(self) -> ClusterStatus:
         try:
-            members = members_of(await self._cluster.call(m.DescribeCluster()))
+            members, raft = members_of(await self._cluster.call(m.DescribeCluster()))
         except UnsupportedVersionError:  # a broker older than membership: no members to show
-            members = ()
-        return cluster_status(await self._cluster.call(metadata_request(None, False)), members)
+            members, raft = (), None
+        return cluster_status(await self._cluster.call(metadata_request(None, False)), members,
+                              raft)
 
     async def ping(self) -> None:
         check_response(await self._cluster.call(m.Ping()), m.Pong)

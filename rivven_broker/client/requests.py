@@ -25,6 +25,8 @@ from rivven_broker.client.types import (
     ConfigValue,
     PartitionInfo,
     PartitionOffset,
+    RaftInfo,
+    RaftVoterInfo,
     TopicDescription,
     TopicListing,
     TopicPartition,
@@ -273,19 +275,31 @@ def topic_description(describe: Any, metadata: Any | None) -> TopicDescription:
     )
 
 
-def members_of(response: Any) -> tuple[MemberInfo, ...]:
-    """The ``DescribeClusterResponse``'s members, by node id."""
+def members_of(response: Any) -> tuple[tuple[MemberInfo, ...], RaftInfo | None]:
+    """The ``DescribeClusterResponse``'s members, by node id, and its Raft view (None from a
+    broker without --peers)."""
     response = check_response(response, m.DescribeClusterResponse)
     raise_for(response.error_code, None, "describe cluster")
-    return tuple(sorted(
+    members = tuple(sorted(
         (MemberInfo(x.node_id, m.MEMBER_STATES[x.state], x.incarnation, x.client_host,
                     x.client_port, x.cluster_host, x.cluster_port, x.rack)
          for x in response.members),
         key=lambda member: member.node_id,
     ))
+    if not response.raft_role:
+        return members, None
+    raft = RaftInfo(
+        m.RAFT_ROLES[response.raft_role],
+        response.raft_leader if response.raft_leader >= 0 else None, response.raft_term,
+        response.raft_commit_index, response.raft_last_applied,
+        tuple(RaftVoterInfo(v.node_id, v.match_index if v.match_index >= 0 else None,
+                            v.connected) for v in response.raft_voters),
+    )
+    return members, raft
 
 
-def cluster_status(response: Any, members: tuple[MemberInfo, ...] = ()) -> ClusterStatus:
+def cluster_status(response: Any, members: tuple[MemberInfo, ...] = (),
+                   raft: RaftInfo | None = None) -> ClusterStatus:
     response = check_response(response, m.MetadataResponse)
     brokers = tuple(
         sorted(
@@ -298,5 +312,5 @@ def cluster_status(response: Any, members: tuple[MemberInfo, ...] = ()) -> Clust
     controller = response.controller_id if response.controller_id >= 0 else None
     return ClusterStatus(
         response.cluster_id, controller, brokers, len(response.topics), partitions, leaderless,
-        members,
+        members, raft,
     )

@@ -113,6 +113,26 @@ class MemberInfo(NamedTuple):
     rack: str | None
 
 
+class RaftVoterInfo(NamedTuple):
+    """A voter of the controller's Raft: its match index (known on the leader only, else
+    None) and whether the asked broker's link to it is up."""
+
+    node_id: int
+    match_index: int | None
+    connected: bool
+
+
+class RaftInfo(NamedTuple):
+    """The asked broker's view of the controller's Raft log (with --peers)."""
+
+    role: str  # follower | candidate | leader
+    leader: int | None
+    term: int
+    commit_index: int
+    last_applied: int
+    voters: tuple[RaftVoterInfo, ...]
+
+
 class ClusterStatus(NamedTuple):
     cluster_id: str | None
     controller_id: int | None
@@ -122,6 +142,8 @@ class ClusterStatus(NamedTuple):
     partitions_without_leader: int
     #: The asked broker's membership view, by node id (itself alone without --peers).
     members: tuple[MemberInfo, ...] = ()
+    #: The asked broker's view of the controller's Raft (None without --peers).
+    raft: RaftInfo | None = None
 
 
 class OffsetSpec:

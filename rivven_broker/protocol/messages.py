@@ -44,9 +44,11 @@ from rivven_broker.protocol.admin_messages import (
 )
 from rivven_broker.protocol.cluster_messages import (
     MEMBER_STATES,
+    RAFT_ROLES,
     ClusterMember,
     DescribeCluster,
     DescribeClusterResponse,
+    RaftVoter,
 )
 from rivven_broker.protocol.data_messages import (
     ACKS_ALL,
@@ -159,6 +161,8 @@ __all__ = [
     "DescribeCluster",
     "DescribeClusterResponse",
     "ClusterMember",
+    "RaftVoter",
+    "RAFT_ROLES",
     "MEMBER_STATES",
     "supported_api_versions",
     "PROTOCOL_VERSION",

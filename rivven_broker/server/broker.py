@@ -55,6 +55,9 @@ from rivven_broker.server.connection import (
     ConnectionSettings,
     serve_client_connection,
 )
+from rivven_broker.server.cluster.cluster_control import ClusterControl
+from rivven_broker.server.cluster.controller_host import ControllerObserver
+from rivven_broker.server.local_topics import LocalTopics
 from rivven_broker.server.cluster.membership_driver import MembershipDriver
 from rivven_broker.server.cluster.metrics import MembershipCollector
 from rivven_broker.server.context import ServerContext
@@ -104,8 +107,11 @@ class BrokerAddresses:
 class Broker:
     """One single-node broker. ``serve`` runs it; ``request_shutdown`` stops it gracefully."""
 
-    def __init__(self, env: Env, config: BrokerConfig, *, key_ring: KeyRing | None = None) -> None:
+    def __init__(self, env: Env, config: BrokerConfig, *, key_ring: KeyRing | None = None,
+                 controller_observer: ControllerObserver | None = None) -> None:
         self.env = env
+        #: Hears the controller's applied commands and elections (the simulator's checkers).
+        self.controller_observer = controller_observer
         self.config = config
         #: Authenticates cluster traffic (with --peers); the CLI loads it from
         #: --cluster-key-file, or allows the development key on loopback only.
@@ -114,6 +120,8 @@ class Broker:
         self.scrubber: Scrubber | None = None
         #: SWIM membership, with --peers (``cluster/membership_driver.py``).
         self.membership: MembershipDriver | None = None
+        #: The controller's metadata and admin, with --peers (``cluster/cluster_control.py``).
+        self.cluster: ClusterControl | None = None
         self.metrics = BrokerMetrics(config.node_id)
         self.state = BrokerState.STARTING
         self.addresses: BrokerAddresses | None = None
@@ -221,10 +229,14 @@ class Broker:
                     self.context.advertised_port = port
                     self.addresses = BrokerAddresses(HostPort(config.listen.host, port), http)
                     membership_scope = trio.CancelScope()
+                    cluster_scope = trio.CancelScope()
                     if config.peers:
                         self.membership = self._membership_driver(port)
                         self.context.members = self.membership.members
                         await nursery.start(_run_in_scope, self.membership.run, membership_scope)
+                        self.cluster = self._cluster_control(port)
+                        self.context.cluster = self.cluster
+                        await nursery.start(_run_in_scope, self.cluster.run, cluster_scope)
                     self.state = BrokerState.SERVING
                     log.info("node %d serving clients on %s (sync %s, at most %d connections)",
                              config.node_id, self.addresses.listen, policy,
@@ -238,6 +250,7 @@ class Broker:
                     if self.membership is not None:
                         await self.membership.leave()
                         membership_scope.cancel()
+                    cluster_scope.cancel()
                     await self._drain_connections(connections)
                 retention_scope.cancel()
                 scrub_scope.cancel()
@@ -338,6 +351,23 @@ class Broker:
         self.metrics.registry.register(MembershipCollector(driver))
         return driver
 
+    def _cluster_control(self, client_port: int) -> ClusterControl:
+        config = self.config
+        assert self.membership is not None and self.context is not None
+        cluster = self.membership.cluster_address  # the bound UDP port: Raft listens on TCP
+        voters = {peer.node_id: (peer.address.host, peer.address.port) for peer in config.peers}
+        voters[config.node_id] = (cluster.host, cluster.port)
+        advertised = self.membership.client_address
+        control = ClusterControl(
+            self.env, node_id=config.node_id, boot_id=self.membership.boot_id, rack=config.rack,
+            advertised=(advertised.host, advertised.port), voters=voters,
+            listen=(cluster.host, cluster.port), ring=lambda: self.key_ring,
+            local=LocalTopics(self.context), members=self.membership.members,
+        )
+        control.default_partitions = config.default_partitions
+        control.host.observer = self.controller_observer
+        return control
+
     def reload_key_ring(self, ring: KeyRing) -> None:
         """Use ``ring`` for cluster traffic from now on (SIGHUP). Never blocks."""
         self.key_ring = ring
@@ -437,9 +467,11 @@ class Broker:
         )
 
     def _health(self) -> tuple[int, str, bytes]:
-        status = 200 if self.state == BrokerState.SERVING else 503
-        body = json_body({"status": self.state, "node_id": self.config.node_id})
-        return status, "application/json", body
+        """200 once ready: serving and, in a cluster, caught up with the controller's log (its
+        commit index at start applied, local topics made to match)."""
+        ready = self.state == BrokerState.SERVING and (self.cluster is None or self.cluster.ready)
+        body = json_body({"status": self.state, "ready": ready, "node_id": self.config.node_id})
+        return 200 if ready else 503, "application/json", body
 
     def _metrics_page(self) -> tuple[int, str, bytes]:
         return 200, CONTENT_TYPE, self.metrics.render()

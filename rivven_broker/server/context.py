@@ -39,6 +39,7 @@ from rivven_broker.storage.sync_worker import SyncPolicy, SyncWorker
 
 if TYPE_CHECKING:
     from rivven_cluster.membership import Member
+    from rivven_broker.server.cluster.cluster_control import ClusterControl
     from rivven_broker.server.config import BrokerConfig
     from rivven_broker.server.env import Env
     from rivven_broker.server.group_driver import GroupDriver
@@ -146,6 +147,8 @@ class ServerContext:
     groups: GroupDriver | None = None
     #: This broker's view of the cluster's members (SWIM, with --peers; None: single node).
     members: Callable[[], list[Member]] | None = None
+    #: The controller's metadata and admin (with --peers; None: a single node decides alone).
+    cluster: ClusterControl | None = None
 
     @property
     def policy(self) -> SyncPolicy:

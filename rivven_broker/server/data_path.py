@@ -136,6 +136,7 @@ class DataPath:
         waits: list[tuple[str, int, PartitionLog, int]] = []
         outcome: dict[tuple[str, int], ProducePartitionResponse] = {}
         records_in = 0
+        cluster = context.cluster
         for topic in request.topics:
             topic_error = self._produce_topic_error(topic.name, now_ms)
             for part in topic.partitions:
@@ -143,6 +144,11 @@ class DataPath:
                 if topic_error is not None:
                     outcome[key] = _produce_error(part.partition, topic_error)
                     continue
+                if cluster is not None:  # only the partition's leader appends
+                    refused = cluster.leadership_error(topic.name, part.partition)
+                    if refused is not None:
+                        outcome[key] = _produce_error(part.partition, refused)
+                        continue
                 try:
                     plog = context.logs.get_log(topic.name, part.partition)
                     if not part.records:

@@ -74,6 +74,8 @@ from rivven_broker.protocol.messages import (
     Ping,
     Pong,
     Produce,
+    RAFT_ROLES,
+    RaftVoter,
     TopicListing,
     TopicMetadata,
     supported_api_versions,
@@ -82,6 +84,7 @@ from rivven_broker.protocol.names import topic_name_error
 from rivven_broker.server.context import Pending, ServerContext
 from rivven_broker.server.data_path import DataPath
 from rivven_broker.server.group_driver import is_internal_topic
+from rivven_broker.server.local_topics import LocalTopics
 from rivven_broker.storage.errors import StorageError, SyncFailedError, TopicExistsError
 from rivven_broker.storage.topic_config import TopicConfig
 
@@ -116,6 +119,7 @@ class Handlers:
 
     def __init__(self, context: ServerContext) -> None:
         self._context = context
+        self._local = LocalTopics(context)
         self.data = DataPath(context, self._auto_create)
         self._table: dict[type[Request], Callable[[Any, int], Response | Pending | None]] = {
             Handshake: self._handshake,
@@ -197,7 +201,20 @@ class Handlers:
             )
             for member in context.members()
         )
-        return DescribeClusterResponse(ErrorCode.NONE, config.node_id, members)
+        cluster = context.cluster
+        if cluster is None or not cluster.host.running:
+            return DescribeClusterResponse(ErrorCode.NONE, config.node_id, members)
+        raft = cluster.host.status()
+        voters = tuple(
+            RaftVoter(voter, raft.match_index.get(voter, -1) if raft.state == "leader" else -1,
+                      voter == config.node_id or voter in raft.connected)
+            for voter in cluster.host.voters
+        )
+        return DescribeClusterResponse(
+            ErrorCode.NONE, config.node_id, members, RAFT_ROLES.index(raft.state),
+            -1 if raft.leader is None else raft.leader, raft.term, raft.commit_index,
+            raft.last_applied, voters,
+        )
 
     def _handshake(self, request: Handshake, now_ms: int) -> HandshakeResponse:
         if request.protocol_version < 1:
@@ -217,6 +234,8 @@ class Handlers:
 
     def _metadata(self, request: Metadata, now_ms: int) -> MetadataResponse:
         context = self._context
+        if context.cluster is not None:
+            return self._cluster_metadata(request, now_ms)
         node_id = context.config.node_id
         broker = BrokerMetadata(
             node_id, context.advertised_host, context.advertised_port, context.config.rack
@@ -247,8 +266,23 @@ class Handlers:
             )
         return MetadataResponse((broker,), node_id, f"rivven-node-{node_id}", tuple(described))
 
+    def _cluster_metadata(self, request: Metadata, now_ms: int) -> MetadataResponse:
+        cluster = self._context.cluster
+        assert cluster is not None
+        response = cluster.metadata(request.topics)
+        if not (request.allow_auto_topic_creation and self._context.config.auto_create_topics):
+            return response
+        for topic in response.topics:
+            if topic.error_code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and not is_internal_topic(
+                    topic.name):
+                cluster.auto_create(topic.name)
+        return response
+
     def _auto_create(self, name: str, now_ms: int) -> tuple[ErrorCode, str] | None:
-        """Create ``name`` with the default layout; None when it exists afterwards."""
+        """Create ``name`` with the default layout; None when it exists afterwards.
+        (Clustered: the controller creates it in the background; LEADER_NOT_AVAILABLE.)"""
+        if self._context.cluster is not None:
+            return self._context.cluster.auto_create(name)
         if name not in self._context.logs.topics():
             problem = self._room_problem(self._context.config.default_partitions)
             if problem is not None:
@@ -292,11 +326,21 @@ class Handlers:
                 f"the broker holds {held} partitions; {added} more would pass its limit of "
                 f"{limits.partitions_per_broker_max}")
 
-    def _create_topic(self, request: CreateTopic, now_ms: int) -> CreateTopicResponse:
+    def _create_topic(self, request: CreateTopic, now_ms: int) -> CreateTopicResponse | Pending:
         name = request.name
         partitions = request.partitions
         if partitions == -1:
             partitions = self._context.config.default_partitions
+        cluster = self._context.cluster
+        if cluster is not None:
+            factor = 1 if request.replication_factor == -1 else request.replication_factor
+
+            async def create() -> CreateTopicResponse:
+                code, message = await cluster.create_topic(
+                    name, partitions, factor, dict(request.configs), request.validate_only)
+                return CreateTopicResponse(name, code, message and _clip(message), partitions,
+                                           factor)
+            return Pending(create, serial=True)
         problem = self._create_problem(request, partitions)
         if problem is not None:
             code, message = problem
@@ -322,27 +366,26 @@ class Handlers:
         return None
 
     def _delete_topic(self, request: DeleteTopic, now_ms: int) -> DeleteTopicResponse | Pending:
+        cluster = self._context.cluster
+        if cluster is not None and not is_internal_topic(request.name):
+
+            async def delete() -> DeleteTopicResponse:
+                code, message = await cluster.delete_topic(request.name)
+                return DeleteTopicResponse(request.name, code, message and _clip(message))
+            return Pending(delete, serial=True)
         problem = self._topic_problem(request.name)
         if problem is None and is_internal_topic(request.name):
             problem = ErrorCode.POLICY_VIOLATION, "internal topics cannot be deleted"
         if problem is not None:
             return DeleteTopicResponse(request.name, *problem)
         name = request.name
-        context = self._context
-        context.gates.close(name)
+        deleting = self._local.delete(name)  # the gate closes now
 
         async def run() -> DeleteTopicResponse:
             try:
-                partitions = context.logs.topics()[name].partitions
-                for partition in range(partitions):
-                    await context.sync_worker.detach(context.logs.get_log(name, partition))
-                context.producer_states.forget_topic(name)
-                context.logs.delete_topic(name)
+                await deleting
             except (StorageError, OSError) as exc:
                 return DeleteTopicResponse(name, *_failure(exc))
-            finally:
-                context.gates.open(name)
-                context.waker.poke_topic(name)
             log.info("deleted topic %s", name)
             return DeleteTopicResponse(name, ErrorCode.NONE)
 
@@ -373,7 +416,15 @@ class Handlers:
 
     def _alter_topic_config(
         self, request: AlterTopicConfig, now_ms: int
-    ) -> AlterTopicConfigResponse:
+    ) -> AlterTopicConfigResponse | Pending:
+        cluster = self._context.cluster
+        if cluster is not None and not is_internal_topic(request.name):
+
+            async def alter() -> AlterTopicConfigResponse:
+                code, message = await cluster.alter_configs(
+                    request.name, dict(request.configs), request.validate_only)
+                return AlterTopicConfigResponse(request.name, code, message and _clip(message))
+            return Pending(alter, serial=True)
         problem = self._topic_problem(request.name)
         if problem is not None:
             return AlterTopicConfigResponse(request.name, *problem)
@@ -392,8 +443,18 @@ class Handlers:
 
     def _create_partitions(
         self, request: CreatePartitions, now_ms: int
-    ) -> CreatePartitionsResponse:
+    ) -> CreatePartitionsResponse | Pending:
         name = request.name
+        cluster = self._context.cluster
+        if cluster is not None and not is_internal_topic(name):
+
+            async def grow() -> CreatePartitionsResponse:
+                code, message = await cluster.create_partitions(
+                    name, request.count, request.validate_only)
+                record = cluster.image().topic(name)
+                count = len(record.partitions) if record is not None else -1
+                return CreatePartitionsResponse(name, code, message and _clip(message), count)
+            return Pending(grow, serial=True)
         problem = self._topic_problem(name)
         if is_internal_topic(name):  # whether or not it exists yet
             problem = ErrorCode.POLICY_VIOLATION, "internal topics cannot be given partitions"

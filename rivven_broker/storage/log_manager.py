@@ -189,8 +189,13 @@ class LogManager:
         replication_factor: int,
         configs: Mapping[str, str],
         now_ms: int,
+        *,
+        topic_id: str | None = None,
     ) -> TopicInfo:
         """Create a topic with empty partition logs and register it. Blocks on file I/O.
+
+        ``topic_id`` is the cluster metadata's id of the topic (a clustered broker keeps its
+        local registry as a cache of that); None draws a new one.
 
         Raises:
             InvalidTopicNameError, InvalidPartitionsError, InvalidReplicationFactorError,
@@ -212,7 +217,8 @@ class LogManager:
         config = TopicConfig.parse(configs)
         if name in self._topics:
             raise TopicExistsError(name)
-        topic_id = self._new_topic_id()
+        if topic_id is None:
+            topic_id = self._new_topic_id()
         info = TopicInfo(name, topic_id, partitions, replication_factor, config, now_ms)
         self._install_partitions(info, range(partitions), None, now_ms)
         return info

@@ -57,7 +57,7 @@ async def test_health_metrics_and_dashboard(broker, connect):
 
     status, headers, body = await get(broker.http_port, "/health")
     assert status == 200 and headers["Content-Type"] == "application/json"
-    assert json.loads(body) == {"status": "serving", "node_id": 1}
+    assert json.loads(body) == {"status": "serving", "ready": True, "node_id": 1}
 
     status, headers, body = await get(broker.http_port, "/metrics")
     assert status == 200 and headers["Content-Type"].startswith("text/plain")

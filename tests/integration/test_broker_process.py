@@ -10,6 +10,7 @@ flight, restarts, and checks that every acknowledged batch is there at its offse
 
 from __future__ import annotations
 
+import json
 import urllib.error
 import urllib.request
 
@@ -152,16 +153,18 @@ def test_health_answers_on_the_real_process(broker_process):
     assert process.terminate() == 0
 
 
-def test_peers_start_membership_while_topics_stay_single_node(
-    broker_process, connect_blocking, capfd
-):
-    """--peers on loopback without a key file: the development key, loudly; membership runs
-    (the peers are not up, so it keeps trying to join) and Metadata still lists this broker
-    alone: topic metadata is not clustered yet, and the broker says so."""
+def test_peers_without_a_quorum_serve_but_are_not_ready(broker_process, connect_blocking, capfd):
+    """--peers on loopback without a key file: the development key, loudly. The peers are not
+    up, so there is no controller quorum: the broker serves, keeps trying, lists no registered
+    broker and no controller in Metadata, and /health says
+    it is not ready (503)."""
     process = broker_process("--peers", "2@127.0.0.1:19093,3@127.0.0.1:29093")
     client = connect_blocking(process.port)
     metadata = client.call(Metadata())
-    assert [broker.node_id for broker in metadata.brokers] == [1]
+    assert metadata.brokers == () and metadata.controller_id == -1
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(f"http://127.0.0.1:{process.http_port}/health", timeout=10)
+    assert info.value.code == 503 and json.loads(info.value.read())["ready"] is False
     assert process.terminate() == 0
     err = capfd.readouterr().err
-    assert "NO CLUSTER KEY" in err and "not clustered yet" in err
+    assert "NO CLUSTER KEY" in err and "a cluster of 3 voters" in err

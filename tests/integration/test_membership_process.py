@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -23,20 +22,9 @@ import pytest
 
 from rivven_broker.cli.rivven_main import main as rivven
 from rivven_broker.client import Admin
+from tests.integration.cluster_ports import free_cluster_ports
 
 _BOUND_S = 30
-
-
-def _free_udp_ports(count: int) -> list[int]:
-    sockets = []
-    for _ in range(count):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.bind(("127.0.0.1", 0))
-        sockets.append(sock)
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
 
 
 def _key_file(path, *keys: str):
@@ -79,7 +67,7 @@ def _start(broker_process, node: int, ports: list[int], key, *, data_dir=None, r
 def test_three_brokers_form_one_view_detect_a_kill_and_readmit_the_restart(
     broker_process, tmp_path, capsys
 ):
-    ports = _free_udp_ports(4)
+    ports = free_cluster_ports(4)
     key = _key_file(tmp_path / "cluster.key", "a-shared-cluster-secret-0123456789")
     brokers = [_start(broker_process, node, ports, key) for node in (1, 2, 3)]
     everyone_alive = {1: "alive", 2: "alive", 3: "alive"}
@@ -115,7 +103,7 @@ def test_three_brokers_form_one_view_detect_a_kill_and_readmit_the_restart(
 def test_a_key_rotation_with_sighup_keeps_the_cluster_together(broker_process, tmp_path):
     """Add the new key everywhere, make it first everywhere, remove the old one: each step a
     file edit and SIGHUP, and the two brokers keep seeing each other alive throughout."""
-    ports = _free_udp_ports(3)
+    ports = free_cluster_ports(3)
     old, new = "the-old-cluster-secret-0123456", "the-new-cluster-secret-0123456"
     keys = [_key_file(tmp_path / f"key-{node}", old) for node in (1, 2)]
     brokers = [_start(broker_process, node, ports[:2] + [ports[2]], keys[node - 1])

@@ -25,7 +25,7 @@ announced after it started (PySyncObj's ``onReady``).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import attrs
 import trio
@@ -51,12 +51,15 @@ from rivven_cluster.metadata import (
     encode_command,
 )
 
-__all__ = ["RaftConfig", "ControllerHost", "ControllerUnavailable"]
+__all__ = ["RaftConfig", "ControllerHost", "ControllerObserver", "ControllerUnavailable"]
 
 log = logging.getLogger(__name__)
 
 _RETRYABLE = {FAIL_REASON.MISSING_LEADER, FAIL_REASON.NOT_LEADER, FAIL_REASON.LEADER_CHANGED,
               FAIL_REASON.DISCARDED, getattr(FAIL_REASON, "UNKNOWN_OUTCOME", 7)}
+
+
+_LEADER = 2  # PySyncObj's state number
 
 
 class ControllerUnavailable(Exception):
@@ -77,7 +80,8 @@ class RaftConfig:
     log_compaction_min_time_s: float = 300.0
     links: LinkConfig = LinkConfig()
 
-    def syncobj_conf(self, on_ready: Callable[[], None]) -> SyncObjConf:
+    def syncobj_conf(self, on_ready: Callable[[], None],
+                     on_state_changed: Callable[[int, int], None]) -> SyncObjConf:
         return SyncObjConf(
             autoTick=False, useFork=False, appendEntriesUseBatch=False,
             appendEntriesPeriod=self.append_entries_period_s,
@@ -87,8 +91,15 @@ class RaftConfig:
             connectionTimeout=max(3.5, self.election_timeout_max_s),
             logCompactionMinEntries=self.log_compaction_min_entries,
             logCompactionMinTime=self.log_compaction_min_time_s,
-            commandsWaitLeader=True, onReady=on_ready,
+            commandsWaitLeader=True, onReady=on_ready, onStateChanged=on_state_changed,
         )
+
+
+class ControllerObserver(Protocol):
+    """What the simulator's checkers hear from every controller (None in production)."""
+
+    def applied(self, node_id: int, index: int, document: bytes, outcome: Outcome) -> None: ...
+    def elected(self, node_id: int, term: int) -> None: ...
 
 
 class ControllerHost:
@@ -111,6 +122,8 @@ class ControllerHost:
         self._journal: RaftJournal | None = None
         self._syncobj: ControllerSyncObj | None = None
         self._directory = directory
+        #: Told of every applied command and every election won (the simulator's checkers).
+        self.observer: ControllerObserver | None = None
         self._listen = listen if listen is not None else voters[node_id]
 
     # -- reading -----------------------------------------------------------------------------
@@ -121,6 +134,10 @@ class ControllerHost:
     async def changed(self) -> None:
         """Return after the next applied command."""
         await self._changed.wait()
+
+    @property
+    def voters(self) -> list[int]:
+        return sorted(self._voters)
 
     def status(self) -> RaftStatus:
         assert self._syncobj is not None
@@ -140,9 +157,10 @@ class ControllerHost:
         if self._journal.torn_bytes:
             log.warning("raft journal: dropped a torn tail of %d bytes", self._journal.torn_bytes)
         snapshots = SnapshotStore(env.disk, f"{self._directory}/snapshot")
-        hooks = SnapshotHooks(save=self.machine.snapshot, restore=self._restore)
+        hooks = SnapshotHooks(save=lambda: self.machine.snapshot(), restore=self._restore)
         self._syncobj = ControllerSyncObj(
-            self.node_id, sorted(self._voters), self._config.syncobj_conf(self._on_ready),
+            self.node_id, sorted(self._voters),
+            self._config.syncobj_conf(self._on_ready, self._on_state_changed),
             transport_class=self.links.transport_class, journal=self._journal,
             snapshots=snapshots, hooks=hooks, rng=env.rng("raft"), apply=self._apply)
         self._syncobj.load_snapshot()
@@ -180,6 +198,10 @@ class ControllerHost:
     def _on_ready(self) -> None:
         self.ready.set()
 
+    def _on_state_changed(self, old: int, new: int) -> None:
+        if new == _LEADER and self.observer is not None and self._syncobj is not None:
+            self.observer.elected(self.node_id, self._syncobj.raftCurrentTerm)
+
     def _restore(self, snapshot: bytes) -> None:
         self.machine = MetadataMachine.restore(snapshot)
         self._publish()
@@ -187,6 +209,8 @@ class ControllerHost:
     def _apply(self, document: bytes, index: int) -> Outcome:
         outcome = self.machine.apply(decode_command(document), index)
         self._publish()
+        if self.observer is not None:
+            self.observer.applied(self.node_id, index, document, outcome)
         return outcome
 
     def _publish(self) -> None:

@@ -80,7 +80,7 @@ class MembershipDriver:
         self.env = env
         self.node_id = node_id
         self.cluster_address = cluster_address
-        self._client_address = client_address
+        self.client_address = client_address
         self._rack = rack
         self._seeds = seeds
         self._ring = key_ring
@@ -119,7 +119,7 @@ class MembershipDriver:
         now_ms = env.clock.monotonic_ms()
         self.core = Membership(
             self.config, node_id=self.node_id, boot_id=self.boot_id,
-            cluster_address=self.cluster_address, client_address=self._client_address,
+            cluster_address=self.cluster_address, client_address=self.client_address,
             rack=self._rack, rng=rng, now_ms=now_ms,
         )
         log.info("membership: node %d (boot %d) on %s, joining through %s", self.node_id,

@@ -12,7 +12,9 @@ Term, vote and commit index live in ``meta``: two 64-byte slots written alternat
 ``crc32c | sequence | term | voted for | commit index``; the valid slot with the higher sequence
 wins, so a torn write loses at most the update being written, never the previous one.
 
-Nothing here fsyncs on its own: writes mark the journal dirty and ``sync_plan()`` returns the
+Writes only mark the journal dirty (the one exception: a truncation below what was synced is
+fsynced at once, so the entries written after it can never tear synced bytes that this node
+already promised to the leader); ``sync_plan()`` returns the
 work that makes everything so far durable (fsync of the log, the next meta slot and its fsync),
 to run off the loop. The Raft host runs it after every tick and before any message those writes
 justify leaves the node: an AppendEntries answer only after its entries, a vote only after the
@@ -70,6 +72,7 @@ class RaftJournal:
         self._end = 0
         self._log_dirty = False
         self.torn_bytes = self._load_log()
+        self._synced_end = self._end
         self._meta = disk.open(_join(directory, "meta"))
         disk.fsync_dir(directory)
         self._sequence, self._term, self._voted, commit = self._load_meta()
@@ -148,6 +151,11 @@ class RaftJournal:
         del self._entries[keep:]
         del self._offsets[keep:]
         self._disk.truncate(self._log, self._end)
+        if self._end < self._synced_end:
+            # Entries after this point will be written over synced bytes: make the cut durable
+            # first, or a torn overwrite could damage an entry this node already promised.
+            self._disk.fsync(self._log)
+            self._synced_end = self._end
         self._log_dirty = True
 
     def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802
@@ -172,6 +180,7 @@ class RaftJournal:
         self._disk.fsync_dir(self._directory)
         self._log = self._disk.open(self._log_path)
         self._entries, self._offsets, self._end = kept, offsets, position
+        self._synced_end = position
 
     def __getitem__(self, item: Any) -> Any:
         return self._entries[item]
@@ -217,6 +226,8 @@ class RaftJournal:
             return None
         disk, log, meta = self._disk, self._log, self._meta
         sync_log = self._log_dirty
+        if sync_log:
+            self._synced_end = self._end  # (a truncation below it fsyncs itself: see _truncate)
         slot_write: tuple[bytes, int] | None = None
         if self._meta_dirty:
             self._sequence += 1

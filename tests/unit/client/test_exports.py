@@ -15,7 +15,7 @@ import rivven_broker.client.trio as trio_client
 EXPECTED = {
     "Producer", "Consumer", "Admin", "TopicPartition", "RecordMetadata", "Record", "OffsetSpec",
     "PartitionOffset", "TopicListing", "TopicDescription", "PartitionInfo", "ConfigValue",
-    "BrokerInfo", "ClusterStatus", "MemberInfo", "RivvenError", "BrokerError", "UnknownTopicOrPartitionError",
+    "BrokerInfo", "ClusterStatus", "MemberInfo", "RaftInfo", "RaftVoterInfo", "RivvenError", "BrokerError", "UnknownTopicOrPartitionError",
     "NotLeaderError", "LeaderNotAvailableError", "CorruptMessageError", "MessageTooLargeError",
     "OffsetOutOfRangeError", "TopicAlreadyExistsError", "InvalidTopicNameError",
     "InvalidPartitionsError", "InvalidReplicationFactorError", "InvalidConfigError",

@@ -138,9 +138,10 @@ def test_after_any_crash_the_journal_is_what_was_last_synced(ops, rng):
             entry = (op[1], live[-1][1] + 1 if live else 1, term[0])
             journal.add(*entry)
             live.append(entry)
-        elif op[0] == "delete_from":
+        elif op[0] == "delete_from":  # a cut into synced entries is durable at once
             journal.deleteEntriesFrom(op[1])
             del live[op[1]:]
+            del durable[0][op[1]:]
         elif op[0] == "term":
             term = [term[0] + op[1], 1]
             journal.setCurrentTerm(*term)

@@ -1,0 +1,380 @@
+"""``ClusterControl``: what a ``--peers`` broker asks of the controller, and what it does because
+of it.
+
+Theory of operation
+-------------------
+Cluster metadata lives in the controller's Raft log (``controller_host``); every broker holds a
+replica of it and answers from what it has applied. This module is the server's one door to it:
+
+- *registration*: once the controller runs, the broker registers itself (node id, this boot's
+  id, the client address it advertises, rack, whether it votes) and registers again whenever
+  the applied record is not this process's (a new boot, or a record fenced);
+- *admin*: ``create_topic``, ``delete_topic``, ``create_partitions`` and ``alter_configs``
+  decide on this broker (placement on the ring over the live registered brokers, a fresh topic
+  id from the Env) and propose one compare-and-set command; the answer comes once the command
+  is committed and applied here (followers forward to the Raft leader);
+- *reconciliation*: the local topic registry is a cache of the applied metadata. After every
+  applied command (and once at start, when the log has been applied up to the commit index the
+  leader announced), local logs are created for topics the metadata has and deleted for topics
+  it does not — nothing else creates or deletes topics on a clustered broker;
+- *metadata*: ``metadata()`` answers the Metadata api from the applied image: live brokers
+  (registered, not fenced, and alive to SWIM), the controller (the Raft leader), and per
+  partition its leader, leader epoch, replicas and ISR.
+
+A broker holds a log for every partition of every topic for now (the replica fetcher of the
+replication step makes the followers' copies meaningful); which broker leads is the metadata's.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import trio
+
+from rivven_broker.protocol import limits
+from rivven_broker.protocol.admin_messages import (
+    BrokerMetadata,
+    MetadataResponse,
+    PartitionMetadata,
+    TopicMetadata,
+)
+from rivven_broker.protocol.errors import ErrorCode
+from rivven_broker.protocol.names import topic_name_error
+from rivven_broker.server.cluster.controller_host import (
+    ControllerHost,
+    ControllerUnavailable,
+    RaftConfig,
+)
+from rivven_broker.server.env import Env
+from rivven_broker.server.group_driver import is_internal_topic
+from rivven_broker.server.local_topics import LocalTopics
+from rivven_broker.storage.errors import StorageError, TopicExistsError
+from rivven_broker.storage.topic_config import TopicConfig
+from rivven_cluster.membership import KeyRing, Member, MemberState
+from rivven_cluster.metadata import (
+    AlterTopicConfigs,
+    Command,
+    CreatePartitions,
+    CreateTopic,
+    DeleteTopic,
+    MetadataImage,
+    Outcome,
+    RegisterBroker,
+    Status,
+)
+from rivven_cluster.placement import PlacementBroker, PlacementError, assign_topic
+
+__all__ = ["ClusterControl", "AdminAnswer"]
+
+log = logging.getLogger(__name__)
+
+AdminAnswer = tuple[ErrorCode, str | None]
+_OK: AdminAnswer = (ErrorCode.NONE, None)
+_CONTROLLER_DIRECTORY = ".controller"
+_REGISTER_RETRY_S = 0.5
+_CONFLICT_RETRIES = 3
+_AUTO_CREATES_MAX = 64
+
+
+class ClusterControl:
+    def __init__(self, env: Env, *, node_id: int, boot_id: int, rack: str | None,
+                 advertised: tuple[str, int], voters: dict[int, tuple[str, int]],
+                 listen: tuple[str, int], ring: Callable[[], KeyRing], local: LocalTopics,
+                 members: Callable[[], list[Member]], raft: RaftConfig = RaftConfig()) -> None:
+        self._env = env
+        self.node_id = node_id
+        self.boot_id = boot_id
+        self._rack = rack
+        self._advertised = advertised
+        self._local = local
+        self._members = members
+        self._ids = env.rng("topic-ids")
+        self.host = ControllerHost(env, node_id=node_id, boot_id=boot_id, voters=voters,
+                                   ring=ring, directory=_CONTROLLER_DIRECTORY, listen=listen,
+                                   config=raft)
+        self.reconciled = trio.Event()
+        #: The applied index the local logs were last made to match.
+        self.reconciled_index = 0
+        self._reconciled_changed = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._creating: set[str] = set()
+        self.default_partitions = 3
+
+    # -- running -----------------------------------------------------------------------------
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await nursery.start(self.host.run)
+            nursery.start_soon(self._register_loop)
+            nursery.start_soon(self._reconcile_loop)
+            task_status.started()
+
+    @property
+    def ready(self) -> bool:
+        """Applied the log up to the leader's commit index at start, reconciled, and this
+        process registered."""
+        record = self.image().broker(self.node_id)
+        return (self.reconciled.is_set() and record is not None
+                and record.boot_id == self.boot_id and not record.fenced)
+
+    def image(self) -> MetadataImage:
+        return self.host.image()
+
+    async def _register_loop(self) -> None:
+        command = RegisterBroker(self.node_id, self.boot_id, self._advertised[0],
+                                 self._advertised[1], self._rack, voter=True)
+        while True:
+            record = self.image().broker(self.node_id)
+            if record is None or record.boot_id != self.boot_id or record.fenced:
+                try:
+                    outcome = await self.host.propose(command)
+                except ControllerUnavailable as exc:
+                    log.info("registration not yet committed: %s", exc)
+                    await trio.sleep(_REGISTER_RETRY_S)
+                    continue
+                if not outcome.ok:
+                    log.error("the controller refused this broker's registration: %s",
+                              outcome.message)
+                    await trio.sleep(_REGISTER_RETRY_S)
+                    continue
+                log.info("registered with the controller (boot %d)", self.boot_id)
+            await self.host.changed()
+
+    async def _reconcile_loop(self) -> None:
+        await self.host.ready.wait()
+        while True:
+            changed = self.host.changed()  # armed before reconciling: no change is missed
+            image = self.image()
+            await self._reconcile(image)
+            self.reconciled_index = image.applied_index
+            self.reconciled.set()
+            self._reconciled_changed.set()
+            self._reconciled_changed = trio.Event()
+            await changed
+
+    async def _reconcile(self, image: MetadataImage) -> None:
+        local = self._local.topics()
+        now_ms = self._env.clock.wall_ms()
+        for name, info in sorted(local.items()):
+            if is_internal_topic(name):
+                continue
+            wanted = image.topic(name)
+            if wanted is None or wanted.topic_id != info.topic_id:
+                log.info("deleting local topic %s: the cluster metadata %s", name,
+                         "has another topic of that name" if wanted else "does not list it")
+                try:
+                    await self._local.delete(name)
+                except (StorageError, OSError) as exc:
+                    log.error("could not delete local topic %s: %s", name, exc)
+        local = self._local.topics()
+        for name, record in sorted(image.topics.items()):
+            count = len(record.partitions)
+            info = local.get(name)
+            try:
+                if info is None:
+                    self._local.create(name, count, record.replication_factor,
+                                       record.configs, now_ms, topic_id=record.topic_id)
+                    continue
+                if info.partitions < count:
+                    self._local.grow(name, count, now_ms)
+                self._local.configure(name, record.configs)
+            except TopicExistsError:
+                pass
+            except (StorageError, OSError) as exc:
+                log.error("could not apply the metadata of topic %s locally: %s", name, exc)
+
+    # -- metadata ----------------------------------------------------------------------------
+
+    def live_brokers(self) -> list[int]:
+        """Registered, not fenced, and alive to this broker's SWIM view (itself: always)."""
+        image = self.image()
+        alive = {m.node_id: m.boot_id for m in self._members()
+                 if m.state in (MemberState.ALIVE, MemberState.SUSPECT)}
+        alive[self.node_id] = self.boot_id
+        return sorted(b.broker_id for b in image.brokers.values()
+                      if not b.fenced and alive.get(b.broker_id) == b.boot_id)
+
+    def controller_id(self) -> int:
+        if not self.host.running:
+            return -1
+        leader = self.host.status().leader
+        return -1 if leader is None else leader
+
+    def metadata(self, names: tuple[str, ...] | None) -> MetadataResponse:
+        image = self.image()
+        live = set(self.live_brokers())
+        brokers = tuple(BrokerMetadata(b.broker_id, b.host, b.port, b.rack)
+                        for b in (image.brokers[i] for i in sorted(live)))
+        if names is None:
+            names = tuple(sorted(n for n in image.topics if not is_internal_topic(n)))
+        described = []
+        for name in names:
+            record = image.topic(name)
+            code = topic_name_error(name)
+            if code is None and record is None:
+                code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            if code is not None or record is None:
+                described.append(TopicMetadata(name, code or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+                continue
+            partitions = []
+            for index, part in enumerate(record.partitions):
+                leader = part.leader if part.leader in live else -1
+                partitions.append(PartitionMetadata(
+                    index, ErrorCode.NONE if leader != -1 else ErrorCode.LEADER_NOT_AVAILABLE,
+                    leader, part.leader_epoch, part.replicas, part.isr,
+                    tuple(r for r in part.replicas if r not in live)))
+            described.append(TopicMetadata(name, ErrorCode.NONE, False, tuple(partitions)))
+        return MetadataResponse(brokers, self.controller_id(), "rivven-cluster",
+                                tuple(described))
+
+    def leadership_error(self, topic: str, partition: int) -> AdminAnswer | None:
+        """Why this broker may not append to ``topic/partition`` (None: it leads it)."""
+        part = self.image().partition(topic, partition)
+        if part is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown partition {topic}/{partition}"
+        if part.leader != self.node_id:
+            return ErrorCode.NOT_LEADER, (f"broker {part.leader} leads {topic}/{partition} "
+                                          f"(epoch {part.leader_epoch}); refresh metadata")
+        return None
+
+    def auto_create(self, name: str) -> AdminAnswer:
+        """Start creating ``name`` (default layout) in the background, as Kafka does: the
+        asker hears LEADER_NOT_AVAILABLE and retries until the topic has leaders."""
+        if (self.image().topic(name) is None and name not in self._creating
+                and len(self._creating) < _AUTO_CREATES_MAX and self._nursery is not None):
+            self._creating.add(name)
+            self._nursery.start_soon(self._auto_create, name)
+        return ErrorCode.LEADER_NOT_AVAILABLE, f"topic {name!r} is being created"
+
+    async def _auto_create(self, name: str) -> None:
+        try:
+            code, message = await self.create_topic(name, self.default_partitions, 1, {}, False)
+            if code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
+                log.warning("auto-creating topic %s failed: %s", name, message)
+        finally:
+            self._creating.discard(name)
+
+    # -- admin -------------------------------------------------------------------------------
+
+    async def _propose(self, command: Command) -> Outcome | AdminAnswer:
+        try:
+            return await self.host.propose(command)
+        except ControllerUnavailable as exc:
+            return ErrorCode.REQUEST_TIMED_OUT, f"the controller did not answer: {exc}"
+
+    def _placement(self, name: str, partitions: int, factor: int, first: int = 0
+                   ) -> tuple[tuple[int, ...], ...] | AdminAnswer:
+        image = self.image()
+        live = self.live_brokers()
+        if not 1 <= factor <= len(live):
+            return (ErrorCode.INVALID_REPLICATION_FACTOR,
+                    f"replication factor {factor} needs as many live brokers; "
+                    f"{len(live)} are live ({', '.join(map(str, live))})")
+        brokers = [PlacementBroker(b, image.brokers[b].rack) for b in live]
+        try:
+            assignment = assign_topic(brokers, name, first + partitions, factor)
+        except PlacementError as exc:
+            return ErrorCode.INVALID_REPLICATION_FACTOR, str(exc)
+        return assignment[first:]
+
+    async def create_topic(self, name: str, partitions: int, factor: int,
+                           configs: dict[str, str], validate_only: bool) -> AdminAnswer:
+        if topic_name_error(name) is not None:
+            return ErrorCode.INVALID_TOPIC_NAME, "invalid topic name"
+        if not 1 <= partitions <= limits.partitions_per_topic_max:
+            return (ErrorCode.INVALID_PARTITIONS,
+                    f"partitions must be 1..{limits.partitions_per_topic_max}")
+        try:
+            TopicConfig.parse(configs)
+        except ValueError as exc:
+            return ErrorCode.INVALID_CONFIG, str(exc)
+        if self.image().topic(name) is not None:
+            return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
+        assignment = self._placement(name, partitions, factor)
+        if isinstance(assignment, tuple) and assignment and isinstance(assignment[0], ErrorCode):
+            return assignment  # type: ignore[return-value]
+        if validate_only:
+            return _OK
+        topic_id = self._ids.randbytes(16).hex()
+        outcome = await self._propose(CreateTopic(name, topic_id, assignment, configs))
+        answer = self._answer(outcome, name)
+        if answer == _OK:
+            log.info("created topic %s: %d partitions, replication factor %d", name,
+                     partitions, factor)
+            await self._reconciled_to(self.image().applied_index)
+        return answer
+
+    async def delete_topic(self, name: str) -> AdminAnswer:
+        record = self.image().topic(name)
+        if record is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}"
+        answer = self._answer(await self._propose(DeleteTopic(name, record.topic_id)), name)
+        if answer == _OK:
+            await self._reconciled_to(self.image().applied_index)
+        return answer
+
+    async def create_partitions(self, name: str, count: int, validate_only: bool) -> AdminAnswer:
+        record = self.image().topic(name)
+        if record is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}"
+        current = len(record.partitions)
+        if count <= current:
+            return (ErrorCode.INVALID_PARTITIONS,
+                    f"topic {name!r} has {current} partitions; the count can only grow")
+        if count > limits.partitions_per_topic_max:
+            return (ErrorCode.INVALID_PARTITIONS,
+                    f"partitions must be at most {limits.partitions_per_topic_max}")
+        added = self._placement(name, count - current, record.replication_factor, current)
+        if isinstance(added, tuple) and added and isinstance(added[0], ErrorCode):
+            return added  # type: ignore[return-value]
+        if validate_only:
+            return _OK
+        command = CreatePartitions(name, record.topic_id, current, added)
+        answer = self._answer(await self._propose(command), name)
+        if answer == _OK:
+            await self._reconciled_to(self.image().applied_index)
+        return answer
+
+    async def alter_configs(self, name: str, configs: dict[str, str | None],
+                            validate_only: bool) -> AdminAnswer:
+        for _ in range(_CONFLICT_RETRIES):
+            record = self.image().topic(name)
+            if record is None:
+                return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}"
+            merged = {k: v for k, v in {**record.configs, **configs}.items() if v is not None}
+            try:
+                TopicConfig.parse(merged)
+            except ValueError as exc:
+                return ErrorCode.INVALID_CONFIG, str(exc)
+            if validate_only:
+                return _OK
+            command = AlterTopicConfigs(name, record.topic_id, record.config_version, merged)
+            outcome = await self._propose(command)
+            if isinstance(outcome, Outcome) and outcome.status is Status.CONFLICT:
+                continue  # another alteration won: merge into what it made
+            answer = self._answer(outcome, name)
+            if answer == _OK:
+                await self._reconciled_to(self.image().applied_index)
+            return answer
+        return ErrorCode.INVALID_REQUEST, f"the configs of {name!r} keep changing; retry"
+
+    def _answer(self, outcome: Outcome | AdminAnswer, name: str) -> AdminAnswer:
+        if not isinstance(outcome, Outcome):
+            return outcome
+        if outcome.ok:
+            return _OK
+        if outcome.status is Status.CONFLICT and "exists" in outcome.message:
+            return ErrorCode.TOPIC_ALREADY_EXISTS, outcome.message
+        if outcome.status is Status.CONFLICT:  # another change won the race
+            return ErrorCode.INVALID_REQUEST, f"{outcome.message} (changed concurrently; retry)"
+        if outcome.status is Status.NOT_FOUND:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, outcome.message
+        return ErrorCode.INVALID_REQUEST, f"{name}: {outcome.message}"
+
+    async def _reconciled_to(self, index: int) -> None:
+        """Wait until the local logs reflect the metadata at ``index`` (bounded)."""
+        with trio.move_on_after(5):
+            while self.reconciled_index < index:
+                await self._reconciled_changed.wait()

@@ -1,0 +1,70 @@
+"""``LocalTopics``: the one way a broker creates, grows, reconfigures and deletes its topic logs.
+
+Theory of operation
+-------------------
+Deleting a topic's logs is more than ``LogManager.delete_topic``: requests naming the topic
+wait at its gate meanwhile, the group-commit worker lets go of every partition log first (an
+fsync must not run on a closed file), producer state forgets the topic, and waiting fetches are
+woken to see it gone. Growing wakes fetches waiting on the topic. ``LocalTopics`` does each of
+these whole, for whoever decides: the controller's reconciliation on a clustered broker (the
+applied metadata says so), and the single-node handlers.
+
+Every method blocks on file I/O (directory and registry fsyncs), as admin actions always
+have; ``delete`` awaits the sync worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Mapping
+
+from rivven_broker.server.context import ServerContext
+from rivven_broker.storage.log_manager import TopicInfo
+
+__all__ = ["LocalTopics"]
+
+log = logging.getLogger(__name__)
+
+
+class LocalTopics:
+    def __init__(self, context: ServerContext) -> None:
+        self._context = context
+
+    def topics(self) -> Mapping[str, TopicInfo]:
+        return self._context.logs.topics()
+
+    def create(self, name: str, partitions: int, replication_factor: int,
+               configs: Mapping[str, str], now_ms: int, *, topic_id: str | None = None) -> None:
+        self._context.logs.create_topic(name, partitions, replication_factor, configs, now_ms,
+                                        topic_id=topic_id)
+
+    def grow(self, name: str, count: int, now_ms: int) -> None:
+        self._context.logs.add_partitions(name, count, now_ms)
+        self._context.waker.poke_topic(name)
+
+    def configure(self, name: str, configs: Mapping[str, str]) -> None:
+        """Make the topic's overrides exactly ``configs`` (keys not named go back to default)."""
+        info = self._context.logs.topics()[name]
+        current = info.config.to_strings(include_defaults=False)
+        changes: dict[str, str | None] = {k: None for k in current if k not in configs}
+        changes.update({k: v for k, v in configs.items() if current.get(k) != v})
+        if changes:
+            self._context.logs.alter_topic_config(name, changes)
+
+    def delete(self, name: str) -> Awaitable[None]:
+        """Close the topic's gate now (requests naming it wait from this moment); the returned
+        awaitable does the rest and opens the gate again, whatever happens."""
+        self._context.gates.close(name)
+        return self._delete(name)
+
+    async def _delete(self, name: str) -> None:
+        context = self._context
+        try:
+            partitions = context.logs.topics()[name].partitions
+            for partition in range(partitions):
+                await context.sync_worker.detach(context.logs.get_log(name, partition))
+            context.producer_states.forget_topic(name)
+            context.logs.delete_topic(name)
+        finally:
+            context.gates.open(name)
+            context.waker.poke_topic(name)
