@@ -3,7 +3,8 @@
 Suites: ``produce``, ``consume``, ``e2e`` (the broker benchmark tool, against a broker it
 starts or ``--bootstrap``, optionally side by side with ``--peer redis|nats``), ``suite`` (the
 standard suite behind ``make bench``, which rewrites docs/performance.md) and ``storage``
-(the partition log alone), ``membership`` (SWIM crash detection with real processes). See
+(the partition log alone), ``membership`` (SWIM crash detection with real processes),
+``controller`` (Raft commit latency, commands/s, failover with real processes). See
 docs/performance.md.
 """
 
@@ -14,7 +15,7 @@ import json
 import signal
 import sys
 
-from rivven_broker.bench import membership, storage
+from rivven_broker.bench import controller, membership, storage
 from rivven_broker.bench.options import MODES, OptionsError, add_arguments, options_from_args
 
 
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     storage.add_arguments(suites.add_parser("storage", help=storage.HELP, description=storage.HELP))
     membership.add_arguments(
         suites.add_parser("membership", help=membership.HELP, description=membership.HELP))
+    controller.add_arguments(
+        suites.add_parser("controller", help=controller.HELP, description=controller.HELP))
     args = parser.parse_args(argv)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         # SIGTERM unwinds like Ctrl-C, so every server is stopped and every directory removed.
@@ -45,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         return storage.main(args)
     if args.suite == "membership":
         return membership.main(args)
+    if args.suite == "controller":
+        return controller.main(args)
     if args.suite == "suite":
         return suite.main(args)
     try:

@@ -16,17 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 from typing import Any
 
+from rivven_broker.bench.cluster_processes import LocalCluster, wait_for
 from rivven_broker.client import Admin
-from rivven_broker.server.cluster.key_file import generate_key
 
 __all__ = ["HELP", "add_arguments", "main"]
 
@@ -41,42 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
-def _free_ports(count: int, *, both: bool = False, taken: tuple[int, ...] = ()) -> list[int]:
-    """Ports free for TCP now (and for UDP too with ``both``: the cluster port carries SWIM
-    over UDP and the Raft links over TCP), none of ``taken``."""
-    ports: list[int] = []
-    while len(ports) < count:
-        with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-            tcp.bind(("127.0.0.1", 0))
-            port = tcp.getsockname()[1]
-            if both:
-                try:
-                    udp.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-        if port not in ports and port not in taken:
-            ports.append(port)
-    return ports
-
-
-def _start(node: int, udp: list[int], tcp: list[int], key: str, root: str) -> subprocess.Popen:
-    peers = ",".join(f"{i + 1}@127.0.0.1:{port}" for i, port in enumerate(udp) if i + 1 != node)
-    command = [
-        sys.executable, "-m", "rivven_broker.cli.broker_main", "--node-id", str(node),
-        "--data-dir", os.path.join(root, f"n{node}"), "--listen", f"127.0.0.1:{tcp[node - 1]}",
-        "--http", "off", "--peers", peers, "--cluster-listen", f"127.0.0.1:{udp[node - 1]}",
-        "--cluster-key-file", key, "--sync-policy", "none", "--log-level", "WARNING",
-    ]
-    log = open(os.path.join(root, f"n{node}.log"), "ab")
-    popen = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log)
-    log.close()
-    assert popen.stdout is not None
-    line = popen.stdout.readline()
-    if not line.startswith(b"rivven-broker ready"):
-        raise RuntimeError(f"broker {node} did not start: {line!r}")
-    return popen
-
-
 def _view(port: int) -> dict[int, str]:
     try:
         with Admin(f"127.0.0.1:{port}", request_timeout_ms=2_000) as admin:
@@ -85,50 +43,38 @@ def _view(port: int) -> dict[int, str]:
         return {}
 
 
-def _wait(predicate: Any, what: str) -> None:
-    deadline = time.monotonic() + _WAIT_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"not within {_WAIT_S} s: {what}")
-        time.sleep(_POLL_S)
-
-
 def main(args: argparse.Namespace) -> int:
-    root = tempfile.mkdtemp(prefix="rivven-bench-membership-")
     count = args.brokers
-    udp = _free_ports(count, both=True)
-    tcp = _free_ports(count, taken=tuple(udp))
-    key = os.path.join(root, "cluster.key")
-    with open(key, "w") as handle:
-        handle.write(generate_key(os.urandom(32)) + "\n")
-    os.chmod(key, 0o600)
-    processes = {node: _start(node, udp, tcp, key, root) for node in range(1, count + 1)}
-    whole = {node: "alive" for node in processes}
+    cluster = LocalCluster(count, "rivven-bench-membership-")
+    port = cluster.client_ports
+    whole = {node: "alive" for node in range(1, count + 1)}
+
+    def wait(predicate: Any, what: str) -> None:
+        wait_for(predicate, what, _WAIT_S)
+
     detections: list[float] = []
     try:
-        _wait(lambda: all(_view(tcp[n - 1]) == whole for n in processes), "one view")
+        for node in range(1, count + 1):
+            cluster.start(node)
+        wait(lambda: all(_view(port[n - 1]) == whole for n in whole), "one view")
         for round_number in range(args.rounds):
             victim = round_number % count + 1
-            others = [n for n in processes if n != victim]
-            processes[victim].kill()
+            others = [n for n in whole if n != victim]
             killed_at = time.monotonic()
-            processes[victim].wait()
+            cluster.kill(victim)
             seen: dict[int, float] = {}
             while len(seen) < len(others):
                 for node in others:
-                    if node not in seen and _view(tcp[node - 1]).get(victim) == "dead":
+                    if node not in seen and _view(port[node - 1]).get(victim) == "dead":
                         seen[node] = time.monotonic() - killed_at
                 if time.monotonic() - killed_at > _WAIT_S:
                     raise RuntimeError(f"broker {victim} not seen dead by all in {_WAIT_S} s")
                 time.sleep(_POLL_S)
             detections.append(max(seen.values()))
-            processes[victim] = _start(victim, udp, tcp, key, root)
-            _wait(lambda: all(_view(tcp[n - 1]) == whole for n in processes), "whole again")
+            cluster.start(victim)
+            wait(lambda: all(_view(port[n - 1]) == whole for n in whole), "whole again")
     finally:
-        for popen in processes.values():
-            popen.kill()
-            popen.wait()
-        shutil.rmtree(root, ignore_errors=True)
+        cluster.close()
     ordered = sorted(detections)
 
     def at(fraction: float) -> float:

@@ -64,3 +64,15 @@ def test_membership_bench_kills_and_detects():
     summary = _bench("membership", "--brokers", "3", "--rounds", "2")
     assert summary["brokers"] == 3 and summary["rounds"] == 2 and len(summary["all_s"]) == 2
     assert 0 < summary["detection_s"]["p50"] <= summary["detection_s"]["max"]
+
+
+def test_controller_bench_commits_and_fails_over():
+    summary = _bench("controller", "--commits", "20", "--proposers", "4", "--duration", "0.5",
+                     "--rounds", "1")
+    commits = summary["commits"]
+    assert 0 < commits["commit_on_leader"]["p50_ms"] <= commits["commit_on_leader"]["max_ms"]
+    assert commits["commit_via_follower"]["p50_ms"] > 0 and commits["commands_per_s"] > 0
+    failover = summary["failover"]
+    assert failover["rounds"] == 1
+    assert 0 < failover["new_controller"]["p50_s"] <= failover["admin_call_succeeds"]["p50_s"]
+    assert failover["restarted_broker_ready"]["p50_s"] > 0

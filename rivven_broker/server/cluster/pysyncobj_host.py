@@ -27,6 +27,7 @@ PySyncObj keeps private (leader, term, match indexes) is read here and nowhere e
 from __future__ import annotations
 
 import contextvars
+import logging
 import random
 from typing import Any, Callable
 
@@ -38,6 +39,8 @@ from pysyncobj.config import FAIL_REASON, SERIALIZER_STATE
 from pysyncobj.node import Node
 
 from rivven_broker.server.cluster.raft_journal import RaftJournal, SnapshotStore
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "FAIL_REASON",
@@ -159,11 +162,25 @@ class _SnapshotSerializer:
         self._sending.pop(id, None)
 
 
+class _RewindNotice(logging.Filter):
+    """PySyncObj logs CRITICAL "truncating already-applied log entries" whenever a late answer
+    rewinds a leader's next index and the follower receives entries it already has. With our
+    journal those entries stay on disk and are taken back as they are (raft_journal.py), so the
+    notice is not an operator's concern: it is logged at DEBUG instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "truncating already-applied log entries" not in record.getMessage():
+            return True
+        log.debug("PySyncObj re-received applied entries (%s)", record.getMessage())
+        return False
+
+
 def install() -> None:
     """Point PySyncObj's clock, journal, snapshots and poller at ours (once per process)."""
     global _installed
     if _installed:
         return
+    logging.getLogger(_syncobj.__name__).addFilter(_RewindNotice())
     _syncobj.monotonicTime = _monotonic
     _syncobj.createJournal = _create_journal
     _syncobj.Serializer = _SnapshotSerializer

@@ -12,15 +12,23 @@ Term, vote and commit index live in ``meta``: two 64-byte slots written alternat
 ``crc32c | sequence | term | voted for | commit index``; the valid slot with the higher sequence
 wins, so a torn write loses at most the update being written, never the previous one.
 
-Writes only mark the journal dirty (the one exception: a truncation below what was synced is
-fsynced at once, so the entries written after it can never tear synced bytes that this node
-already promised to the leader); ``sync_plan()`` returns the
-work that makes everything so far durable (fsync of the log, the next meta slot and its fsync),
-to run off the loop. The Raft host runs it after every tick and before any message those writes
-justify leaves the node: an AppendEntries answer only after its entries, a vote only after the
-term and vote, and the leader counts itself toward a commit only in the tick after its own
-entries were synced. Startup truncates a torn or corrupt tail at the first bad record and clamps
-the commit index to the last entry.
+Writes only mark the journal dirty; ``sync_plan()`` returns the work that makes everything so
+far durable (fsync of the log, the next meta slot and its fsync), to run off the loop. The Raft
+host runs it after every tick and before any message those writes justify leaves the node: an
+AppendEntries answer only after its entries, a vote only after the term and vote, and the
+leader counts itself toward a commit only in the tick after its own entries were synced.
+Startup truncates a torn or corrupt tail at the first bad record and clamps the commit index
+to the last entry.
+
+Truncation follows Raft's rule, not PySyncObj's. PySyncObj deletes every entry after an
+AppendEntries' previous index and appends the ones it carries, even when they are the same
+entries (it happens whenever a late answer rewinds the leader's next index for a follower):
+on disk that would briefly forget entries this node already acknowledged. So
+``deleteEntriesFrom`` forgets them in memory only; the file keeps them (``_kept``) and an
+``add`` of the same entry just takes it back. Only an entry that differs (a real conflict)
+cuts the file, and a cut below what was synced is fsynced at once, so the conflicting entry
+written next can never tear synced bytes. A crash in between recovers the kept entries: the
+state of a node that never received that AppendEntries, which Raft allows.
 
 Compaction (``deleteEntriesTo``, after a snapshot) rewrites the log into ``log.tmp``, fsyncs it
 and renames it over ``log``: rare, and whole. ``SnapshotStore`` keeps the snapshot the same way.
@@ -69,6 +77,9 @@ class RaftJournal:
         self._log = disk.open(self._log_path)
         self._entries: list[tuple[bytes, int, int]] = []
         self._offsets: list[int] = []
+        #: Entries forgotten in memory but still in the file after ``_end``, with their record
+        #: lengths, in index order (``deleteEntriesFrom``).
+        self._kept: list[tuple[tuple[bytes, int, int], int]] = []
         self._end = 0
         self._log_dirty = False
         self.torn_bytes = self._load_log()
@@ -130,44 +141,63 @@ class RaftJournal:
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         assert not self._entries or idx == self._entries[-1][1] + 1, "journal indexes have a gap"
-        body = msgpack.packb([bytes(command), idx, term])
-        self._disk.pwrite(self._log, _RECORD.pack(len(body), crc32c.crc32c(body)) + body,
-                          self._end)
-        self._entries.append((bytes(command), idx, term))
+        entry = (bytes(command), idx, term)
+        if self._kept and self._kept[0][0] == entry:  # the file holds it already
+            _, length = self._kept.pop(0)
+            self._entries.append(entry)
+            self._offsets.append(self._end)
+            self._end += length
+            self._log_dirty = True  # (it may not be synced yet)
+            return
+        if self._kept:
+            self._cut()
+        body = msgpack.packb(list(entry))
+        record = _RECORD.pack(len(body), crc32c.crc32c(body)) + body
+        self._disk.pwrite(self._log, record, self._end)
+        self._entries.append(entry)
         self._offsets.append(self._end)
-        self._end += _RECORD.size + len(body)
+        self._end += len(record)
         self._log_dirty = True
 
     def clear(self) -> None:
-        self._truncate(0)
+        self.deleteEntriesFrom(0)
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802 (PySyncObj's name)
-        self._truncate(max(0, entryFrom))
-
-    def _truncate(self, keep: int) -> None:
+        """Forget entries from ``entryFrom`` on, in memory; in the file they stay (``_kept``)
+        until an entry that differs is written in their place (see the module docstring)."""
+        keep = max(0, entryFrom)
         if keep >= len(self._entries):
             return
+        ends = self._offsets[keep + 1:] + [self._end]
+        removed = [(entry, end - start) for entry, start, end in
+                   zip(self._entries[keep:], self._offsets[keep:], ends)]
+        self._kept[:0] = removed
         self._end = self._offsets[keep]
         del self._entries[keep:]
         del self._offsets[keep:]
+
+    def _cut(self) -> None:
+        """Truncate the file to the entries in memory (a conflicting entry comes next)."""
+        self._kept.clear()
         self._disk.truncate(self._log, self._end)
         if self._end < self._synced_end:
-            # Entries after this point will be written over synced bytes: make the cut durable
-            # first, or a torn overwrite could damage an entry this node already promised.
+            # The next entry will be written over synced bytes: make the cut durable first,
+            # or a torn overwrite could damage an entry this node already promised.
             self._disk.fsync(self._log)
             self._synced_end = self._end
         self._log_dirty = True
 
     def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802
-        """Drop the first ``entryTo`` entries (they are in the snapshot): rewrite, sync, swap."""
+        """Drop the first ``entryTo`` entries (they are in the snapshot): rewrite, sync, swap.
+        Entries kept in the file after the ones in memory are kept in the new file too."""
         kept = self._entries[entryTo:]
         temporary = self._log_path + ".tmp"
         if self._disk.exists(temporary):
             self._disk.remove(temporary)
         handle = self._disk.open(temporary)
         chunks, offsets, position = [], [], 0
-        for command, index, term in kept:
-            body = msgpack.packb([command, index, term])
+        for entry in kept + [entry for entry, _ in self._kept]:
+            body = msgpack.packb(list(entry))
             chunks.append(_RECORD.pack(len(body), crc32c.crc32c(body)) + body)
             offsets.append(position)
             position += len(chunks[-1])
@@ -179,7 +209,8 @@ class RaftJournal:
         self._disk.rename(temporary, self._log_path)
         self._disk.fsync_dir(self._directory)
         self._log = self._disk.open(self._log_path)
-        self._entries, self._offsets, self._end = kept, offsets, position
+        self._entries, self._offsets = kept, offsets[:len(kept)]
+        self._end = offsets[len(kept)] if len(kept) < len(offsets) else position
         self._synced_end = position
 
     def __getitem__(self, item: Any) -> Any:
@@ -226,8 +257,8 @@ class RaftJournal:
             return None
         disk, log, meta = self._disk, self._log, self._meta
         sync_log = self._log_dirty
-        if sync_log:
-            self._synced_end = self._end  # (a truncation below it fsyncs itself: see _truncate)
+        if sync_log:  # (everything written so far: the kept entries too)
+            self._synced_end = max(self._synced_end, self._end + sum(n for _, n in self._kept))
         slot_write: tuple[bytes, int] | None = None
         if self._meta_dirty:
             self._sequence += 1

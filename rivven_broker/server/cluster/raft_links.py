@@ -251,6 +251,7 @@ class RaftLinks:
             return  # keep-alive
         assert self.transport is not None
         self.transport.deliver(peer_id, _loads(payload))
+        self._wake()  # a tick now: an answer may complete a commit, an entry may be applied
 
     async def _write(self, stream: trio.abc.Stream, link: _Link,
                      scope: trio.CancelScope) -> None:

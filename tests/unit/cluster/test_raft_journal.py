@@ -117,7 +117,7 @@ def test_snapshots_are_replaced_whole():
 
 
 OPS = st.lists(st.one_of(
-    st.tuples(st.just("add"), st.binary(max_size=40)),
+    st.tuples(st.just("add"), st.sampled_from([b"", b"a", b"b" * 40]), st.integers(0, 2)),
     st.tuples(st.just("delete_from"), st.integers(0, 8)),
     st.tuples(st.just("term"), st.integers(0, 3)),
     st.just(("sync",)),
@@ -128,32 +128,77 @@ OPS = st.lists(st.one_of(
 @settings(max_examples=200, deadline=None)
 @given(OPS, st.randoms(use_true_random=False))
 def test_after_any_crash_the_journal_is_what_was_last_synced(ops, rng):
+    """The model: the file holds the entries in memory followed by those forgotten but kept
+    (``deleteEntriesFrom``); an added entry equal to the first kept one takes it back, any other
+    cuts the kept ones off (fsynced at once if the cut goes into synced bytes); a sync makes the
+    whole file durable; a crash recovers exactly the durable file."""
     disk = MemoryFileStore()
     journal = RaftJournal(disk, DIRECTORY)
-    live: list[tuple[bytes, int, int]] = []
+    memory: list[tuple[bytes, int, int]] = []
+    kept: list[tuple[bytes, int, int]] = []
+    synced: list[tuple[bytes, int, int]] = []
     term = [0, None]
-    durable = (list(live), list(term))
+    synced_term = list(term)
     for op in ops:
         if op[0] == "add":
-            entry = (op[1], live[-1][1] + 1 if live else 1, term[0])
+            entry = (op[1], memory[-1][1] + 1 if memory else 1, op[2])
             journal.add(*entry)
-            live.append(entry)
-        elif op[0] == "delete_from":  # a cut into synced entries is durable at once
+            if kept and kept[0] == entry:
+                kept.pop(0)
+            elif kept:
+                kept = []
+                if len(memory) < len(synced):
+                    synced = list(memory)
+            memory.append(entry)
+        elif op[0] == "delete_from":
             journal.deleteEntriesFrom(op[1])
-            del live[op[1]:]
-            del durable[0][op[1]:]
+            kept = memory[op[1]:] + kept
+            del memory[op[1]:]
         elif op[0] == "term":
             term = [term[0] + op[1], 1]
             journal.setCurrentTerm(*term)
         elif op[0] == "sync":
             _sync(journal)
-            durable = (list(live), list(term))
+            synced, synced_term = memory + kept, list(term)
         else:
             disk.crash(rng, tear_last_write=op[1])
             journal = RaftJournal(disk, DIRECTORY)
-            live, term = durable[0], durable[1]
-            live = list(live)
-            term = list(term)
-        assert _entries(journal) == live
-        if op[0] == "crash":
+            memory, kept, term = list(synced), [], list(synced_term)
             assert [journal.getCurrentTerm(), journal.getVotedForNodeId()] == term
+        assert _entries(journal) == memory
+
+
+def test_a_repeated_append_keeps_acknowledged_entries_on_disk():
+    """PySyncObj truncates after an AppendEntries' previous index and appends the same entries
+    again when a late answer rewound the leader; the synced entries must survive a crash in
+    between, and a real conflict must replace them."""
+    disk = MemoryFileStore()
+    journal = RaftJournal(disk, DIRECTORY)
+    for index in (1, 2, 3):
+        journal.add(b"e%d" % index, index, 1)
+    _sync(journal)
+    journal.deleteEntriesFrom(1)  # as PySyncObj does for AppendEntries(prev=1, [2])
+    journal.add(b"e2", 2, 1)
+    assert _entries(journal) == [(b"e1", 1, 1), (b"e2", 2, 1)]
+    disk.crash()
+    assert len(RaftJournal(disk, DIRECTORY)) == 3  # entry 3 was acknowledged: still there
+    journal = RaftJournal(disk, DIRECTORY)
+    journal.deleteEntriesFrom(1)
+    journal.add(b"other", 2, 2)  # a real conflict at index 2
+    _sync(journal)
+    disk.crash()
+    assert _entries(RaftJournal(disk, DIRECTORY)) == [(b"e1", 1, 1), (b"other", 2, 2)]
+
+
+def test_compaction_keeps_entries_kept_after_memory():
+    disk = MemoryFileStore()
+    journal = RaftJournal(disk, DIRECTORY)
+    for index in range(1, 6):
+        journal.add(b"e%d" % index, index, 1)
+    _sync(journal)
+    journal.deleteEntriesFrom(4)
+    journal.deleteEntriesTo(2)
+    assert [e[1] for e in _entries(journal)] == [3, 4]
+    journal.add(b"e5", 5, 1)
+    disk.crash()
+    assert [e[1] for e in _entries(RaftJournal(disk, DIRECTORY))] == [3, 4, 5]
