@@ -149,7 +149,7 @@ class ControllerWorkload:
 
     def _serving(self) -> list[Any]:
         return [control for control in ControllerMonitor._members(self._world).values()
-                if control.host.running]
+                if control.running]
 
     async def run(self) -> None:
         topics = 0
@@ -182,10 +182,10 @@ class ControllerWorkload:
         self.proposed += 1
         for _ in range(5):
             try:
-                outcome = await control.host.propose(command)
+                outcome = await control.propose(command)
             except ControllerUnavailable:
                 self.unknown += 1
-                if not control.host.running:
+                if not control.running:
                     return
                 continue
             if outcome.ok:

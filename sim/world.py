@@ -379,8 +379,8 @@ class World:
         for name, host in sorted(self.nodes.items()):
             broker = host.broker
             if host.up and broker is not None and broker.cluster is not None \
-                    and broker.cluster.host.running:
-                status = broker.cluster.host.status()
+                    and broker.cluster.running:
+                status = broker.cluster.status()
                 if status.state == "leader" and (best is None or status.term > best[0]):
                     best = (status.term, name)
         if best is not None:
@@ -487,9 +487,9 @@ class World:
                                   ((target.node_id,),) * spec.partitions)
             while True:
                 control = target.broker.cluster if target.up and target.broker else None
-                if control is not None and control.host.running:
+                if control is not None and control.running:
                     try:
-                        if (await control.host.propose(command)).ok:
+                        if (await control.propose(command)).ok:
                             break
                     except ControllerUnavailable:
                         pass

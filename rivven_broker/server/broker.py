@@ -57,6 +57,7 @@ from rivven_broker.server.connection import (
 )
 from rivven_broker.server.cluster.cluster_control import ClusterControl
 from rivven_broker.server.cluster.controller_host import ControllerObserver
+from rivven_broker.server.local_control import LocalControl
 from rivven_broker.server.local_topics import LocalTopics
 from rivven_broker.server.cluster.membership_driver import MembershipDriver
 from rivven_broker.server.cluster.metrics import MembershipCollector
@@ -80,7 +81,7 @@ from rivven_broker.storage.errors import StorageError, SyncFailedError
 from rivven_broker.storage.handle_cache import BoundedHandles
 from rivven_broker.storage.log_manager import LogManager
 from rivven_broker.storage.sync_worker import SyncPolicy, SyncWorker
-from rivven_cluster.membership import DEVELOPMENT_KEY, Address, KeyRing
+from rivven_cluster.membership import DEVELOPMENT_KEY, Address, KeyRing, Member
 
 __all__ = ["Broker", "BrokerAddresses", "BrokerState"]
 
@@ -205,6 +206,12 @@ class Broker:
         txn.offsets_sink = groups.commit_txn_offsets
         self.log_cleaner = LogCleaner(self.context, config.log_cleaner_backoff_ms)
         self.metrics.registry.register(GroupLagCollector(groups.lag_rows))
+        local_topics = LocalTopics(self.context)
+        local_control = LocalControl(self.context, local_topics)
+        self.context.control = local_control
+        if config.peers:  # the controller decides; it answers "not yet" until it runs
+            self.cluster = self._cluster_control(local_topics, local_control)
+            self.context.control = self.context.cluster = self.cluster
         self._handlers = Handlers(self.context)
         graceful = False
         try:
@@ -234,9 +241,14 @@ class Broker:
                         self.membership = self._membership_driver(port)
                         self.context.members = self.membership.members
                         await nursery.start(_run_in_scope, self.membership.run, membership_scope)
-                        self.cluster = self._cluster_control(port)
-                        self.context.cluster = self.cluster
-                        await nursery.start(_run_in_scope, self.cluster.run, cluster_scope)
+                        assert self.cluster is not None
+                        advertised = self.membership.client_address
+                        cluster = self.membership.cluster_address  # bound: Raft takes its TCP
+                        run = functools.partial(
+                            self.cluster.run, boot_id=self.membership.boot_id,
+                            advertised=(advertised.host, advertised.port),
+                            listen=(cluster.host, cluster.port))
+                        await nursery.start(_run_in_scope, run, cluster_scope)
                     self.state = BrokerState.SERVING
                     log.info("node %d serving clients on %s (sync %s, at most %d connections)",
                              config.node_id, self.addresses.listen, policy,
@@ -351,22 +363,18 @@ class Broker:
         self.metrics.registry.register(MembershipCollector(driver))
         return driver
 
-    def _cluster_control(self, client_port: int) -> ClusterControl:
+    def _cluster_control(self, local: LocalTopics, internal: LocalControl) -> ClusterControl:
         config = self.config
-        assert self.membership is not None and self.context is not None
-        cluster = self.membership.cluster_address  # the bound UDP port: Raft listens on TCP
         voters = {peer.node_id: (peer.address.host, peer.address.port) for peer in config.peers}
-        voters[config.node_id] = (cluster.host, cluster.port)
-        advertised = self.membership.client_address
-        control = ClusterControl(
-            self.env, node_id=config.node_id, boot_id=self.membership.boot_id, rack=config.rack,
-            advertised=(advertised.host, advertised.port), voters=voters,
-            listen=(cluster.host, cluster.port), ring=lambda: self.key_ring,
-            local=LocalTopics(self.context), members=self.membership.members,
+        return ClusterControl(
+            self.env, node_id=config.node_id, rack=config.rack, voters=voters,
+            ring=lambda: self.key_ring, local=local, members=self._members,
+            internal=internal, auto_create_topics=config.auto_create_topics,
+            default_partitions=config.default_partitions, observer=self.controller_observer,
         )
-        control.default_partitions = config.default_partitions
-        control.host.observer = self.controller_observer
-        return control
+
+    def _members(self) -> list[Member]:
+        return [] if self.membership is None else self.membership.members()
 
     def reload_key_ring(self, ring: KeyRing) -> None:
         """Use ``ring`` for cluster traffic from now on (SIGHUP). Never blocks."""

@@ -40,6 +40,7 @@ from rivven_broker.storage.sync_worker import SyncPolicy, SyncWorker
 if TYPE_CHECKING:
     from rivven_cluster.membership import Member
     from rivven_broker.server.cluster.cluster_control import ClusterControl
+    from rivven_broker.server.control import Control
     from rivven_broker.server.config import BrokerConfig
     from rivven_broker.server.env import Env
     from rivven_broker.server.group_driver import GroupDriver
@@ -147,7 +148,11 @@ class ServerContext:
     groups: GroupDriver | None = None
     #: This broker's view of the cluster's members (SWIM, with --peers; None: single node).
     members: Callable[[], list[Member]] | None = None
-    #: The controller's metadata and admin (with --peers; None: a single node decides alone).
+    #: Who decides topics: the broker alone (``LocalControl``) or the cluster's controller
+    #: (``ClusterControl``, with --peers). Set by the broker before it serves.
+    control: Control | None = None
+    #: The controller of a clustered broker (None: a single node decides alone). The produce
+    #: path asks it whether this broker leads a partition.
     cluster: ClusterControl | None = None
 
     @property

@@ -8,7 +8,8 @@ replica of it and answers from what it has applied. This module is the server's 
 
 - *registration*: once the controller runs, the broker registers itself (node id, this boot's
   id, the client address it advertises, rack, whether it votes) and registers again whenever
-  the applied record is not this process's (a new boot, or a record fenced);
+  the applied record is not this process's; the Raft leader fences a registration as soon as
+  SWIM knows a newer process (boot id) of that broker;
 - *admin*: ``create_topic``, ``delete_topic``, ``create_partitions`` and ``alter_configs``
   decide on this broker (placement on the ring over the live registered brokers, a fresh topic
   id from the Env) and propose one compare-and-set command; the answer comes once the command
@@ -33,8 +34,17 @@ from typing import Any, Callable
 import trio
 
 from rivven_broker.protocol import limits
-from rivven_broker.protocol.admin_messages import (
+from rivven_broker.protocol.messages import (
+    AlterTopicConfig,
+    AlterTopicConfigResponse,
     BrokerMetadata,
+    CreatePartitions as CreatePartitionsRequest,
+    CreatePartitionsResponse,
+    CreateTopic as CreateTopicRequest,
+    CreateTopicResponse,
+    DeleteTopic as DeleteTopicRequest,
+    DeleteTopicResponse,
+    Metadata,
     MetadataResponse,
     PartitionMetadata,
     TopicMetadata,
@@ -43,11 +53,15 @@ from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.names import topic_name_error
 from rivven_broker.server.cluster.controller_host import (
     ControllerHost,
+    ControllerObserver,
     ControllerUnavailable,
     RaftConfig,
 )
+from rivven_broker.server.cluster.pysyncobj_host import RaftStatus
+from rivven_broker.server.context import Pending
 from rivven_broker.server.env import Env
 from rivven_broker.server.group_driver import is_internal_topic
+from rivven_broker.server.local_control import LocalControl, clip
 from rivven_broker.server.local_topics import LocalTopics
 from rivven_broker.storage.errors import StorageError, TopicExistsError
 from rivven_broker.storage.topic_config import TopicConfig
@@ -57,7 +71,9 @@ from rivven_cluster.metadata import (
     Command,
     CreatePartitions,
     CreateTopic,
+    EMPTY_IMAGE,
     DeleteTopic,
+    FenceBroker,
     MetadataImage,
     Outcome,
     RegisterBroker,
@@ -75,41 +91,79 @@ _CONTROLLER_DIRECTORY = ".controller"
 _REGISTER_RETRY_S = 0.5
 _CONFLICT_RETRIES = 3
 _AUTO_CREATES_MAX = 64
+_FENCE_CHECK_S = 0.5
 
 
 class ClusterControl:
-    def __init__(self, env: Env, *, node_id: int, boot_id: int, rack: str | None,
-                 advertised: tuple[str, int], voters: dict[int, tuple[str, int]],
-                 listen: tuple[str, int], ring: Callable[[], KeyRing], local: LocalTopics,
-                 members: Callable[[], list[Member]], raft: RaftConfig = RaftConfig()) -> None:
+    def __init__(self, env: Env, *, node_id: int, rack: str | None,
+                 voters: dict[int, tuple[str, int]], ring: Callable[[], KeyRing],
+                 local: LocalTopics, members: Callable[[], list[Member]],
+                 internal: LocalControl | None = None, auto_create_topics: bool = True,
+                 default_partitions: int = 3, raft: RaftConfig = RaftConfig(),
+                 observer: ControllerObserver | None = None) -> None:
         self._env = env
         self.node_id = node_id
-        self.boot_id = boot_id
+        self.boot_id = 0
         self._rack = rack
-        self._advertised = advertised
+        self._advertised = ("", 0)
+        self._voters = dict(voters)
+        self._ring = ring
+        self._raft = raft
+        self._observer = observer
         self._local = local
         self._members = members
+        self._internal = internal
+        self._auto_create_topics = auto_create_topics
+        self.default_partitions = default_partitions
         self._ids = env.rng("topic-ids")
-        self.host = ControllerHost(env, node_id=node_id, boot_id=boot_id, voters=voters,
-                                   ring=ring, directory=_CONTROLLER_DIRECTORY, listen=listen,
-                                   config=raft)
+        #: The controller's Raft host, once ``run`` started it.
+        self.host: ControllerHost | None = None
         self.reconciled = trio.Event()
         #: The applied index the local logs were last made to match.
         self.reconciled_index = 0
         self._reconciled_changed = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._creating: set[str] = set()
-        self.default_partitions = 3
 
     # -- running -----------------------------------------------------------------------------
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, boot_id: int, advertised: tuple[str, int], listen: tuple[str, int],
+                  task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the controller for this process (``boot_id``), registered at ``advertised``,
+        its Raft links on ``listen``; until cancelled."""
+        self.boot_id, self._advertised = boot_id, advertised
+        voters = {**self._voters, self.node_id: listen}
+        self.host = ControllerHost(self._env, node_id=self.node_id, boot_id=boot_id,
+                                   voters=voters, ring=self._ring,
+                                   directory=_CONTROLLER_DIRECTORY, listen=listen,
+                                   config=self._raft)
+        self.host.observer = self._observer
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self.host.run)
             nursery.start_soon(self._register_loop)
             nursery.start_soon(self._reconcile_loop)
+            nursery.start_soon(self._fence_loop)
             task_status.started()
+
+    @property
+    def running(self) -> bool:
+        return self.host is not None and self.host.running
+
+    @property
+    def voters(self) -> list[int]:
+        return sorted({*self._voters, self.node_id})
+
+    def status(self) -> RaftStatus:
+        assert self.host is not None
+        return self.host.status()
+
+    async def propose(self, command: Command) -> Outcome:
+        """Commit ``command`` (``ControllerHost.propose``); ControllerUnavailable before the
+        controller runs."""
+        if self.host is None:
+            raise ControllerUnavailable("the controller is not running yet")
+        return await self.host.propose(command)
 
     @property
     def ready(self) -> bool:
@@ -120,16 +174,17 @@ class ClusterControl:
                 and record.boot_id == self.boot_id and not record.fenced)
 
     def image(self) -> MetadataImage:
-        return self.host.image()
+        return EMPTY_IMAGE if self.host is None else self.host.image()
 
     async def _register_loop(self) -> None:
+        assert self.host is not None
         command = RegisterBroker(self.node_id, self.boot_id, self._advertised[0],
                                  self._advertised[1], self._rack, voter=True)
         while True:
             record = self.image().broker(self.node_id)
             if record is None or record.boot_id != self.boot_id or record.fenced:
                 try:
-                    outcome = await self.host.propose(command)
+                    outcome = await self.propose(command)
                 except ControllerUnavailable as exc:
                     log.info("registration not yet committed: %s", exc)
                     await trio.sleep(_REGISTER_RETRY_S)
@@ -142,7 +197,26 @@ class ClusterControl:
                 log.info("registered with the controller (boot %d)", self.boot_id)
             await self.host.changed()
 
+    async def _fence_loop(self) -> None:
+        """On the Raft leader: fence a registration once SWIM knows a newer process of that
+        broker (its old process is gone; the new one registers itself)."""
+        while True:
+            await trio.sleep(_FENCE_CHECK_S)
+            if not self.running or self.status().state != "leader":
+                continue
+            newest = {m.node_id: m.boot_id for m in self._members()}
+            for record in list(self.image().brokers.values()):
+                seen = newest.get(record.broker_id)
+                if not record.fenced and seen is not None and seen > record.boot_id:
+                    try:
+                        await self.propose(FenceBroker(record.broker_id, record.boot_id))
+                    except ControllerUnavailable:
+                        break
+                    log.info("fenced broker %d's old process (boot %d)", record.broker_id,
+                             record.boot_id)
+
     async def _reconcile_loop(self) -> None:
+        assert self.host is not None
         await self.host.ready.wait()
         while True:
             changed = self.host.changed()  # armed before reconciling: no change is missed
@@ -197,12 +271,12 @@ class ClusterControl:
                       if not b.fenced and alive.get(b.broker_id) == b.boot_id)
 
     def controller_id(self) -> int:
-        if not self.host.running:
+        if not self.running:
             return -1
-        leader = self.host.status().leader
+        leader = self.status().leader
         return -1 if leader is None else leader
 
-    def metadata(self, names: tuple[str, ...] | None) -> MetadataResponse:
+    def metadata_of(self, names: tuple[str, ...] | None) -> MetadataResponse:
         image = self.image()
         live = set(self.live_brokers())
         brokers = tuple(BrokerMetadata(b.broker_id, b.host, b.port, b.rack)
@@ -239,7 +313,7 @@ class ClusterControl:
                                           f"(epoch {part.leader_epoch}); refresh metadata")
         return None
 
-    def auto_create(self, name: str) -> AdminAnswer:
+    def auto_create(self, name: str, now_ms: int = 0) -> AdminAnswer:
         """Start creating ``name`` (default layout) in the background, as Kafka does: the
         asker hears LEADER_NOT_AVAILABLE and retries until the topic has leaders."""
         if (self.image().topic(name) is None and name not in self._creating
@@ -250,17 +324,75 @@ class ClusterControl:
 
     async def _auto_create(self, name: str) -> None:
         try:
-            code, message = await self.create_topic(name, self.default_partitions, 1, {}, False)
+            code, message = await self.propose_topic(name, self.default_partitions, 1, {},
+                                                     False)
             if code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
                 log.warning("auto-creating topic %s failed: %s", name, message)
         finally:
             self._creating.discard(name)
 
+    # -- the handlers' interface (control.Control) -------------------------------------------
+
+    def metadata(self, request: Metadata, now_ms: int) -> MetadataResponse:
+        response = self.metadata_of(request.topics)
+        if request.allow_auto_topic_creation and self._auto_create_topics:
+            for topic in response.topics:
+                if topic.error_code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION \
+                        and not is_internal_topic(topic.name):
+                    self.auto_create(topic.name, now_ms)
+        return response
+
+    def create_topic(self, request: CreateTopicRequest, now_ms: int) -> Pending:
+        name = request.name
+        partitions = self.default_partitions if request.partitions == -1 else request.partitions
+        factor = 1 if request.replication_factor == -1 else request.replication_factor
+
+        async def create() -> CreateTopicResponse:
+            code, message = await self.propose_topic(
+                name, partitions, factor, dict(request.configs), request.validate_only)
+            return CreateTopicResponse(name, code, message and clip(message), partitions, factor)
+        return Pending(create, serial=True)
+
+    def delete_topic(self, request: DeleteTopicRequest,
+                     now_ms: int) -> DeleteTopicResponse | Pending:
+        if is_internal_topic(request.name):  # the broker's own: local, never in the metadata
+            return self._internal.delete_topic(request, now_ms)
+
+        async def delete() -> DeleteTopicResponse:
+            code, message = await self.propose_deletion(request.name)
+            return DeleteTopicResponse(request.name, code, message and clip(message))
+        return Pending(delete, serial=True)
+
+    def alter_topic_config(self, request: AlterTopicConfig,
+                           now_ms: int) -> AlterTopicConfigResponse | Pending:
+        if is_internal_topic(request.name):
+            return self._internal.alter_topic_config(request, now_ms)
+
+        async def alter() -> AlterTopicConfigResponse:
+            code, message = await self.propose_configs(
+                request.name, dict(request.configs), request.validate_only)
+            return AlterTopicConfigResponse(request.name, code, message and clip(message))
+        return Pending(alter, serial=True)
+
+    def create_partitions(self, request: CreatePartitionsRequest,
+                          now_ms: int) -> CreatePartitionsResponse | Pending:
+        name = request.name
+        if is_internal_topic(name):
+            return self._internal.create_partitions(request, now_ms)
+
+        async def grow() -> CreatePartitionsResponse:
+            code, message = await self.propose_partitions(name, request.count,
+                                                          request.validate_only)
+            record = self.image().topic(name)
+            count = len(record.partitions) if record is not None else -1
+            return CreatePartitionsResponse(name, code, message and clip(message), count)
+        return Pending(grow, serial=True)
+
     # -- admin -------------------------------------------------------------------------------
 
     async def _propose(self, command: Command) -> Outcome | AdminAnswer:
         try:
-            return await self.host.propose(command)
+            return await self.propose(command)
         except ControllerUnavailable as exc:
             return ErrorCode.REQUEST_TIMED_OUT, f"the controller did not answer: {exc}"
 
@@ -279,7 +411,7 @@ class ClusterControl:
             return ErrorCode.INVALID_REPLICATION_FACTOR, str(exc)
         return assignment[first:]
 
-    async def create_topic(self, name: str, partitions: int, factor: int,
+    async def propose_topic(self, name: str, partitions: int, factor: int,
                            configs: dict[str, str], validate_only: bool) -> AdminAnswer:
         if topic_name_error(name) is not None:
             return ErrorCode.INVALID_TOPIC_NAME, "invalid topic name"
@@ -306,7 +438,7 @@ class ClusterControl:
             await self._reconciled_to(self.image().applied_index)
         return answer
 
-    async def delete_topic(self, name: str) -> AdminAnswer:
+    async def propose_deletion(self, name: str) -> AdminAnswer:
         record = self.image().topic(name)
         if record is None:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}"
@@ -315,7 +447,8 @@ class ClusterControl:
             await self._reconciled_to(self.image().applied_index)
         return answer
 
-    async def create_partitions(self, name: str, count: int, validate_only: bool) -> AdminAnswer:
+    async def propose_partitions(self, name: str, count: int,
+                                 validate_only: bool) -> AdminAnswer:
         record = self.image().topic(name)
         if record is None:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}"
@@ -337,7 +470,7 @@ class ClusterControl:
             await self._reconciled_to(self.image().applied_index)
         return answer
 
-    async def alter_configs(self, name: str, configs: dict[str, str | None],
+    async def propose_configs(self, name: str, configs: dict[str, str | None],
                             validate_only: bool) -> AdminAnswer:
         for _ in range(_CONFLICT_RETRIES):
             record = self.image().topic(name)
