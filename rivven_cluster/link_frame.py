@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-A link is one TCP connection. Each side opens it with a *hello*: its node id, boot id and a
-fresh 16-byte nonce, MACed under the ring's signing key. After both hellos every frame is
+A link is one TCP connection. Each side opens it with a *hello*: its node id, boot id, a
+fresh 16-byte nonce and the Raft voters it knows, MACed under the ring's signing key. After both hellos every frame is
 
     u32 length | key id (4) | u64 sequence | payload | tag (16)
 
@@ -50,7 +50,9 @@ _MAGIC = b"RVNL"
 _VERSION = 1
 _HEAD = struct.Struct(">I")
 _SEQ = struct.Struct(">Q")
-_HELLO = struct.Struct(">4sBiQ16s")  # magic, version, node id, boot id, nonce
+_HELLO = struct.Struct(">4sBiQ16sH")  # magic, version, node id, boot id, nonce, voter count
+_VOTER = struct.Struct(">i")
+VOTERS_MAX = 64
 _HELLO_LABEL = b"rivven link hello"
 
 
@@ -70,9 +72,13 @@ class LinkError(Exception):
 
 @attrs.frozen
 class Hello:
+    """``voters``: the sender's Raft voters (empty from a broker that does not know them yet),
+    so a broker started later learns whether it votes."""
+
     node_id: int
     boot_id: int
     nonce: bytes
+    voters: tuple[int, ...] = ()
 
 
 def _tag(key: bytes, *parts: bytes) -> bytes:
@@ -83,8 +89,9 @@ def _tag(key: bytes, *parts: bytes) -> bytes:
 
 
 def seal_hello(ring: KeyRing, hello: Hello) -> bytes:
-    assert len(hello.nonce) == NONCE_BYTES
-    body = _HELLO.pack(_MAGIC, _VERSION, hello.node_id, hello.boot_id, hello.nonce)
+    assert len(hello.nonce) == NONCE_BYTES and len(hello.voters) <= VOTERS_MAX
+    body = _HELLO.pack(_MAGIC, _VERSION, hello.node_id, hello.boot_id, hello.nonce,
+                       len(hello.voters)) + b"".join(_VOTER.pack(v) for v in hello.voters)
     key_id = ring.signing_key_id
     frame = key_id + _SEQ.pack(0) + body
     return _HEAD.pack(len(frame) + TAG_BYTES) + frame + _tag(
@@ -157,13 +164,17 @@ class LinkReader:
         self._sequence += 1
         if self._session is not None:
             return body
-        if len(body) != _HELLO.size:
+        if len(body) < _HELLO.size:
             raise LinkError(LinkFault.MALFORMED, "a hello of the wrong size")
-        magic, version, node_id, boot_id, nonce = _HELLO.unpack(body)
+        magic, version, node_id, boot_id, nonce, count = _HELLO.unpack_from(body)
         if magic != _MAGIC or version != _VERSION:
             raise LinkError(LinkFault.MALFORMED, f"not a version {_VERSION} link hello")
+        if count > VOTERS_MAX or len(body) != _HELLO.size + count * _VOTER.size:
+            raise LinkError(LinkFault.MALFORMED, "a hello of the wrong size")
+        voters = tuple(_VOTER.unpack_from(body, _HELLO.size + i * _VOTER.size)[0]
+                       for i in range(count))
         if nonce == self._own_nonce:
             raise LinkError(LinkFault.MALFORMED, "our own hello reflected back")
-        self.hello = Hello(node_id, boot_id, nonce)
+        self.hello = Hello(node_id, boot_id, nonce, voters)
         self._session = nonce + self._own_nonce
         return None

@@ -185,9 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rivven-broker: {exc}", file=sys.stderr)
         return 2
     if config.peers:
-        log.warning("--peers: a cluster of %d voters (membership and topic metadata); "
+        log.warning("--peers: clustered through %d peers (membership and topic metadata); "
                     "replication is not there yet: each partition's data lives on its leader "
-                    "only", len(config.peers) + 1)
+                    "only", len(config.peers))
     try:
         lock = _lock_data_dir(config.data_dir)
     except (ConfigError, OSError) as exc:

@@ -125,7 +125,7 @@ class RaftVoterInfo(NamedTuple):
 class RaftInfo(NamedTuple):
     """The asked broker's view of the controller's Raft log (with --peers)."""
 
-    role: str  # follower | candidate | leader
+    role: str  # follower | candidate | leader | observer (follows without voting)
     leader: int | None
     term: int
     commit_index: int

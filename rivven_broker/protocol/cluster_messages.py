@@ -40,7 +40,7 @@ _HOST = limits.host_bytes_max
 #: Member states on the wire (``rivven_cluster.membership.MemberState`` order).
 MEMBER_STATES = ("alive", "suspect", "dead", "left")
 #: A broker's role in the controller's Raft (v1), by number; "" (0) without --peers.
-RAFT_ROLES = ("", "follower", "candidate", "leader")
+RAFT_ROLES = ("", "follower", "candidate", "leader", "observer")
 
 
 @attrs.frozen
@@ -87,7 +87,7 @@ class DescribeClusterResponse(Response):
     error_code: ErrorCode = error_code()
     node_id: int = i32(-1)
     members: tuple[ClusterMember, ...] = structs(ClusterMember)
-    raft_role: int = choice((0, 1, 2, 3), 0, since=1)  # RAFT_ROLES[raft_role]
+    raft_role: int = choice((0, 1, 2, 3, 4), 0, since=1)  # RAFT_ROLES[raft_role]
     raft_leader: int = i32(-1, since=1)
     raft_term: int = i64(0, lo=0, since=1)
     raft_commit_index: int = i64(0, lo=0, since=1)

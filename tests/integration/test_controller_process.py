@@ -147,3 +147,33 @@ def test_cluster_status_shows_the_raft_view(broker_process, tmp_path, capsys):
     assert all(v["connected"] for v in raft["voters"])
     followers = [v for v in raft["voters"] if v["node_id"] != leader]
     assert all(v["match_index"] >= 1 for v in followers)
+
+
+@pytest.mark.slow
+def test_a_broker_started_later_follows_without_voting_and_takes_replicas(
+        broker_process, tmp_path, capsys):
+    from rivven_broker.cli.rivven_main import main as rivven
+    processes, start = _cluster(broker_process, tmp_path, ["a", "b", "c"])
+    key = tmp_path / "cluster.key"
+    (port,) = free_cluster_ports(1)
+    voters = {}
+    with Admin(processes[1].address) as admin:  # the voters' cluster addresses
+        voters = {m.node_id: m.cluster_port for m in admin.cluster_status().members}
+    peers = ",".join(f"{n}@127.0.0.1:{p}" for n, p in sorted(voters.items()))
+    late = broker_process(
+        "--node-id", "4", "--peers", peers, "--rack", "d", "--cluster-listen",
+        f"127.0.0.1:{port}", "--cluster-key-file", str(key), "--sync-policy", "none",
+        data_dir=tmp_path / "n4")
+    _wait(lambda: _ready(late), "the late broker ready")
+    capsys.readouterr()
+    assert rivven(["--bootstrap", late.address, "--json", "cluster", "status"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["raft"]["role"] == "observer"
+    assert sorted(v["node_id"] for v in status["raft"]["voters"]) == [1, 2, 3]
+    _wait(lambda: _live(processes[1]) == 4, "four live brokers")
+    with Admin(processes[2].address) as admin:
+        admin.create_topic("wide", partitions=4, replication_factor=4)
+    assignment = _wait(lambda: _assignment(late, "wide"), "the new topic on the late broker")
+    assert all(sorted(replicas) == [1, 2, 3, 4] for replicas in assignment.values())
+    with Admin(processes[1].address) as admin:  # the voters did not change
+        assert sorted(v.node_id for v in admin.cluster_status().raft.voters) == [1, 2, 3]

@@ -58,6 +58,7 @@ from rivven_broker.server.cluster.controller_host import (
     RaftConfig,
 )
 from rivven_broker.server.cluster.pysyncobj_host import RaftStatus
+from rivven_broker.server.cluster.raft_links import ask_voters
 from rivven_broker.server.context import Pending
 from rivven_broker.server.env import Env
 from rivven_broker.server.group_driver import is_internal_topic
@@ -92,6 +93,8 @@ _REGISTER_RETRY_S = 0.5
 _CONFLICT_RETRIES = 3
 _AUTO_CREATES_MAX = 64
 _FENCE_CHECK_S = 0.5
+#: How long a starting broker asks its peers for the voters before it takes --peers + itself.
+_ASK_VOTERS_S = 1.0
 
 
 class ClusterControl:
@@ -133,6 +136,17 @@ class ClusterControl:
         its Raft links on ``listen``; until cancelled."""
         self.boot_id, self._advertised = boot_id, advertised
         voters = {**self._voters, self.node_id: listen}
+        known = await ask_voters(self._env, self.node_id, boot_id, self._voters, self._ring,
+                                 _ASK_VOTERS_S)
+        if known is not None and self.node_id not in known:
+            # Started later, pointed at a running cluster: follow its log without voting.
+            voters = {v: self._voters[v] for v in known if v in self._voters}
+            unknown = sorted(set(known) - set(voters))
+            if unknown:
+                log.warning("the cluster's voters include %s, which --peers does not name: "
+                            "name every voter", unknown)
+            log.info("not a voter (the voters are %s): following the controller's log",
+                     list(known))
         self.host = ControllerHost(self._env, node_id=self.node_id, boot_id=boot_id,
                                    voters=voters, ring=self._ring,
                                    directory=_CONTROLLER_DIRECTORY, listen=listen,
@@ -152,6 +166,8 @@ class ClusterControl:
 
     @property
     def voters(self) -> list[int]:
+        if self.host is not None:
+            return self.host.voters
         return sorted({*self._voters, self.node_id})
 
     def status(self) -> RaftStatus:
@@ -179,7 +195,7 @@ class ClusterControl:
     async def _register_loop(self) -> None:
         assert self.host is not None
         command = RegisterBroker(self.node_id, self.boot_id, self._advertised[0],
-                                 self._advertised[1], self._rack, voter=True)
+                                 self._advertised[1], self._rack, voter=self.host.voting)
         while True:
             record = self.image().broker(self.node_id)
             if record is None or record.boot_id != self.boot_id or record.fenced:

@@ -107,9 +107,12 @@ class ControllerHost:
                  voters: dict[int, tuple[str, int]], ring: Callable[[], KeyRing],
                  directory: str, listen: tuple[str, int] | None = None,
                  config: RaftConfig = RaftConfig()) -> None:
-        assert node_id in voters, "the controller's own node is one of the voters"
         self._env = env
         self.node_id = node_id
+        #: Whether this node votes; one that does not follows the log (PySyncObj's read-only
+        #: node): it applies every command, proposes through the leader, never counts.
+        self.voting = node_id in voters
+        assert self.voting or listen is not None
         self._config = config
         self._voters = dict(voters)
         self.machine = MetadataMachine()
@@ -118,7 +121,8 @@ class ControllerHost:
         self._wake_event = trio.Event()
         self._ticking = False
         peers = {v: a for v, a in voters.items() if v != node_id}
-        self.links = RaftLinks(env, node_id, boot_id, peers, ring, self._wake, config.links)
+        self.links = RaftLinks(env, node_id, boot_id, peers, ring, self._wake, config.links,
+                               voting=self.voting)
         self._journal: RaftJournal | None = None
         self._syncobj: ControllerSyncObj | None = None
         self._directory = directory
@@ -137,11 +141,13 @@ class ControllerHost:
 
     @property
     def voters(self) -> list[int]:
-        return sorted(self._voters)
+        return sorted(self._voters)  # (a node that does not vote is not among them)
 
     def status(self) -> RaftStatus:
         assert self._syncobj is not None
-        return self._syncobj.status()
+        status = self._syncobj.status()
+        return status if self.voting else attrs.evolve(status, node_id=self.node_id,
+                                                       state="observer")
 
     @property
     def running(self) -> bool:
@@ -159,7 +165,7 @@ class ControllerHost:
         snapshots = SnapshotStore(env.disk, f"{self._directory}/snapshot")
         hooks = SnapshotHooks(save=lambda: self.machine.snapshot(), restore=self._restore)
         self._syncobj = ControllerSyncObj(
-            self.node_id, sorted(self._voters),
+            self.node_id if self.voting else None, sorted(self._voters),
             self._config.syncobj_conf(self._on_ready, self._on_state_changed),
             transport_class=self.links.transport_class, journal=self._journal,
             snapshots=snapshots, hooks=hooks, rng=env.rng("raft"), apply=self._apply)

@@ -47,11 +47,13 @@ from rivven_cluster.link_frame import (
 )
 from rivven_cluster.membership import KeyRing
 
-__all__ = ["LinkConfig", "RaftLinks", "RaftTransport"]
+__all__ = ["LinkConfig", "RaftLinks", "RaftTransport", "ask_voters"]
 
 log = logging.getLogger(__name__)
 
 _OUTGOING_FRAMES_MAX = 4096
+#: What a node that does not vote sends: answers to AppendEntries, forwarded commands.
+_OBSERVER_SENDS = frozenset({"next_node_idx", "apply_command"})
 _RECEIVE_BYTES = 65536
 
 
@@ -108,19 +110,34 @@ class RaftTransport(Transport):  # type: ignore[misc]
     def disconnected(self, peer_id: int) -> None:
         self._onNodeDisconnected(Node(peer_id))
 
+    def observer_connected(self, peer_id: int) -> None:
+        self._onReadonlyNodeConnected(Node(peer_id))
+
+    def observer_disconnected(self, peer_id: int) -> None:
+        self._onReadonlyNodeDisconnected(Node(peer_id))
+
     def deliver(self, peer_id: int, message: Any) -> None:
         self._onMessageReceived(Node(peer_id), message)
 
 
 class RaftLinks:
+    """``peers``: the voters to link with (all but this node), with their cluster addresses.
+    A voter dials the voters with smaller ids and accepts the others, and accepts any other
+    authenticated broker as a non-voter (PySyncObj's read-only node). A non-voter
+    (``voting=False``) dials every voter."""
+
     def __init__(self, env: Env, node_id: int, boot_id: int, peers: dict[int, tuple[str, int]],
                  ring: Callable[[], KeyRing], wake: Callable[[], None],
                  config: LinkConfig = LinkConfig(),
-                 on_fault: Callable[[LinkFault], None] = lambda fault: None) -> None:
+                 on_fault: Callable[[LinkFault], None] = lambda fault: None,
+                 voting: bool = True) -> None:
         self._env = env
         self._node_id = node_id
         self._boot_id = boot_id
         self._peers = dict(peers)
+        self._voting = voting
+        self._voters = tuple(sorted({*peers, node_id} if voting else peers))
+        self._observers: set[int] = set()
         self._ring = ring
         self._wake = wake
         self._config = config
@@ -163,7 +180,7 @@ class RaftLinks:
         """Dial every peer with a smaller id, for as long as the host runs."""
         async with trio.open_nursery() as nursery:
             for peer_id in sorted(self._peers):
-                if peer_id < self._node_id:
+                if peer_id < self._node_id or not self._voting:
                     nursery.start_soon(self._dial_loop, peer_id)
 
     async def _dial_loop(self, peer_id: int) -> None:
@@ -189,17 +206,22 @@ class RaftLinks:
         nonce = self._rng.randbytes(NONCE_BYTES)
         reader = LinkReader(self._ring, nonce)
         try:
-            await stream.send_all(seal_hello(self._ring(), Hello(self._node_id, self._boot_id,
-                                                                 nonce)))
+            await stream.send_all(seal_hello(self._ring(), Hello(
+                self._node_id, self._boot_id, nonce, self._voters)))
             hello, early = await self._receive_hello(stream, reader)
         except (LinkError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
                 OSError) as exc:
             self._fault(exc)
             return
         peer_id = hello.node_id
-        if peer_id == self._node_id or peer_id not in self._peers or (
-                expected is not None and peer_id != expected) or (
-                expected is None and peer_id < self._node_id):
+        observer = False
+        if expected is not None:  # we dialled: it must be who we dialled
+            wanted = peer_id == expected
+        elif peer_id in self._peers:  # a voter: the larger id dials
+            wanted = peer_id > self._node_id
+        else:  # any other broker of the cluster follows the log without voting
+            wanted = observer = self._voting and peer_id != self._node_id
+        if not wanted:
             self._count("unexpected_peer")
             return
         link = _Link(peer_id, LinkSealer(self._ring, nonce, hello.nonce))
@@ -208,7 +230,11 @@ class RaftLinks:
             self._close(old, "replaced by a new connection")
         self._links[peer_id] = link
         assert self.transport is not None
-        self.transport.connected(peer_id)
+        if observer:
+            self._observers.add(peer_id)
+            self.transport.observer_connected(peer_id)
+        else:
+            self.transport.connected(peer_id)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write, stream, link, nursery.cancel_scope)
@@ -250,7 +276,12 @@ class RaftLinks:
         if not payload:
             return  # keep-alive
         assert self.transport is not None
-        self.transport.deliver(peer_id, _loads(payload))
+        message = _loads(payload)
+        if peer_id in self._observers and (
+                not isinstance(message, dict) or message.get("type") not in _OBSERVER_SENDS):
+            self._count("observer_message_refused")  # a non-voter may not vote nor lead
+            return
+        self.transport.deliver(peer_id, message)
         self._wake()  # a tick now: an answer may complete a commit, an entry may be applied
 
     async def _write(self, stream: trio.abc.Stream, link: _Link,
@@ -280,7 +311,11 @@ class RaftLinks:
             del self._links[link.peer_id]
             log.info("raft link to %d %s", link.peer_id, why)
             assert self.transport is not None
-            self.transport.disconnected(link.peer_id)
+            if link.peer_id in self._observers:
+                self._observers.discard(link.peer_id)
+                self.transport.observer_disconnected(link.peer_id)
+            else:
+                self.transport.disconnected(link.peer_id)
             self._wake()
 
     def _fault(self, exc: BaseException) -> None:
@@ -294,3 +329,39 @@ class RaftLinks:
 
     def _count(self, reason: str) -> None:
         self.faults[reason] = self.faults.get(reason, 0) + 1
+
+
+async def ask_voters(env: Env, node_id: int, boot_id: int, peers: dict[int, tuple[str, int]],
+                     ring: Callable[[], KeyRing], timeout_s: float) -> tuple[int, ...] | None:
+    """The Raft voters as the first peer that answers knows them (its hello), or None when
+    none answers within ``timeout_s``: how a broker learns at start whether it votes."""
+    rng = env.rng("raft-link-probe")
+    answers: list[tuple[int, ...]] = []
+
+    async def probe(address: tuple[str, int], done: trio.CancelScope) -> None:
+        try:
+            stream = await env.net.open_tcp_stream(*address)
+        except OSError:
+            return
+        nonce = rng.randbytes(NONCE_BYTES)
+        reader = LinkReader(ring, nonce)
+        try:
+            await stream.send_all(seal_hello(ring(), Hello(node_id, boot_id, nonce)))
+            while reader.hello is None:
+                data = await stream.receive_some(_RECEIVE_BYTES)
+                if not data:
+                    return
+                reader.feed(data)
+            if reader.hello.voters:
+                answers.append(reader.hello.voters)
+                done.cancel()
+        except (LinkError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            return
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    with trio.move_on_after(timeout_s) as scope:
+        async with trio.open_nursery() as nursery:
+            for peer_id in sorted(peers):
+                nursery.start_soon(probe, peers[peer_id], scope)
+    return answers[0] if answers else None

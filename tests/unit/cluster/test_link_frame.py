@@ -117,3 +117,9 @@ def test_key_rotation_verifies_with_any_key_of_the_ring():
     reader.feed(seal_hello(signer, Hello(1, 1, A_NONCE)))
     sealer = LinkSealer(lambda: signer, A_NONCE, B_NONCE)
     assert reader.feed(sealer.seal(b"ok")) == [b"ok"]
+
+
+def test_a_hello_carries_the_voters():
+    reader = LinkReader(lambda: RING, B_NONCE)
+    reader.feed(seal_hello(RING, Hello(4, 9, A_NONCE, (1, 2, 3))))
+    assert reader.hello == Hello(4, 9, A_NONCE, (1, 2, 3))
