@@ -82,8 +82,7 @@ from rivven_broker.protocol.messages import (
     MetadataResponse,
     ProduceResponse,
 )
-from rivven_broker.server.context import Pending
-from rivven_broker.server.group_driver import CLIENT
+from rivven_broker.server.context import Pending, RequestContext
 from rivven_broker.server.request_budget import RequestBudget
 from rivven_broker.storage.errors import SyncFailedError
 
@@ -136,6 +135,9 @@ class _Connection:
     ) -> None:
         self.stream = stream
         self.handlers = handlers
+        #: Who is on the other end: the client id its Handshake gave, and its host.
+        self.client_id = ""
+        self.client_host = ""
         self.settings = settings
         self.clock = clock
         self.metrics = metrics
@@ -301,10 +303,11 @@ class _Connection:
             await gate.wait()
             gate = self.handlers.gate(request)
         if isinstance(request, Handshake):  # who the client is, for group membership
-            CLIENT.set((request.client_id, CLIENT.get()[1]))
+            self.client_id = request.client_id
         start_ms = self.clock.monotonic_ms()
         api = type(request).__name__
-        outcome = _guarded(api, lambda: self.handlers.begin(request, self.clock.wall_ms()))
+        call = RequestContext(self.clock.wall_ms(), self.client_id, self.client_host)
+        outcome = _guarded(api, lambda: self.handlers.begin(request, call))
         if outcome is None or not request.expects_response():  # acks=0: no answer
             self.metrics.request_done(api, 0, self.clock.monotonic_ms() - start_ms)
             return
@@ -539,9 +542,9 @@ async def serve_client_connection(
     Raises:
         SyncFailedError: an fsync failed while a request waited; the broker must stop.
     """
-    CLIENT.set(("", _peer_host(stream)))
     budget = budget if budget is not None else RequestBudget(0)  # 0: unbounded
     connection = _Connection(stream, handlers, settings, clock, metrics, budget)
+    connection.client_host = _peer_host(stream)
     registry.add(connection)
     try:
         async with trio.open_nursery() as nursery:

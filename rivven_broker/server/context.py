@@ -49,9 +49,20 @@ if TYPE_CHECKING:
     from rivven_broker.storage.log_manager import LogManager
     from rivven_broker.storage.partition_log import PartitionLog
 
-__all__ = ["Pending", "PartitionWaker", "TopicGates", "ServerContext"]
+__all__ = ["RequestContext", "Pending", "PartitionWaker", "TopicGates", "ServerContext"]
 
 TopicPartition = tuple[str, int]
+
+
+@attrs.frozen
+class RequestContext:
+    """Who sent the request being handled, and when: the connection builds one per request
+    and the handlers receive it explicitly (``client_id`` from the connection's Handshake,
+    "" before one; ``client_host`` the peer's address; ``now_ms`` the wall clock)."""
+
+    now_ms: int
+    client_id: str = ""
+    client_host: str = ""
 
 
 @attrs.frozen

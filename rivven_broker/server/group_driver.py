@@ -40,7 +40,6 @@ and from an all-topics Metadata answer unless asked for by name (``is_internal_t
 
 from __future__ import annotations
 
-import contextvars
 import itertools
 import logging
 from collections import deque
@@ -86,7 +85,7 @@ from rivven_broker.protocol.message_base import Request, Response
 from rivven_broker.protocol.names import group_id_error
 from rivven_broker.records.builder import BatchBuilder
 from rivven_broker.records.reader import decode_records
-from rivven_broker.server.context import Pending
+from rivven_broker.server.context import Pending, RequestContext
 from rivven_broker.storage.errors import StorageError, SyncFailedError, TopicExistsError
 
 if TYPE_CHECKING:
@@ -98,7 +97,6 @@ __all__ = [
     "GroupDriverSettings",
     "LagRow",
     "GroupLagCollector",
-    "CLIENT",
     "INTERNAL_TOPICS",
     "is_internal_topic",
     "offsets_topic_config",
@@ -106,11 +104,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The client behind the request being handled: (client id from its Handshake, peer host).
-#: Set by the connection driver in the reader task's context; "" when unknown.
-CLIENT: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar(
-    "rivven_client", default=("", "")
-)
 INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 _OFFSETS_SEGMENT_BYTES = 100 * 1024 * 1024
 _READ_BYTES = 1 << 20
@@ -256,15 +249,15 @@ class GroupDriver:
 
     # --- requests --------------------------------------------------------------------------
 
-    def handlers(self) -> dict[type[Request], Callable[[Any, int], Response | Pending]]:
+    def handlers(self) -> dict[type[Request], Callable[[Any, RequestContext], Response | Pending]]:
         """The request handlers this driver serves, for the broker's dispatch table."""
-        table: dict[type[Request], Callable[[Any, int], Response | Pending]] = {
+        table: dict[type[Request], Callable[[Any, RequestContext], Response | Pending]] = {
             cls: self.begin for cls in GROUP_REQUEST_TYPES
         }
         table[FindCoordinator] = self.find_coordinator
         return table
 
-    def begin(self, request: Any, now_ms: int) -> Response | Pending:
+    def begin(self, request: Any, call: RequestContext) -> Response | Pending:
         """Hand a group request to the coordinator. Never blocks.
 
         Raises:
@@ -273,8 +266,7 @@ class GroupDriver:
         assert self._loaded, "open() first"
         token = next(self._tokens)
         slot = self._slots[token] = _Slot()
-        client_id, client_host = CLIENT.get()
-        self._feed(GroupRequest(token, request, client_id, client_host), now_ms)
+        self._feed(GroupRequest(token, request, call.client_id, call.client_host), call.now_ms)
         if slot.response is not None:
             del self._slots[token]
             return slot.response
@@ -289,7 +281,8 @@ class GroupDriver:
 
         return Pending(wait)
 
-    def find_coordinator(self, request: FindCoordinator, now_ms: int) -> FindCoordinatorResponse:
+    def find_coordinator(self, request: FindCoordinator,
+                         call: RequestContext) -> FindCoordinatorResponse:
         """This broker coordinates every group and transactional id (a single node)."""
         if request.key_type == COORDINATOR_KEY_GROUP and group_id_error(request.key) is not None:
             return FindCoordinatorResponse(ErrorCode.INVALID_GROUP_ID)

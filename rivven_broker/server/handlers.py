@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-``Handlers.begin(request, now_ms)`` is called by a connection's reader for each request, in
-request order, and returns one of: a response (ready now), ``None`` (acks=0 produce: no
+``Handlers.begin(request, call)`` is called by a connection's reader for each request, in
+request order, with the request's ``RequestContext`` (when, and which client), and returns one of: a response (ready now), ``None`` (acks=0 produce: no
 answer), or a ``Pending`` (see ``context.py``); a *serial* pending is awaited by the reader
 before it reads on (topic deletion, and every admin request of a clustered broker).
 
@@ -65,7 +65,7 @@ from rivven_broker.protocol.messages import (
     TopicListing,
     supported_api_versions,
 )
-from rivven_broker.server.context import Pending, ServerContext
+from rivven_broker.server.context import Pending, RequestContext, ServerContext
 from rivven_broker.server.data_path import DataPath
 from rivven_broker.server.control import Control
 from rivven_broker.server.group_driver import is_internal_topic
@@ -77,6 +77,10 @@ log = logging.getLogger(__name__)
 
 _TOPIC_LIST_REQUESTS = (Produce, Fetch, ListOffsets, DeleteRecords)
 _NAMED_REQUESTS = (CreateTopic, DeleteTopic, DescribeTopic, AlterTopicConfig, CreatePartitions)
+#: A request handler: the request and who sent it when, to a response, a Pending or nothing.
+Handler = Callable[[Any, RequestContext], Response | Pending | None]
+
+
 class Handlers:
     """Every request handler of one broker (see the module docstring)."""
 
@@ -84,22 +88,22 @@ class Handlers:
         self._context = context
         self.data = DataPath(context,
                              lambda name, now_ms: self._control.auto_create(name, now_ms))
-        self._table: dict[type[Request], Callable[[Any, int], Response | Pending | None]] = {
+        self._table: dict[type[Request], Handler] = {
             Handshake: self._handshake,
-            Ping: lambda request, now_ms: Pong(),
-            Metadata: lambda request, now_ms: self._control.metadata(request, now_ms),
-            CreateTopic: lambda request, now_ms: self._control.create_topic(request, now_ms),
-            DeleteTopic: lambda request, now_ms: self._control.delete_topic(request, now_ms),
+            Ping: lambda request, call: Pong(),
+            Metadata: lambda request, call: self._control.metadata(request, call.now_ms),
+            CreateTopic: lambda request, call: self._control.create_topic(request, call.now_ms),
+            DeleteTopic: lambda request, call: self._control.delete_topic(request, call.now_ms),
             ListTopics: self._list_topics,
             DescribeTopic: self._describe_topic,
             AlterTopicConfig:
-                lambda request, now_ms: self._control.alter_topic_config(request, now_ms),
+                lambda request, call: self._control.alter_topic_config(request, call.now_ms),
             CreatePartitions:
-                lambda request, now_ms: self._control.create_partitions(request, now_ms),
-            Produce: self.data.produce,
-            Fetch: lambda request, now_ms: self.data.fetch(request),
-            ListOffsets: lambda request, now_ms: self.data.list_offsets(request),
-            DeleteRecords: lambda request, now_ms: self.data.delete_records(request),
+                lambda request, call: self._control.create_partitions(request, call.now_ms),
+            Produce: lambda request, call: self.data.produce(request, call.now_ms),
+            Fetch: lambda request, call: self.data.fetch(request),
+            ListOffsets: lambda request, call: self.data.list_offsets(request),
+            DeleteRecords: lambda request, call: self.data.delete_records(request),
             DescribeCluster: self._describe_cluster,
         }
         if context.txn is not None:  # InitProducerId and the transaction apis (40-44)
@@ -132,7 +136,7 @@ class Handlers:
                 return event
         return None
 
-    def begin(self, request: Request, now_ms: int) -> Response | Pending | None:
+    def begin(self, request: Request, call: RequestContext) -> Response | Pending | None:
         """Handle ``request`` up to its first wait (see the module docstring). Never blocks.
 
         Raises:
@@ -144,7 +148,7 @@ class Handlers:
                 ErrorCode.UNSUPPORTED_VERSION,
                 f"{type(request).__name__} is not supported by this broker yet",
             )
-        return handler(request, now_ms)
+        return handler(request, call)
 
     def api_versions(self) -> dict[int, tuple[int, int]]:
         """The (min, max) version of every api this broker handles, by api key."""
@@ -156,7 +160,7 @@ class Handlers:
 
     # --- core ------------------------------------------------------------------------------
 
-    def _describe_cluster(self, request: DescribeCluster, now_ms: int) -> DescribeClusterResponse:
+    def _describe_cluster(self, request: DescribeCluster, call: RequestContext) -> DescribeClusterResponse:
         context = self._context
         config = context.config
         if context.members is None:  # a single node: itself
@@ -187,7 +191,7 @@ class Handlers:
             raft.last_applied, voters,
         )
 
-    def _handshake(self, request: Handshake, now_ms: int) -> HandshakeResponse:
+    def _handshake(self, request: Handshake, call: RequestContext) -> HandshakeResponse:
         if request.protocol_version < 1:
             return HandshakeResponse(
                 ErrorCode.UNSUPPORTED_VERSION,
@@ -205,7 +209,7 @@ class Handlers:
 
     # --- topics ----------------------------------------------------------------------------
 
-    def _list_topics(self, request: ListTopics, now_ms: int) -> ListTopicsResponse:
+    def _list_topics(self, request: ListTopics, call: RequestContext) -> ListTopicsResponse:
         topics = self._context.logs.topics()
         return ListTopicsResponse(
             tuple(
@@ -215,7 +219,7 @@ class Handlers:
             )
         )
 
-    def _describe_topic(self, request: DescribeTopic, now_ms: int) -> DescribeTopicResponse:
+    def _describe_topic(self, request: DescribeTopic, call: RequestContext) -> DescribeTopicResponse:
         problem = topic_problem(self._context.logs.topics(), request.name)
         if problem is not None:
             return DescribeTopicResponse(request.name, *problem)

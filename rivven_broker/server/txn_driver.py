@@ -79,7 +79,7 @@ from rivven_broker.records.builder import BatchBuilder
 from rivven_broker.records.control import ControlType
 from rivven_broker.records.header import BatchError, BatchHeader
 from rivven_broker.records.reader import decode_records
-from rivven_broker.server.context import Pending
+from rivven_broker.server.context import Pending, RequestContext
 from rivven_broker.storage.errors import (
     StorageError,
     SyncFailedError,
@@ -194,11 +194,11 @@ class TxnDriver:
 
     # --- requests --------------------------------------------------------------------------
 
-    def handlers(self) -> dict[type[Request], Callable[[Any, int], Response | Pending]]:
+    def handlers(self) -> dict[type[Request], Callable[[Any, RequestContext], Response | Pending]]:
         """The request handlers this driver serves, for the broker's dispatch table."""
         return {cls: self.begin for cls in TXN_REQUEST_TYPES}
 
-    def begin(self, request: Any, now_ms: int) -> Response | Pending:
+    def begin(self, request: Any, call: RequestContext) -> Response | Pending:
         """Hand a transaction request to the coordinator. Never blocks."""
         if not self._loaded or self._nursery is None:
             return error_response(request, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)

@@ -229,7 +229,8 @@ async def test_pattern_static_membership_and_commit_async(start_broker):
         results: list = []
         options = dict(FAST, session_timeout_ms=6000, metadata_max_age_ms=200)
         with Consumer(address, group_id="pat", group_instance_id="worker-1",
-                      auto_offset_reset="earliest", **options) as consumer:
+                      auto_offset_reset="earliest", client_id="pattern-worker",
+                      **options) as consumer:
             consumer.subscribe(pattern=r"p-.*")
             records = []
             while len(records) < 2:
@@ -247,6 +248,9 @@ async def test_pattern_static_membership_and_commit_async(start_broker):
             assert consumer.committed(TopicPartition("p-b", 0)) == 1
             with Admin(address) as admin:
                 first = admin.describe_group("pat")
+            # The member as the broker saw it: its Handshake's client id, its host.
+            assert (first.members[0].client_id, first.members[0].client_host) == (
+                "pattern-worker", "127.0.0.1")
         # A static member does not leave on close: its place waits for the restart.
         with Admin(address) as admin:
             described = admin.describe_group("pat")

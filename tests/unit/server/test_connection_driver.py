@@ -58,7 +58,7 @@ class ScriptedHandlers:
     def release(self, key: str) -> None:
         self.events.setdefault(key, trio.Event()).set()
 
-    def begin(self, request, now_ms: int):
+    def begin(self, request, call):
         if isinstance(request, Ping):
             self.begun.append("ping")
             return Pong()
@@ -269,7 +269,7 @@ class DurableProduceHandlers:
         self.durable = True
         self.committed.set()
 
-    def begin(self, request, now_ms: int):
+    def begin(self, request, call):
         async def wait() -> ProduceResponse:
             self.waits += 1
             await self.committed.wait()
@@ -302,9 +302,9 @@ class RegionHandlers(ScriptedHandlers):
         super().__init__()
         self.region = region
 
-    def begin(self, request, now_ms: int):
+    def begin(self, request, call):
         if not isinstance(request, Fetch):
-            return super().begin(request, now_ms)
+            return super().begin(request, call)
         self.begun.append("fetch")
         part = FetchPartitionResponse(0, ErrorCode.NONE, 9, 9, 0, self.region)
         return FetchResponse(ErrorCode.NONE, (FetchTopicResponse("t", (part,)),))
