@@ -75,6 +75,18 @@ def test_replicas_and_leaders_within_a_quarter_of_the_mean(count, factor, partit
     assert all(abs(n - mean) <= 0.25 * mean for n in replicas.values()), (mean, replicas)
     lead_mean = partitions / count
     assert all(abs(n - lead_mean) <= 0.25 * lead_mean for n in leaders.values()), leaders
+    if factor >= 2:  # the replica sets leave room: leaderships within one of each other
+        assert max(leaders.values()) - min(leaders.values()) <= 1, leaders
+
+
+def test_leaders_are_an_optimal_choice_among_the_replicas():
+    """Greedily, broker 1 would lead partitions 0, 2 and 3 (2 and 3 have no other replica);
+    a hand-over path gives partition 0 to broker 2 instead."""
+    from rivven_cluster.placement.ring import _spread_leaders
+    sets = [[1, 2], [1, 3], [1], [1]]
+    leaders = _spread_leaders(sets, [1, 2, 3])
+    assert all(leader in replicas for leader, replicas in zip(leaders, sets))
+    assert sorted(leaders) == [1, 1, 2, 3]
 
 
 @pytest.mark.parametrize("count", [3, 5, 8, 12])
