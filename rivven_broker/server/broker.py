@@ -56,7 +56,7 @@ from rivven_broker.server.connection import (
     serve_client_connection,
 )
 from rivven_broker.server.cluster.cluster_control import ClusterControl
-from rivven_broker.server.cluster.controller_host import ControllerObserver
+from rivven_broker.server.cluster.controller_host import ControllerObserver, RaftConfig
 from rivven_broker.server.local_control import LocalControl
 from rivven_broker.server.local_topics import LocalTopics
 from rivven_broker.server.cluster.membership_driver import MembershipDriver
@@ -371,6 +371,7 @@ class Broker:
             ring=lambda: self.key_ring, local=local, members=self._members,
             internal=internal, auto_create_topics=config.auto_create_topics,
             default_partitions=config.default_partitions, observer=self.controller_observer,
+            raft=RaftConfig.from_ms(config.controller_timings_ms()),
         )
 
     def _members(self) -> list[Member]:

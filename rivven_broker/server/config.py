@@ -87,6 +87,8 @@ class BrokerConfig:
     advertise: HostPort | None = None
     #: ``[cluster]`` table: MembershipConfig fields overridden, as (name, value) pairs.
     cluster: tuple[tuple[str, int | bool], ...] = ()
+    #: ``[controller]`` table: the Raft controller's timings overridden (``CONTROLLER_KEYS``).
+    controller: tuple[tuple[str, int], ...] = ()
     #: ``always`` | ``interval_ms=N`` | ``none`` (see storage.sync_worker.SyncPolicy).
     sync_policy: str = "always"
     log_level: str = "INFO"
@@ -123,6 +125,10 @@ class BrokerConfig:
     def membership_config(self) -> MembershipConfig:
         """SWIM's settings: the defaults with the ``[cluster]`` table's overrides."""
         return MembershipConfig(**dict(self.cluster))
+
+    def controller_timings_ms(self) -> dict[str, int]:
+        """The Raft controller's timings in ms: the defaults with ``[controller]``'s overrides."""
+        return {**CONTROLLER_DEFAULTS_MS, **dict(self.controller)}
 
     @property
     def preallocate_bytes_effective(self) -> int:
@@ -284,6 +290,46 @@ def _cluster_table(table: object, where: str) -> tuple[tuple[str, int | bool], .
     return tuple(sorted(values.items()))
 
 
+#: The ``[controller]`` table's keys and defaults (ms): the Raft controller's timings.
+CONTROLLER_DEFAULTS_MS = {
+    "tick_ms": 50,
+    "append_entries_period_ms": 100,
+    "election_timeout_min_ms": 400,
+    "election_timeout_max_ms": 1400,
+    "leader_fallback_timeout_ms": 2000,
+    "propose_timeout_ms": 10_000,
+}
+
+
+def _controller_table(table: object, where: str) -> tuple[tuple[str, int], ...]:
+    """The ``[controller]`` table: positive integers of ms, consistent with each other."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"--config: {where}: [controller] must be a table")
+    values: dict[str, int] = {}
+    for raw_key, value in table.items():
+        key = raw_key.replace("-", "_")
+        if key not in CONTROLLER_DEFAULTS_MS:
+            raise ConfigError(f"--config: {where}: unknown key {raw_key!r} in [controller] "
+                              f"(known: {', '.join(sorted(CONTROLLER_DEFAULTS_MS))})")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _I32_MAX:
+            raise ConfigError(f"--config: {where}: [controller] {raw_key} must be an integer "
+                              f"in 1..{_I32_MAX} (ms)")
+        values[key] = value
+    merged = {**CONTROLLER_DEFAULTS_MS, **values}
+    problems = []
+    if merged["tick_ms"] > merged["append_entries_period_ms"]:
+        problems.append("tick_ms <= append_entries_period_ms")
+    if merged["election_timeout_min_ms"] <= 3 * merged["append_entries_period_ms"]:
+        problems.append("election_timeout_min_ms > 3 x append_entries_period_ms")
+    if merged["election_timeout_max_ms"] <= merged["election_timeout_min_ms"]:
+        problems.append("election_timeout_max_ms > election_timeout_min_ms")
+    if merged["leader_fallback_timeout_ms"] <= merged["election_timeout_max_ms"]:
+        problems.append("leader_fallback_timeout_ms > election_timeout_max_ms")
+    if problems:
+        raise ConfigError(f"--config: {where}: [controller] needs " + ", ".join(problems))
+    return tuple(sorted(values.items()))
+
+
 def _name(flag: str, value: object) -> str:
     if not isinstance(value, str) or not _NAME.fullmatch(value):
         _fail(flag, value, "1..64 characters of [A-Za-z0-9._-]")
@@ -332,7 +378,7 @@ _OPTIONS: tuple[_Option, ...] = (
     _Option("peers", "ID@HOST:PORT,...", _peers, "the cluster addresses of the other members "
             "(membership by SWIM; metadata and replication come in later releases)"),
     _Option("rack", "NAME", _name, "rack of this broker, for replica placement"),
-    _Option("cluster_listen", "HOST:PORT", _host_port, "cluster traffic (SWIM over UDP) "
+    _Option("cluster_listen", "HOST:PORT", _host_port, "cluster traffic (SWIM over UDP, Raft over TCP) "
             "(default: the listen host, client port + 1)"),
     _Option("cluster_key_file", "FILE", _text, "the cluster's shared secrets, one a line, not "
             "readable by group or others (make one with `rivven cluster keygen`)"),
@@ -434,13 +480,15 @@ def _file_layer(path: str, read_file: Callable[[str], bytes]) -> dict[str, objec
     table = document.get("broker", {})
     if not isinstance(table, dict):
         raise ConfigError(f"--config: {path}: [broker] must be a table")
-    unknown = sorted(set(document) - {"broker", "cluster"})
+    unknown = sorted(set(document) - {"broker", "cluster", "controller"})
     if unknown:
         raise ConfigError(f"--config: {path}: unknown table or key {unknown[0]!r} "
-                          "(only [broker] and [cluster])")
+                          "(only [broker], [cluster] and [controller])")
     layer: dict[str, object] = {}
     if "cluster" in document:
         layer["cluster"] = _cluster_table(document["cluster"], path)
+    if "controller" in document:
+        layer["controller"] = _controller_table(document["controller"], path)
     for key, value in table.items():
         option = _BY_KEY.get(key)
         if option is None:
@@ -468,7 +516,7 @@ def load_config(
     merged.update(namespace)
     values = {}
     for field, raw in merged.items():
-        if field == "cluster":  # the [cluster] table, already checked
+        if field in ("cluster", "controller"):  # the tables, already checked
             values[field] = raw
             continue
         option = _BY_KEY[field]
@@ -485,7 +533,7 @@ def config_as_dict(config: BrokerConfig) -> Mapping[str, object]:
             value = str(value)
         elif field.name == "peers":
             value = ",".join(f"{peer.node_id}@{peer.address}" for peer in value)
-        elif field.name == "cluster":
+        elif field.name in ("cluster", "controller"):
             value = ", ".join(f"{key}={item}" for key, item in value)
         result[field.name] = value
     return result

@@ -69,6 +69,8 @@ class ControllerUnavailable(Exception):
 
 @attrs.frozen
 class RaftConfig:
+    """The controller's timings (``[controller]`` in ms; ``from_ms``)."""
+
     tick_s: float = 0.05
     append_entries_period_s: float = 0.1
     election_timeout_min_s: float = 0.4
@@ -79,6 +81,17 @@ class RaftConfig:
     log_compaction_min_entries: int = 5000
     log_compaction_min_time_s: float = 300.0
     links: LinkConfig = LinkConfig()
+
+    @classmethod
+    def from_ms(cls, timings: dict[str, int]) -> RaftConfig:
+        return cls(
+            tick_s=timings["tick_ms"] / 1000,
+            append_entries_period_s=timings["append_entries_period_ms"] / 1000,
+            election_timeout_min_s=timings["election_timeout_min_ms"] / 1000,
+            election_timeout_max_s=timings["election_timeout_max_ms"] / 1000,
+            leader_fallback_timeout_s=timings["leader_fallback_timeout_ms"] / 1000,
+            propose_timeout_s=timings["propose_timeout_ms"] / 1000,
+        )
 
     def syncobj_conf(self, on_ready: Callable[[], None],
                      on_state_changed: Callable[[int, int], None]) -> SyncObjConf:

@@ -125,6 +125,16 @@ def test_bad_flags_raise_a_clear_error(argv, fragment):
         ("[other]\nx = 1\n", "unknown table"),
         ("broker = 3\n", "must be a table"),
         ("[broker\n", "not valid TOML"),
+        ("[controller]\nsurprise_ms = 1\n", "unknown key 'surprise_ms' in [controller]"),
+        ("[controller]\ntick_ms = 0\n", "must be an integer in 1.."),
+        ("[controller]\ntick_ms = true\n", "must be an integer"),
+        ("[controller]\nelection_timeout_min_ms = 300\n", "> 3 x append_entries_period_ms"),
+        ("[controller]\nelection_timeout_max_ms = 400\n", "max_ms > election_timeout_min_ms"),
+        ("[controller]\nleader_fallback_timeout_ms = 1000\n", "> election_timeout_max_ms"),
+        ("[controller]\ntick_ms = 200\n", "tick_ms <= append_entries_period_ms"),
+        ("controller = 1\n", "[controller] must be a table"),
+        ("[cluster]\nprobe_timeout_ms = 500\n", "probe_timeout_ms < probe_interval_ms"),
+        ("[cluster]\nnope = 1\n", "unknown key 'nope' in [cluster]"),
     ],
 )
 def test_bad_files_raise_a_clear_error(text, fragment):
@@ -142,3 +152,35 @@ def test_config_as_dict_is_plain():
     shown = config_as_dict(load_config(["--peers", "2@h:1"]))
     assert shown["listen"] == "127.0.0.1:9092"
     assert shown["peers"] == "2@h:1"
+
+
+def test_the_cluster_and_controller_tables_override_timings():
+    text = """
+    [cluster]
+    probe-interval-ms = 400
+    lifeguard = false
+    [controller]
+    election_timeout_min_ms = 800
+    election-timeout-max-ms = 2000
+    leader_fallback_timeout_ms = 3000
+    """
+    config = load_config(["--config", "broker.toml"], read_file=_reader(text))
+    membership = config.membership_config()
+    assert membership.probe_interval_ms == 400 and membership.lifeguard is False
+    timings = config.controller_timings_ms()
+    assert (timings["election_timeout_min_ms"], timings["election_timeout_max_ms"],
+            timings["leader_fallback_timeout_ms"], timings["tick_ms"]) == (800, 2000, 3000, 50)
+
+
+
+def test_the_broker_gives_its_controller_the_controller_table(tmp_path):
+    from rivven_broker.server.broker import Broker
+    from rivven_broker.server.env import RealEnv
+    text = ("[controller]\nelection_timeout_min_ms = 800\nelection_timeout_max_ms = 2000\n"
+            "leader_fallback_timeout_ms = 3000\n")
+    config = load_config(["--config", "broker.toml", "--peers", "2@127.0.0.1:19093"],
+                         read_file=_reader(text))
+    control = Broker(RealEnv(str(tmp_path)), config)._cluster_control(None, None)
+    raft = control._raft
+    assert (raft.election_timeout_min_s, raft.election_timeout_max_s,
+            raft.leader_fallback_timeout_s) == (0.8, 2.0, 3.0)
