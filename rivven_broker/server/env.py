@@ -177,14 +177,33 @@ class RealNet:
         return stream
 
     async def bind_udp(self, host: str, port: int) -> RealDatagramSocket:
+        """Port 0 picks a port that is free for TCP too: a cluster port carries SWIM over UDP
+        and the Raft links over TCP on the same number."""
         family = trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET
-        sock = trio.socket.socket(family, trio.socket.SOCK_DGRAM)
-        try:
-            await sock.bind((host, port))
-        except BaseException:
-            sock.close()
-            raise
-        return RealDatagramSocket(sock)
+        for _ in range(_PORT_TRIES if port == 0 else 1):
+            chosen = port or await _free_tcp_port(family, host)
+            sock = trio.socket.socket(family, trio.socket.SOCK_DGRAM)
+            try:
+                await sock.bind((host, chosen))
+            except OSError:
+                sock.close()
+                if port:
+                    raise
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            return RealDatagramSocket(sock)
+        raise OSError(errno.EADDRINUSE, f"no port on {host} free for both UDP and TCP")
+
+
+_PORT_TRIES = 64
+
+
+async def _free_tcp_port(family: int, host: str) -> int:
+    with trio.socket.socket(family, trio.socket.SOCK_STREAM) as probe:
+        await probe.bind((host, 0))
+        return int(probe.getsockname()[1])
 
 
 class RealDatagramSocket:
