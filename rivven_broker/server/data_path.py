@@ -106,7 +106,7 @@ AutoCreate = Callable[[str, int], "_PartitionError | None"]
 _CORRUPTION_PLACES_MAX = 1024  # damaged places remembered for logging once
 
 
-def _error_of(exc: Exception) -> _PartitionError:
+def error_of(exc: Exception) -> _PartitionError:
     """The wire code and message of an operating error on one partition."""
     if isinstance(exc, SyncFailedError):
         raise exc  # never answered: the broker must stop
@@ -161,7 +161,7 @@ class DataPath:
                         part.records, now_ms, self._txn_check(request, topic.name, part.partition)
                     )
                 except (StorageError, BatchError, OSError) as exc:
-                    outcome[key] = _produce_error(part.partition, _error_of(exc))
+                    outcome[key] = _produce_error(part.partition, error_of(exc))
                     continue
                 info = appended.info
                 if info is None:
@@ -344,7 +344,7 @@ class DataPath:
             self._report_corruption(name, partition, exc, "fetch")
             return FetchPartitionResponse(partition, ErrorCode.CORRUPT_MESSAGE)
         except (StorageError, OSError) as exc:
-            return FetchPartitionResponse(partition, _error_of(exc)[0])
+            return FetchPartitionResponse(partition, error_of(exc)[0])
         return FetchPartitionResponse(
             partition,
             ErrorCode.NONE,
@@ -402,7 +402,7 @@ class DataPath:
                 found = plog.offset_for_timestamp(timestamp)
                 offset = -1 if found is None or found >= high_watermark else found
         except (StorageError, OSError) as exc:
-            return ListOffsetsPartitionResponse(partition, _error_of(exc)[0])
+            return ListOffsetsPartitionResponse(partition, error_of(exc)[0])
         return ListOffsetsPartitionResponse(partition, ErrorCode.NONE, offset, -1)
 
     def delete_records(self, request: DeleteRecords) -> DeleteRecordsResponse:
@@ -433,7 +433,7 @@ class DataPath:
                 return DeleteRecordsPartitionResponse(partition, ErrorCode.NONE, start)
             low_watermark = self._context.logs.with_room(lambda: plog.delete_records(target))
         except (StorageError, OSError) as exc:
-            return DeleteRecordsPartitionResponse(partition, _error_of(exc)[0])
+            return DeleteRecordsPartitionResponse(partition, error_of(exc)[0])
         return DeleteRecordsPartitionResponse(partition, ErrorCode.NONE, low_watermark)
 
 

@@ -43,9 +43,10 @@ from rivven_broker.protocol.messages import (
 )
 from rivven_broker.protocol.names import topic_name_error
 from rivven_broker.server.context import Pending, ServerContext
+from rivven_broker.server.data_path import error_of
 from rivven_broker.server.group_driver import is_internal_topic
 from rivven_broker.server.local_topics import LocalTopics
-from rivven_broker.storage.errors import StorageError, SyncFailedError, TopicExistsError
+from rivven_broker.storage.errors import StorageError, TopicExistsError
 from rivven_broker.storage.topic_config import TopicConfig
 
 __all__ = ["LocalControl", "Problem", "clip", "failure", "topic_problem"]
@@ -62,15 +63,10 @@ def clip(message: str) -> str:
 
 
 def failure(exc: Exception) -> Problem:
-    """The wire code and message of an operating error of an administrative request."""
-    if isinstance(exc, SyncFailedError):
-        raise exc  # the broker must stop
-    if isinstance(exc, StorageError):
-        return exc.code, clip(str(exc))
-    if isinstance(exc, OSError):
-        log.error("storage I/O failed: %s", exc)
-        return ErrorCode.KAFKA_STORAGE_ERROR, clip(f"storage I/O failed: {exc.strerror or exc}")
-    raise exc
+    """The wire code and message of an operating error of an administrative request (the data
+    path's, clipped to leave room for the topic name)."""
+    code, message = error_of(exc)
+    return code, clip(message)
 
 
 def topic_problem(topics: Mapping[str, object], name: str) -> Problem | None:

@@ -271,7 +271,7 @@ class MetadataMachine:
         isr = command.isr
         if command.leader != NO_LEADER and command.leader not in isr:
             return _invalid(f"leader {command.leader} must be in the ISR {list(isr)}")
-        if not set(isr) <= set(part.replicas) or len(set(isr)) != len(isr):
+        if _strays(isr, part):
             return _invalid(f"ISR {list(isr)} must be distinct replicas of {list(part.replicas)}")
         if command.leader == NO_LEADER and not isr:
             isr = part.isr  # offline: the last ISR is kept, it says who may lead again
@@ -296,7 +296,7 @@ class MetadataMachine:
                              f"{part.partition_epoch}, not {command.expected_partition_epoch}")
         if part.leader not in command.isr:
             return _invalid(f"the ISR {list(command.isr)} must keep the leader {part.leader}")
-        if not set(command.isr) <= set(part.replicas) or len(set(command.isr)) != len(command.isr):
+        if _strays(command.isr, part):
             return _invalid(f"ISR {list(command.isr)} must be distinct replicas of "
                             f"{list(part.replicas)}")
         self._replace(known, command.partition, attrs.evolve(
@@ -349,6 +349,11 @@ class MetadataMachine:
                 partitions=tuple(_partition_record(p) for p in parts))
         machine.check_invariants()
         return machine
+
+
+def _strays(isr: tuple[int, ...], part: PartitionRecord) -> bool:
+    """Whether ``isr`` repeats a broker or names one that is not a replica."""
+    return len(set(isr)) != len(isr) or not set(isr) <= set(part.replicas)
 
 
 def _partition_record(fields: list[Any]) -> PartitionRecord:

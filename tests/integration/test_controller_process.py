@@ -18,7 +18,7 @@ import urllib.request
 
 import pytest
 
-from rivven_broker.client import Admin
+from rivven_broker.client import Admin, TopicPartition
 from tests.integration.cluster_ports import free_cluster_ports
 from rivven_broker.client.errors import RivvenError
 
@@ -177,3 +177,33 @@ def test_a_broker_started_later_follows_without_voting_and_takes_replicas(
     assert all(sorted(replicas) == [1, 2, 3, 4] for replicas in assignment.values())
     with Admin(processes[1].address) as admin:  # the voters did not change
         assert sorted(v.node_id for v in admin.cluster_status().raft.voters) == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_only_the_leader_appends_and_clients_follow_leaders(broker_process, tmp_path,
+                                                           connect_blocking):
+    from rivven_broker.client import Consumer, Producer
+    from rivven_broker.protocol.errors import ErrorCode
+    from tests.integration.test_broker_process import batch, produce
+    processes, _ = _cluster(broker_process, tmp_path, ["a", "b", "c"])
+    with Admin(processes[1].address) as admin:
+        admin.create_topic("led", partitions=6, replication_factor=1)
+    leaders = _wait(lambda: _leaders(processes[1], "led"), "leaders")
+    partition = next(p for p, leader in leaders.items() if leader != 1)
+    raw = connect_blocking(processes[1].port)  # a broker that does not lead the partition
+    answer = raw.call(produce("led", partition, batch(b"x")))
+    assert answer.topics[0].partitions[0].error_code == ErrorCode.NOT_LEADER
+    with Producer(processes[1].address) as producer:  # the client goes to each leader
+        for p in range(6):
+            producer.send("led", value=b"v%d" % p, partition=p).result(timeout=30)
+    with Consumer(processes[1].address, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition("led", p) for p in range(6)])
+        seen: list = []
+        deadline = time.monotonic() + _BOUND_S
+        while len(seen) < 6 and time.monotonic() < deadline:
+            seen += consumer.poll(timeout_ms=500)
+    assert sorted(r.value for r in seen) == [b"v%d" % p for p in range(6)]
+    leader = leaders[partition]
+    with urllib.request.urlopen(f"http://127.0.0.1:{processes[leader].http_port}/metrics") as m:
+        text = m.read().decode()
+    assert "rivven_controller_term" in text and "rivven_controller_link_faults" in text

@@ -16,9 +16,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from rivven_cluster.membership import MemberState
 
 if TYPE_CHECKING:
+    from rivven_broker.server.cluster.cluster_control import ClusterControl
     from rivven_broker.server.cluster.membership_driver import MembershipDriver
 
-__all__ = ["MembershipCollector"]
+__all__ = ["MembershipCollector", "ControllerCollector"]
 
 _COUNTERS = (
     ("probes", "rivven_cluster_probes", "Direct probes (pings) sent."),
@@ -72,3 +73,36 @@ class MembershipCollector:
                                   value=driver.bytes_received)
         yield CounterMetricFamily("rivven_cluster_sent_bytes", "Bytes of datagrams sent.",
                                   value=driver.bytes_sent)
+
+
+class ControllerCollector:
+    """The controller as this broker sees it: its Raft term, commit index and applied index,
+    whether it leads, and the Raft links closed or refused, by reason."""
+
+    def __init__(self, control: ClusterControl) -> None:
+        self._control = control
+
+    def collect(self) -> Iterator[object]:
+        control = self._control
+        if control.running:
+            status = control.status()
+            yield GaugeMetricFamily("rivven_controller_term", "The Raft term this broker is in.",
+                                    value=status.term)
+            yield GaugeMetricFamily("rivven_controller_commit_index",
+                                    "The controller log's commit index as this broker knows it.",
+                                    value=status.commit_index)
+            yield GaugeMetricFamily("rivven_controller_applied_index",
+                                    "The controller log's last index applied here.",
+                                    value=status.last_applied)
+            yield GaugeMetricFamily("rivven_controller_leader",
+                                    "1 while this broker leads the controller's Raft, else 0.",
+                                    value=1 if status.state == "leader" else 0)
+        faults = CounterMetricFamily(
+            "rivven_controller_link_faults",
+            "Raft links closed or refused, by reason (bad_mac, unknown_key, sequence, oversized, "
+            "malformed, handshake_failed, unexpected_peer, idle_timeout, bad_payload, "
+            "observer_message_refused).", labels=["reason"])
+        if control.host is not None:
+            for reason, count in sorted(control.host.links.faults.items()):
+                faults.add_metric([reason], count)
+        yield faults

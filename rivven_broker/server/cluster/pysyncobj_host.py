@@ -49,7 +49,6 @@ __all__ = [
     "RaftStatus",
     "SnapshotHooks",
     "install",
-    "node_of",
 ]
 
 #: The running node's clock, in seconds (set by the Raft host before it ticks or delivers).
@@ -99,7 +98,7 @@ class _SnapshotSerializer:
         self._batch = transmissionBatchSize
         self._state = SERIALIZER_STATE.NOT_SERIALIZING
         self._id: Any = None
-        self._sending: dict[Any, int] = {}
+        self._sending: dict[Any, tuple[bytes, int]] = {}  # transmission: (snapshot, sent)
         self._receiving: bytearray | None = None
 
     def checkSerializing(self) -> tuple[int, Any]:  # noqa: N802
@@ -129,15 +128,20 @@ class _SnapshotSerializer:
                 [Node(node_id) for node_id in document["cluster"]])
 
     def getTransmissionData(self, transmissionID: Any) -> Any:  # noqa: N802,N803
-        if not self._store.exists():
-            return None
-        data = self._store.read()
-        sent = self._sending.get(transmissionID, 0)
+        """The next chunk of the snapshot for one follower; the snapshot is read once per
+        transmission, not once per chunk."""
+        sending = self._sending.get(transmissionID)
+        if sending is None:
+            if not self._store.exists():
+                return None
+            sending = self._sending[transmissionID] = (self._store.read(), 0)
+        data, sent = sending
         chunk = data[sent:sent + self._batch]
-        self._sending[transmissionID] = sent + len(chunk)
         is_last = not chunk
         if is_last:
             self._sending.pop(transmissionID, None)
+        else:
+            self._sending[transmissionID] = (data, sent + len(chunk))
         return chunk, sent == 0, is_last
 
     def setTransmissionData(self, data: Any) -> bool:  # noqa: N802
@@ -187,10 +191,6 @@ def install() -> None:
     _syncobj.createPoller = lambda poller_type: _NullPoller()
     _syncobj.PIPE_NOTIFIER_ENABLED = False
     _installed = True
-
-
-def node_of(node_id: int) -> Node:
-    return Node(node_id)
 
 
 @attrs.frozen

@@ -40,7 +40,6 @@ from rivven_cluster.link_frame import (
     NONCE_BYTES,
     Hello,
     LinkError,
-    LinkFault,
     LinkReader,
     LinkSealer,
     seal_hello,
@@ -128,9 +127,7 @@ class RaftLinks:
 
     def __init__(self, env: Env, node_id: int, boot_id: int, peers: dict[int, tuple[str, int]],
                  ring: Callable[[], KeyRing], wake: Callable[[], None],
-                 config: LinkConfig = LinkConfig(),
-                 on_fault: Callable[[LinkFault], None] = lambda fault: None,
-                 voting: bool = True) -> None:
+                 config: LinkConfig = LinkConfig(), voting: bool = True) -> None:
         self._env = env
         self._node_id = node_id
         self._boot_id = boot_id
@@ -141,11 +138,12 @@ class RaftLinks:
         self._ring = ring
         self._wake = wake
         self._config = config
-        self._on_fault = on_fault
         self._rng = env.rng("raft-link")
         self._links: dict[int, _Link] = {}
         self._outbox: list[tuple[_Link, bytes]] = []
         self.transport: RaftTransport | None = None
+        #: Links closed or refused, by reason (``LinkFault`` values, handshake_failed,
+        #: unexpected_peer, idle_timeout, bad_payload, observer_message_refused): a metric.
         self.faults: dict[str, int] = {}
 
     @property
@@ -321,7 +319,6 @@ class RaftLinks:
     def _fault(self, exc: BaseException) -> None:
         if isinstance(exc, LinkError):
             self._count(exc.fault.value)
-            self._on_fault(exc.fault)
         elif isinstance(exc, pickle.UnpicklingError):
             self._count("bad_payload")
         else:
