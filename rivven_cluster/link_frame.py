@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 A link is one TCP connection. Each side opens it with a *hello*: its node id, boot id, a
-fresh 16-byte nonce and the Raft voters it knows, MACed under the ring's signing key. After both hellos every frame is
+fresh 16-byte nonce, the channel (the Raft link or a replica fetcher's link) and the Raft
+voters it knows, MACed under the ring's signing key. After both hellos every frame is
 
     u32 length | key id (4) | u64 sequence | payload | tag (16)
 
@@ -35,6 +36,8 @@ from rivven_cluster.membership.key_ring import KEY_ID_BYTES, KeyRing
 __all__ = [
     "LINK_FRAME_BYTES_MAX",
     "NONCE_BYTES",
+    "CHANNEL_RAFT",
+    "CHANNEL_REPLICA",
     "LinkFault",
     "LinkError",
     "Hello",
@@ -47,12 +50,15 @@ LINK_FRAME_BYTES_MAX = 16 * 1024 * 1024
 NONCE_BYTES = 16
 TAG_BYTES = 16
 _MAGIC = b"RVNL"
-_VERSION = 1
+_VERSION = 2
 _HEAD = struct.Struct(">I")
 _SEQ = struct.Struct(">Q")
-_HELLO = struct.Struct(">4sBiQ16sH")  # magic, version, node id, boot id, nonce, voter count
+_HELLO = struct.Struct(">4sBiQ16sBH")  # magic, version, node id, boot id, nonce, channel,
+#                                        voter count
 _VOTER = struct.Struct(">i")
 VOTERS_MAX = 64
+CHANNEL_RAFT = 0
+CHANNEL_REPLICA = 1
 _HELLO_LABEL = b"rivven link hello"
 
 
@@ -79,6 +85,8 @@ class Hello:
     boot_id: int
     nonce: bytes
     voters: tuple[int, ...] = ()
+    #: What the connection is for: ``CHANNEL_RAFT`` or ``CHANNEL_REPLICA``.
+    channel: int = 0
 
 
 def _tag(key: bytes, *parts: bytes) -> bytes:
@@ -91,7 +99,7 @@ def _tag(key: bytes, *parts: bytes) -> bytes:
 def seal_hello(ring: KeyRing, hello: Hello) -> bytes:
     assert len(hello.nonce) == NONCE_BYTES and len(hello.voters) <= VOTERS_MAX
     body = _HELLO.pack(_MAGIC, _VERSION, hello.node_id, hello.boot_id, hello.nonce,
-                       len(hello.voters)) + b"".join(_VOTER.pack(v) for v in hello.voters)
+                       hello.channel, len(hello.voters)) + b"".join(_VOTER.pack(v) for v in hello.voters)
     key_id = ring.signing_key_id
     frame = key_id + _SEQ.pack(0) + body
     return _HEAD.pack(len(frame) + TAG_BYTES) + frame + _tag(
@@ -166,7 +174,7 @@ class LinkReader:
             return body
         if len(body) < _HELLO.size:
             raise LinkError(LinkFault.MALFORMED, "a hello of the wrong size")
-        magic, version, node_id, boot_id, nonce, count = _HELLO.unpack_from(body)
+        magic, version, node_id, boot_id, nonce, channel, count = _HELLO.unpack_from(body)
         if magic != _MAGIC or version != _VERSION:
             raise LinkError(LinkFault.MALFORMED, f"not a version {_VERSION} link hello")
         if count > VOTERS_MAX or len(body) != _HELLO.size + count * _VOTER.size:
@@ -175,6 +183,6 @@ class LinkReader:
                        for i in range(count))
         if nonce == self._own_nonce:
             raise LinkError(LinkFault.MALFORMED, "our own hello reflected back")
-        self.hello = Hello(node_id, boot_id, nonce, voters)
+        self.hello = Hello(node_id, boot_id, nonce, voters, channel)
         self._session = nonce + self._own_nonce
         return None

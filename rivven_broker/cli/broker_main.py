@@ -184,10 +184,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyFileError as exc:
         print(f"rivven-broker: {exc}", file=sys.stderr)
         return 2
-    if config.peers:
-        log.warning("--peers: clustered through %d peers (membership and topic metadata); "
-                    "replication is not there yet: each partition's data lives on its leader "
-                    "only", len(config.peers))
     try:
         lock = _lock_data_dir(config.data_dir)
     except (ConfigError, OSError) as exc:

@@ -57,6 +57,7 @@ from rivven_broker.server.connection import (
 )
 from rivven_broker.server.cluster.cluster_control import ClusterControl
 from rivven_broker.server.cluster.controller_host import ControllerObserver, RaftConfig
+from rivven_broker.server.cluster.replica_manager import ReplicaConfig
 from rivven_broker.server.local_control import LocalControl
 from rivven_broker.server.local_topics import LocalTopics
 from rivven_broker.server.cluster.membership_driver import MembershipDriver
@@ -210,7 +211,7 @@ class Broker:
         local_control = LocalControl(self.context, local_topics)
         self.context.control = local_control
         if config.peers:  # the controller decides; it answers "not yet" until it runs
-            self.cluster = self._cluster_control(local_topics, local_control)
+            self.cluster = self._cluster_control(local_topics, local_control, self.context)
             self.metrics.registry.register(ControllerCollector(self.cluster))
             self.context.control = self.context.cluster = self.cluster
         self._handlers = Handlers(self.context)
@@ -364,15 +365,18 @@ class Broker:
         self.metrics.registry.register(MembershipCollector(driver))
         return driver
 
-    def _cluster_control(self, local: LocalTopics, internal: LocalControl) -> ClusterControl:
+    def _cluster_control(self, local: LocalTopics, internal: LocalControl,
+                         context: ServerContext) -> ClusterControl:
         config = self.config
         voters = {peer.node_id: (peer.address.host, peer.address.port) for peer in config.peers}
         return ClusterControl(
             self.env, node_id=config.node_id, rack=config.rack, voters=voters,
             ring=lambda: self.key_ring, local=local, members=self._members,
             internal=internal, auto_create_topics=config.auto_create_topics,
-            default_partitions=config.default_partitions, observer=self.controller_observer,
-            raft=RaftConfig.from_ms(config.controller_timings_ms()),
+            default_partitions=config.default_partitions,
+            default_replication_factor=config.default_replication_factor,
+            observer=self.controller_observer, raft=RaftConfig.from_ms(config.controller_timings_ms()), context=context,
+            replication=ReplicaConfig(lag_max_ms=config.replica_lag_time_max_ms),
         )
 
     def _members(self) -> list[Member]:

@@ -94,6 +94,10 @@ class BrokerConfig:
     log_level: str = "INFO"
     auto_create_topics: bool = True
     default_partitions: int = 3
+    #: Replicas of auto-created topics (a clustered broker; capped by the live brokers).
+    default_replication_factor: int = 1
+    #: A follower not caught up with its leader for this long leaves the ISR.
+    replica_lag_time_max_ms: int = 10_000
     idle_timeout_ms: int = limits.idle_timeout_ms
     #: A frame, or an HTTP request head, must be complete this long after its first byte.
     request_timeout_ms: int = limits.request_timeout_ms_default
@@ -390,6 +394,11 @@ _OPTIONS: tuple[_Option, ...] = (
     _Option("auto_create_topics", "BOOL", _bool, "create unknown topics on produce (default true)"),
     _Option("default_partitions", "N", _int_in(1, limits.partitions_per_topic_max),
             "partitions of auto-created topics (default 3)"),
+    _Option("default_replication_factor", "N", _int_in(1, limits.replication_factor_max),
+            "replicas of auto-created topics in a cluster (default 1)"),
+    _Option("replica_lag_time_max_ms", "MS", _int_in(100, 3_600_000),
+            "a follower not caught up with its leader for this long leaves the ISR "
+            "(default 10000)"),
     _Option("idle_timeout_ms", "MS", _int_in(1, limits.idle_timeout_ms),
             f"close a silent or stalled client after this (default {limits.idle_timeout_ms})"),
     _Option("request_timeout_ms", "MS", _int_in(1, limits.request_timeout_ms_max),

@@ -23,7 +23,9 @@ the others run concurrently and are only answered in order.
 
 The high-watermark rule of a single node lives here too (``high_watermark``): under
 ``sync=always`` it is the log's durable offset, so a consumer never reads what a crash could
-take back; under ``interval_ms=N`` and ``none`` it is the log end offset.
+take back; under ``interval_ms=N`` and ``none`` it is the log end offset. A clustered broker's
+leader asks the replica manager for the replicated one (the smallest durable offset over the
+ISR).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from rivven_broker.storage.sync_worker import SyncPolicy, SyncWorker
 if TYPE_CHECKING:
     from rivven_cluster.membership import Member
     from rivven_broker.server.cluster.cluster_control import ClusterControl
+    from rivven_broker.server.cluster.replica_manager import ReplicaManager
     from rivven_broker.server.control import Control
     from rivven_broker.server.config import BrokerConfig
     from rivven_broker.server.env import Env
@@ -165,6 +168,9 @@ class ServerContext:
     #: The controller of a clustered broker (None: a single node decides alone). The produce
     #: path asks it whether this broker leads a partition.
     cluster: ClusterControl | None = None
+    #: The replicas of a clustered broker: leadership, the replicated high watermark and
+    #: ``acks=all`` waits (None: a single node).
+    replicas: ReplicaManager | None = None
 
     @property
     def policy(self) -> SyncPolicy:
@@ -172,6 +178,10 @@ class ServerContext:
 
     def high_watermark(self, log: PartitionLog) -> int:
         """Offsets below this are visible to consumers (see the module docstring)."""
+        if self.replicas is not None:
+            replicated = self.replicas.high_watermark(log)
+            if replicated is not None:
+                return replicated
         if self.sync_worker.policy.mode == "always":
             return log.durable_offset
         return log.log_end_offset

@@ -58,6 +58,7 @@ from rivven_broker.file_region import FileRegion
 from rivven_broker.protocol import limits
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.messages import (
+    ACKS_ALL,
     ACKS_NONE,
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
@@ -137,6 +138,8 @@ class DataPath:
         outcome: dict[tuple[str, int], ProducePartitionResponse] = {}
         records_in = 0
         cluster = context.cluster
+        replicas = context.replicas
+        replicated = replicas is not None and request.acks == ACKS_ALL
         for topic in request.topics:
             topic_error = self._produce_topic_error(topic.name, now_ms)
             for part in topic.partitions:
@@ -144,7 +147,12 @@ class DataPath:
                 if topic_error is not None:
                     outcome[key] = _produce_error(part.partition, topic_error)
                     continue
-                if cluster is not None:  # only the partition's leader appends
+                if replicas is not None:  # only the partition's leader appends
+                    refused = replicas.produce_error(key, replicated)
+                    if refused is not None:
+                        outcome[key] = _produce_error(part.partition, refused)
+                        continue
+                elif cluster is not None:  # the replicas start with the controller
                     refused = cluster.leadership_error(topic.name, part.partition)
                     if refused is not None:
                         outcome[key] = _produce_error(part.partition, refused)
@@ -188,7 +196,7 @@ class DataPath:
             context.metrics.records_in(records_in)
         if request.acks == ACKS_NONE:
             return None
-        if context.policy.mode != "always" or not waits:
+        if not waits or (context.policy.mode != "always" and not replicated):
             return _produce_response(request, outcome)
 
         # The deadline runs from now, not from when the wait starts: the connection may
@@ -196,20 +204,26 @@ class DataPath:
         timeout_ms = min(request.timeout_ms, limits.produce_timeout_ms_max)
         deadline = trio.current_time() + timeout_ms / 1000
 
+        def acknowledged(plog: PartitionLog, last_offset: int) -> bool:
+            if context.policy.mode == "always" and plog.durable_offset <= last_offset:
+                return False
+            return not replicated or replicas.committed(plog, last_offset)  # type: ignore[union-attr]
+
         async def wait() -> ProduceResponse:
             with trio.CancelScope(deadline=deadline):  # move_on_at without contextlib
                 for _, _, plog, last_offset in waits:
                     await context.sync_worker.wait_durable(plog, last_offset)
+                    if replicated:  # acks=all: on disk on every ISR member
+                        await replicas.wait_committed(plog, last_offset)  # type: ignore[union-attr]
             for name, partition, plog, last_offset in waits:
-                if plog.durable_offset <= last_offset:
-                    outcome[(name, partition)] = _produce_error(
-                        partition, (ErrorCode.REQUEST_TIMED_OUT, "not durable within timeout_ms")
-                    )
+                if not acknowledged(plog, last_offset):
+                    outcome[(name, partition)] = _produce_error(partition, _unacknowledged(
+                        replicated and not replicas.leads(plog)))  # type: ignore[union-attr]
             return _produce_response(request, outcome)
 
         def ready() -> ProduceResponse | None:
             for _, _, plog, last_offset in waits:
-                if plog.durable_offset <= last_offset:
+                if not acknowledged(plog, last_offset):
                     return None
             context.sync_worker.check_healthy()
             return _produce_response(request, outcome)
@@ -316,6 +330,10 @@ class DataPath:
         if topic_name_error(name) is not None:
             return FetchPartitionResponse(partition, ErrorCode.INVALID_TOPIC_NAME)
         aborted: tuple[AbortedTransaction, ...] = ()
+        if context.replicas is not None:  # clients read from the leader
+            refused = context.replicas.read_error((name, partition))
+            if refused is not None:
+                return FetchPartitionResponse(partition, refused)
         try:
             plog = context.logs.get_log(name, partition)
             high_watermark = context.high_watermark(plog)
@@ -388,6 +406,10 @@ class DataPath:
     ) -> ListOffsetsPartitionResponse:
         if topic_name_error(name) is not None:
             return ListOffsetsPartitionResponse(partition, ErrorCode.INVALID_TOPIC_NAME)
+        if self._context.replicas is not None:
+            refused = self._context.replicas.read_error((name, partition))
+            if refused is not None:
+                return ListOffsetsPartitionResponse(partition, refused)
         try:
             plog = self._context.logs.get_log(name, partition)
             high_watermark = self._context.high_watermark(plog)
@@ -435,6 +457,12 @@ class DataPath:
         except (StorageError, OSError) as exc:
             return DeleteRecordsPartitionResponse(partition, error_of(exc)[0])
         return DeleteRecordsPartitionResponse(partition, ErrorCode.NONE, low_watermark)
+
+
+def _unacknowledged(deposed: bool) -> _PartitionError:
+    if deposed:  # appended here, but this broker stopped leading before the ISR had it
+        return ErrorCode.NOT_LEADER, "leadership moved before the in-sync replicas had the data"
+    return ErrorCode.REQUEST_TIMED_OUT, "not acknowledged within timeout_ms"
 
 
 def _produce_error(partition: int, error: _PartitionError) -> ProducePartitionResponse:

@@ -238,6 +238,28 @@ class PartitionTxnState:
         self._after_append()
         return ProduceOutcome(info)
 
+    def append_replicated(self, records: bytes, now_ms: int) -> AppendInfo:
+        """Append batches copied from the leader (their offsets and epochs kept) and record
+        every header, as recovery replays them: a follower's producer state is the leader's,
+        so it answers a retried batch with its original offsets once it leads. Never awaits.
+
+        Raises what ``PartitionLog.append_as_follower`` raises (nothing was appended then).
+        """
+        info = self.log.append_as_follower(records, now_ms)
+        for position, header in iter_batches(records):
+            control = None
+            if header.is_control:
+                size = header.batch_length + LOG_OVERHEAD_BYTES
+                control = read_control_batch(records[position:position + size])[1].kind
+            completed = self.state.load_batch(header, control)
+            entry = None if completed is None else completed.aborted_entry()
+            if entry is not None:
+                self.index.append(entry)
+        if self.state.end_offset < self.log.log_end_offset:
+            self.state.advance_end_offset(self.log.log_end_offset)
+        self._after_append()
+        return info
+
     def _after_append(self) -> None:
         assert self.state.end_offset == self.log.log_end_offset
         active = self.log.segment_base_offsets[-1]
@@ -432,6 +454,24 @@ class ProducerStates:
             log.info("producer state of %s-%d rebuilt: %s", topic, partition, report)
         self._states[key] = current
         return current
+
+    def truncate(self, topic: str, partition: int, plog: PartitionLog,
+                 offset: int) -> PartitionTxnState:
+        """Cut ``plog`` at ``offset`` (a follower diverging from its leader; past the log end:
+        empty it and start over there, as a follower whose leader deleted what it lacks) and
+        rebuild the partition's producer state from its snapshots and log. Blocks on fsyncs
+        and reads.
+
+        Raises what ``PartitionLog.truncate_to`` and ``PartitionTxnState.open`` raise.
+        """
+        current = self._states.pop((topic, partition), None)
+        if current is not None:
+            current.close(snapshot=False)
+        if offset > plog.log_end_offset:
+            plog.restart_at(offset)
+        else:
+            plog.truncate_to(offset)
+        return self.get(topic, partition, plog)
 
     def find(self, topic: str, partition: int) -> PartitionTxnState | None:
         """The state of a partition if it is open, without opening anything."""

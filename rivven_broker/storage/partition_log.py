@@ -72,6 +72,7 @@ from rivven_broker.storage.errors import (
     StorageError,
 )
 from rivven_broker.storage.file_store import FileStore
+from rivven_broker.storage.leader_epochs import LeaderEpochCache
 from rivven_broker.storage.log_config import LogConfig
 from rivven_broker.storage.log_results import AppendInfo, LogStatistics, ReadResult, SyncTicket
 from rivven_broker.storage.recovery import RecoveryReport, recover
@@ -113,6 +114,10 @@ class PartitionLog:
         self._closed = False
         self._appends = self._appended_batches = self._appended_bytes = 0
         self._rolls = self._syncs = self._segments_deleted = 0
+        #: Which leader epoch wrote which offsets (``leader_epochs.py``).
+        self.epochs = LeaderEpochCache(None, directory)
+        #: The epoch ``append`` stamps on batches (``become_leader`` sets it).
+        self.leader_epoch = 0
 
     @classmethod
     def open(
@@ -131,6 +136,8 @@ class PartitionLog:
             store, directory, config, recovered.segments,
             recovered.log_start_offset, recovered.recovery_point,
         )
+        log.epochs = LeaderEpochCache.open(store, directory, log.log_end_offset)
+        log.leader_epoch = max(log.epochs.latest_epoch, 0)
         return log, report
 
     # --- properties ----------------------------------------------------------------------------
@@ -185,8 +192,22 @@ class PartitionLog:
 
     # --- appending -------------------------------------------------------------------------------
 
+    def become_leader(self, epoch: int) -> None:
+        """Appends from now on are this leader epoch's, starting at the log end offset
+        (recorded in the epoch cache, durably). Blocks on the checkpoint's fsyncs.
+
+        Raises:
+            StorageError: the epoch checkpoint could not be written.
+        """
+        try:
+            self.epochs.assign(epoch, self.log_end_offset)
+        except OSError as exc:
+            raise StorageError(f"leader-epoch checkpoint of {self._directory}: {exc}") from exc
+        self.leader_epoch = epoch
+
     def append(
-        self, records: bytes | bytearray | memoryview, now_ms: int, *, leader_epoch: int = 0
+        self, records: bytes | bytearray | memoryview, now_ms: int, *,
+        leader_epoch: int | None = None,
     ) -> AppendInfo:
         """Append one or more concatenated record batches; assign their offsets.
 
@@ -199,6 +220,8 @@ class PartitionLog:
             LogFailedError: the store failed after the log changed, now or earlier.
         """
         self._check_writable()
+        if leader_epoch is None:
+            leader_epoch = self.leader_epoch
         view = memoryview(records)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
@@ -232,7 +255,66 @@ class PartitionLog:
         self._appended_bytes += total
         return AppendInfo(base_offset, offset - 1, now_ms, len(batches), total)
 
-    def _validate(self, view: memoryview) -> tuple[list[tuple[int, int, BatchHeader]], int, int]:
+    def append_as_follower(
+        self, records: bytes | bytearray | memoryview, now_ms: int
+    ) -> AppendInfo:
+        """Append batches copied from the partition's leader, keeping their offsets and leader
+        epochs (the stamps are written as they came). Each batch must start at or past the
+        log end offset (a compacted leader log may skip offsets); a batch of an epoch newer
+        than the last one known is recorded in the leader-epoch cache first.
+
+        Blocks on file writes (and the epoch checkpoint's fsyncs at a new epoch).
+
+        Raises:
+            InvalidBatchError: a batch is malformed or starts below the log end offset.
+            CorruptBatchError: a batch fails its CRC (nothing is appended).
+            StorageError, LogFailedError: as ``append``.
+        """
+        self._check_writable()
+        view = memoryview(records)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        batches, total, _ = self._validate(view, dense=False)
+        next_offset = self.log_end_offset
+        for _, _, header in batches:
+            if header.base_offset < next_offset:
+                raise InvalidBatchError(
+                    f"a replicated batch at offset {header.base_offset} is below the log end "
+                    f"offset {next_offset}")
+            next_offset = header.base_offset + header.last_offset_delta + 1
+        span = next_offset - self.log_end_offset
+        if self._should_roll(total, span, now_ms):
+            self.roll(now_ms)
+        for _, _, header in batches:
+            if header.partition_leader_epoch > self.epochs.latest_epoch:
+                try:
+                    self.epochs.assign(header.partition_leader_epoch, header.base_offset)
+                except OSError as exc:
+                    raise StorageError(f"leader-epoch checkpoint of {self._directory}: "
+                                       f"{exc}") from exc
+        active = self._segments[-1]
+        placed = [(header.base_offset, size, header.max_timestamp)
+                  for _, size, header in batches]
+        size_before = active.size
+        try:
+            active.append(
+                [view], placed, next_offset, preallocate_bytes=self.config.preallocate_bytes,
+                preallocate_limit=self.config.segment_bytes,
+            )
+        except OSError as exc:
+            if active.size == size_before:
+                raise StorageError(f"append to {active.log_path} failed: {exc}") from exc
+            self._fail(exc)
+        if size_before == 0:
+            active.first_append_ms = now_ms
+        self._size_bytes += total
+        self._appends += 1
+        self._appended_batches += len(batches)
+        self._appended_bytes += total
+        first = batches[0][2].base_offset
+        return AppendInfo(first, next_offset - 1, now_ms, len(batches), total)
+
+    def _validate(self, view: memoryview, *, dense: bool = True) -> tuple[list[tuple[int, int, BatchHeader]], int, int]:
         """Every batch's ``(position, size, header)``, their total bytes and offset span."""
         batches = []
         total = span = 0
@@ -246,7 +328,7 @@ class PartitionLog:
                 raise InvalidBatchError(f"batch of {size} bytes runs past the request's end")
             if size > max_bytes:
                 raise RecordTooLargeError(size, max_bytes)
-            header = validate(view, position, size, dense=True)
+            header = validate(view, position, size, dense=dense)
             if header.last_offset_delta >= limits.batch_records_max:
                 raise InvalidBatchError(f"batch spans {header.last_offset_delta + 1} offsets")
             batches.append((position, size, header))
@@ -574,6 +656,7 @@ class PartitionLog:
         """Offsets below the (checkpointed) log start are gone for good, synced or not."""
         self._log_start_offset = start
         self._durable_offset = max(self._durable_offset, start)
+        self.epochs.truncate_from_start(start)
 
     def _delete_first_segment(self) -> None:
         segment = self._segments.pop(0)
@@ -631,6 +714,17 @@ class PartitionLog:
                 self._store.fsync_dir(self._directory)
         self._after_truncation(cut)
 
+    def restart_at(self, start: int) -> None:
+        """Empty the log and go on at ``start`` (a follower whose leader's log starts past this
+        one's end); durable when it returns. Blocks on file I/O and fsyncs.
+
+        Raises:
+            LogFailedError: the store failed.
+        """
+        self._check_writable()
+        assert start >= 0
+        self._truncate_fully(start)
+
     def _truncate_fully(self, start: int) -> None:
         """Empty the log and restart it at ``start``; durable when it returns."""
         with self._mutation():
@@ -654,6 +748,7 @@ class PartitionLog:
         self._durable_offset = start
 
     def _after_truncation(self, cut: int) -> None:
+        self.epochs.truncate_from_end(cut)
         if all(segment.synced for segment in self._segments[:-1]):
             self._durable_offset = cut  # the active segment was just fsynced
         else:

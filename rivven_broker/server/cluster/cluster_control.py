@@ -59,7 +59,8 @@ from rivven_broker.server.cluster.controller_host import (
 )
 from rivven_broker.server.cluster.pysyncobj_host import RaftStatus
 from rivven_broker.server.cluster.raft_links import ask_voters
-from rivven_broker.server.context import Pending
+from rivven_broker.server.cluster.replica_manager import ReplicaConfig, ReplicaManager
+from rivven_broker.server.context import Pending, ServerContext
 from rivven_broker.server.env import Env
 from rivven_broker.server.group_driver import is_internal_topic
 from rivven_broker.server.local_control import LocalControl, clip
@@ -74,6 +75,7 @@ from rivven_cluster.metadata import (
     CreateTopic,
     EMPTY_IMAGE,
     DeleteTopic,
+    ElectLeader,
     FenceBroker,
     MetadataImage,
     Outcome,
@@ -81,6 +83,7 @@ from rivven_cluster.metadata import (
     Status,
 )
 from rivven_cluster.placement import PlacementBroker, PlacementError, assign_topic
+from rivven_cluster.replication import leader_after_failure, preferred_move
 
 __all__ = ["ClusterControl", "AdminAnswer"]
 
@@ -95,6 +98,9 @@ _AUTO_CREATES_MAX = 64
 _FENCE_CHECK_S = 0.5
 #: How long a starting broker asks its peers for the voters before it takes --peers + itself.
 _ASK_VOTERS_S = 1.0
+_ELECTION_CHECK_S = 0.2
+#: How often leadership moves back to preferred replicas (Kafka checks every 300 s).
+_PREFERRED_CHECK_S = 30
 
 
 class ClusterControl:
@@ -102,8 +108,10 @@ class ClusterControl:
                  voters: dict[int, tuple[str, int]], ring: Callable[[], KeyRing],
                  local: LocalTopics, members: Callable[[], list[Member]],
                  internal: LocalControl | None = None, auto_create_topics: bool = True,
-                 default_partitions: int = 3, raft: RaftConfig = RaftConfig(),
-                 observer: ControllerObserver | None = None) -> None:
+                 default_partitions: int = 3, default_replication_factor: int = 1,
+                 raft: RaftConfig = RaftConfig(), observer: ControllerObserver | None = None,
+                 context: ServerContext | None = None,
+                 replication: ReplicaConfig = ReplicaConfig()) -> None:
         self._env = env
         self.node_id = node_id
         self.boot_id = 0
@@ -118,6 +126,7 @@ class ClusterControl:
         self._internal = internal
         self._auto_create_topics = auto_create_topics
         self.default_partitions = default_partitions
+        self.default_replication_factor = default_replication_factor
         self._ids = env.rng("topic-ids")
         #: The controller's Raft host, once ``run`` started it.
         self.host: ControllerHost | None = None
@@ -127,6 +136,10 @@ class ClusterControl:
         self._reconciled_changed = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._creating: set[str] = set()
+        self._context = context
+        self._replication = replication
+        #: This broker's replicas (leader and follower roles), once ``run`` started them.
+        self.replicas: ReplicaManager | None = None
 
     # -- running -----------------------------------------------------------------------------
 
@@ -152,12 +165,22 @@ class ClusterControl:
                                    directory=_CONTROLLER_DIRECTORY, listen=listen,
                                    config=self._raft)
         self.host.observer = self._observer
+        if self._context is not None:
+            self.replicas = ReplicaManager(
+                self._context, node_id=self.node_id, boot_id=boot_id, ring=self._ring,
+                address_of=self._cluster_address, propose=self.propose,
+                config=self._replication)
+            self._context.replicas = self.replicas
+            self.host.links.replica_handler = self.replicas.serve
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            if self.replicas is not None:
+                await nursery.start(self.replicas.run)
             await nursery.start(self.host.run)
             nursery.start_soon(self._register_loop)
             nursery.start_soon(self._reconcile_loop)
             nursery.start_soon(self._fence_loop)
+            nursery.start_soon(self._election_loop)
             task_status.started()
 
     @property
@@ -231,6 +254,50 @@ class ClusterControl:
                     log.info("fenced broker %d's old process (boot %d)", record.broker_id,
                              record.boot_id)
 
+    def _cluster_address(self, broker_id: int) -> tuple[str, int] | None:
+        """Where ``broker_id`` takes cluster traffic (its SWIM record, else --peers)."""
+        for member in self._members():
+            if member.node_id == broker_id:
+                return member.cluster_address.host, member.cluster_address.port
+        return self._voters.get(broker_id)
+
+    async def _election_loop(self) -> None:
+        """On the Raft leader: give every partition whose leader is not live the first live
+        ISR member (``leader_after_failure``), and every ``_PREFERRED_CHECK_S`` move
+        leadership back to preferred replicas that are live and in sync."""
+        preferred_due = self._env.clock.monotonic_ms() + _PREFERRED_CHECK_S * 1000
+        while True:
+            await trio.sleep(_ELECTION_CHECK_S)
+            if not self.running or self.status().state != "leader" or not self.reconciled.is_set():
+                continue
+            live = set(self.live_brokers())
+            now_ms = self._env.clock.monotonic_ms()
+            preferred = now_ms >= preferred_due
+            if preferred:
+                preferred_due = now_ms + _PREFERRED_CHECK_S * 1000
+            for name, record in sorted(self.image().topics.items()):
+                for index, part in enumerate(record.partitions):
+                    command = None
+                    if part.leader not in live:
+                        leader, isr = leader_after_failure(part.replicas, part.isr, live)
+                        if leader != part.leader:
+                            command = ElectLeader(name, index, part.leader_epoch, leader, isr)
+                    elif preferred:
+                        moved = preferred_move(part.replicas, part.leader, part.isr, live)
+                        if moved is not None:
+                            command = ElectLeader(name, index, part.leader_epoch, moved,
+                                                  part.isr)
+                    if command is None:
+                        continue
+                    try:
+                        outcome = await self.propose(command)
+                    except ControllerUnavailable:
+                        break
+                    if outcome.ok:
+                        log.info("%s/%d: leader %d -> %d at epoch %d (ISR %s)", name, index,
+                                 part.leader, command.leader, part.leader_epoch + 1,
+                                 list(command.isr))
+
     async def _reconcile_loop(self) -> None:
         assert self.host is not None
         await self.host.ready.wait()
@@ -238,6 +305,8 @@ class ClusterControl:
             changed = self.host.changed()  # armed before reconciling: no change is missed
             image = self.image()
             await self._reconcile(image)
+            if self.replicas is not None:
+                self.replicas.apply(image)
             self.reconciled_index = image.applied_index
             self.reconciled.set()
             self._reconciled_changed.set()
@@ -340,7 +409,8 @@ class ClusterControl:
 
     async def _auto_create(self, name: str) -> None:
         try:
-            code, message = await self.propose_topic(name, self.default_partitions, 1, {},
+            factor = max(1, min(self.default_replication_factor, len(self.live_brokers())))
+            code, message = await self.propose_topic(name, self.default_partitions, factor, {},
                                                      False)
             if code not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
                 log.warning("auto-creating topic %s failed: %s", name, message)
@@ -361,7 +431,8 @@ class ClusterControl:
     def create_topic(self, request: CreateTopicRequest, now_ms: int) -> Pending:
         name = request.name
         partitions = self.default_partitions if request.partitions == -1 else request.partitions
-        factor = 1 if request.replication_factor == -1 else request.replication_factor
+        factor = (min(self.default_replication_factor, len(self.live_brokers()))
+                  if request.replication_factor == -1 else request.replication_factor)
 
         async def create() -> CreateTopicResponse:
             code, message = await self.propose_topic(

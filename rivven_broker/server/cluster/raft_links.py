@@ -9,7 +9,9 @@ and frame everything with ``rivven_cluster.link_frame`` (HMAC under the cluster 
 sequence per direction). Any frame that fails — bad MAC, unknown key, a sequence gap, an
 oversized frame — closes the connection and is counted by reason; PySyncObj is told the peer
 disconnected, which is the only way it ever loses a message (its Raft is only safe on such a
-channel). Payloads are unpickled only after their tag verifies, and with an unpickler that
+channel). A connection whose hello names the replica channel is a follower's replica link
+(``replica_link.py``): it is handed to ``replica_handler`` and never reaches PySyncObj.
+Payloads are unpickled only after their tag verifies, and with an unpickler that
 refuses every class (Raft messages are dicts, lists, tuples, bytes and numbers).
 
 ``RaftTransport.send`` does not write: it appends to the outbox. The Raft host takes the outbox
@@ -28,15 +30,17 @@ import functools
 import io
 import logging
 import pickle
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import attrs
 import trio
 from pysyncobj.node import Node
 from pysyncobj.transport import Transport
 
+from rivven_broker.server.cluster.replica_link import ReplicaLink
 from rivven_broker.server.env import Env
 from rivven_cluster.link_frame import (
+    CHANNEL_REPLICA,
     NONCE_BYTES,
     Hello,
     LinkError,
@@ -142,6 +146,8 @@ class RaftLinks:
         self._links: dict[int, _Link] = {}
         self._outbox: list[tuple[_Link, bytes]] = []
         self.transport: RaftTransport | None = None
+        #: Serves accepted replica links (``CHANNEL_REPLICA`` hellos): the replica manager.
+        self.replica_handler: Callable[[Any], Awaitable[None]] | None = None
         #: Links closed or refused, by reason (``LinkFault`` values, handshake_failed,
         #: unexpected_peer, idle_timeout, bad_payload, observer_message_refused): a metric.
         self.faults: dict[str, int] = {}
@@ -212,6 +218,13 @@ class RaftLinks:
             self._fault(exc)
             return
         peer_id = hello.node_id
+        if hello.channel == CHANNEL_REPLICA:  # a follower fetching: not a Raft link
+            if expected is not None or self.replica_handler is None or peer_id == self._node_id:
+                self._count("unexpected_peer")
+                return
+            await self.replica_handler(ReplicaLink(
+                stream, reader, LinkSealer(self._ring, nonce, hello.nonce), hello, early))
+            return
         observer = False
         if expected is not None:  # we dialled: it must be who we dialled
             wanted = peer_id == expected

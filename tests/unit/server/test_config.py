@@ -180,7 +180,7 @@ def test_the_broker_gives_its_controller_the_controller_table(tmp_path):
             "leader_fallback_timeout_ms = 3000\n")
     config = load_config(["--config", "broker.toml", "--peers", "2@127.0.0.1:19093"],
                          read_file=_reader(text))
-    control = Broker(RealEnv(str(tmp_path)), config)._cluster_control(None, None)
+    control = Broker(RealEnv(str(tmp_path)), config)._cluster_control(None, None, None)
     raft = control._raft
     assert (raft.election_timeout_min_s, raft.election_timeout_max_s,
             raft.leader_fallback_timeout_s) == (0.8, 2.0, 3.0)

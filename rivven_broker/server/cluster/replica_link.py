@@ -1,0 +1,109 @@
+"""The replica link: one authenticated connection from a follower to a leader it fetches from.
+
+Theory of operation
+-------------------
+A follower dials the leader's cluster address (the TCP side of ``--cluster-listen``, the port
+the Raft links use) and opens with a ``link_frame`` hello on ``CHANNEL_REPLICA``; the leader's
+Raft listener hands such a connection to the replica manager instead of PySyncObj. From then
+on every frame is HMAC'ed under the cluster key ring and bound to the connection, direction
+and sequence, so only a broker holding the cluster key can fetch as a replica (a client
+connection never can: it speaks the client protocol on another port), and a tampered,
+replayed or reordered frame closes the link. The follower sends one request and reads its
+answer before sending the next: requests and answers are strictly alternating.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import trio
+
+from rivven_broker.server.env import Env
+from rivven_cluster.link_frame import (
+    CHANNEL_REPLICA,
+    NONCE_BYTES,
+    Hello,
+    LinkError,
+    LinkReader,
+    LinkSealer,
+    seal_hello,
+)
+from rivven_cluster.membership import KeyRing
+
+__all__ = ["ReplicaLink", "open_replica_link", "LinkClosed"]
+
+_RECEIVE_BYTES = 1 << 20
+
+
+class LinkClosed(Exception):
+    """The link failed (closed, reset, timed out or a frame did not verify)."""
+
+
+class ReplicaLink:
+    """One end of an open replica link: ``send`` a payload, ``receive`` the next one."""
+
+    def __init__(self, stream: trio.abc.Stream, reader: LinkReader, sealer: LinkSealer,
+                 peer: Hello, early: list[bytes]) -> None:
+        self.stream = stream
+        self.peer = peer
+        self._reader = reader
+        self._sealer = sealer
+        self._ready = list(early)
+
+    async def send(self, payload: bytes) -> None:
+        try:
+            await self.stream.send_all(self._sealer.seal(payload))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise LinkClosed(f"send failed: {exc}") from exc
+
+    async def receive(self) -> bytes:
+        """The next payload (empty keep-alive frames are skipped)."""
+        while True:
+            while self._ready:
+                payload = self._ready.pop(0)
+                if payload:
+                    return payload
+            try:
+                data = await self.stream.receive_some(_RECEIVE_BYTES)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                raise LinkClosed(f"receive failed: {exc}") from exc
+            if not data:
+                raise LinkClosed("closed by the peer")
+            try:
+                self._ready.extend(self._reader.feed(data))
+            except LinkError as exc:
+                raise LinkClosed(str(exc)) from exc
+
+    async def aclose(self) -> None:
+        await trio.aclose_forcefully(self.stream)
+
+
+async def open_replica_link(env: Env, address: tuple[str, int], *, node_id: int, boot_id: int,
+                            ring: Callable[[], KeyRing], timeout_s: float) -> ReplicaLink:
+    """Dial ``address`` and exchange hellos; raises ``LinkClosed`` on any failure."""
+    rng = env.rng("replica-link")
+    nonce = rng.randbytes(NONCE_BYTES)
+    reader = LinkReader(ring, nonce)
+    stream: trio.abc.Stream | None = None
+    try:
+        with trio.fail_after(timeout_s):
+            stream = await env.net.open_tcp_stream(*address)
+            await stream.send_all(seal_hello(ring(), Hello(node_id, boot_id, nonce,
+                                                           channel=CHANNEL_REPLICA)))
+            early: list[bytes] = []
+            while reader.hello is None:
+                data = await stream.receive_some(_RECEIVE_BYTES)
+                if not data:
+                    raise LinkClosed("closed during the hello")
+                early = reader.feed(data)
+    except (OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError,
+            LinkError) as exc:
+        if stream is not None:
+            await trio.aclose_forcefully(stream)
+        raise LinkClosed(f"could not open a replica link to {address}: {exc}") from exc
+    except LinkClosed:
+        assert stream is not None
+        await trio.aclose_forcefully(stream)
+        raise
+    return ReplicaLink(stream, reader, LinkSealer(ring, nonce, reader.hello.nonce),
+                       reader.hello, early)

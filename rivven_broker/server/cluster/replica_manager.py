@@ -1,0 +1,549 @@
+"""``ReplicaManager``: what this broker does for the partitions it replicates, as leader or
+follower.
+
+Theory of operation
+-------------------
+After every metadata change the controller applies (``ClusterControl``), ``apply`` walks the
+partitions that name this broker among their replicas:
+
+- **Leader** (the metadata's leader is this broker): at a new leader epoch the log records
+  that the epoch starts at its log end offset (``PartitionLog.become_leader``: appends are
+  stamped with it from now on) and a ``LeaderState`` (``rivven_cluster.replication``) starts
+  tracking the followers. The high watermark is the smallest durable offset over the ISR (the
+  leader's own from its group commit, each follower's from its fetches), so ``acks=all``
+  produce waits in ``wait_committed`` until it passes the batch, and consumers read below it.
+  Every ``isr_check_ms`` the leader proposes the ISR ``LeaderState.isr_change`` asks for
+  (``UpdateIsr``, compare-and-set on the partition epoch): laggards out after
+  ``replica.lag.time.max.ms``, caught-up replicas back in.
+- **Follower**: one fetcher task per leader broker (``_fetch_loop``) sends a ``ReplicaFetch``
+  for all the partitions it follows from that leader over an authenticated replica link
+  (``replica_link.py``), appends what comes back as the leader wrote it (offsets and epochs
+  kept; producer state rebuilt from the batches), waits for its own group commit to cover it,
+  and only then sends the next fetch, which reports the new durable offset. When the leader
+  says the follower's last epoch diverges, the follower truncates to where that epoch ended
+  in the leader's log (or in its own, if earlier) — by epoch, never to a high watermark.
+- A leader answers fetches (``serve``) only for partitions it leads, at the epoch the follower
+  names: an older one is ``FENCED_LEADER_EPOCH``, a newer one ``UNKNOWN_LEADER_EPOCH`` (its
+  metadata is behind), and a broker that no longer leads answers ``NOT_LEADER``. A deposed
+  leader's ``LeaderState`` is dropped at once, so a produce waiting on it fails.
+
+Waits are bounded (a fetch long-polls at most ``fetch_wait_ms``; a link opens within
+``connect_timeout_s`` and an answer comes within ``answer_timeout_s``), and a failed link is
+dialled again after a backoff. Storage errors on one partition are logged and that partition
+is retried later; the fetcher goes on with the others.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Awaitable, Callable
+
+import attrs
+import trio
+
+from rivven_broker.protocol.errors import ErrorCode
+from rivven_broker.records.header import BatchError
+from rivven_broker.server.cluster.replica_link import LinkClosed, ReplicaLink, open_replica_link
+from rivven_broker.server.context import ServerContext
+from rivven_broker.storage.errors import (
+    OffsetOutOfRangeError,
+    StorageError,
+    SyncFailedError,
+    UnknownTopicOrPartitionError,
+)
+from rivven_broker.storage.partition_log import PartitionLog
+from rivven_broker.storage.topic_config import TopicConfig
+from rivven_cluster.membership import KeyRing
+from rivven_cluster.metadata import Command, MetadataImage, Outcome, UpdateIsr
+from rivven_cluster.replication import LeaderState
+from rivven_cluster.replication.messages import (
+    NO_DIVERGENCE,
+    FetchedPartition,
+    PartitionFetch,
+    ReplicaFetch,
+    ReplicaFetchAnswer,
+    ReplicaMessageError,
+    decode_answer,
+    decode_fetch,
+    encode,
+)
+
+__all__ = ["ReplicaConfig", "ReplicaManager"]
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int]
+_Refusal = tuple[ErrorCode, str]
+
+
+@attrs.frozen
+class ReplicaConfig:
+    lag_max_ms: int = 10_000
+    isr_check_ms: int = 250
+    fetch_wait_ms: int = 500
+    fetch_bytes_max: int = 8 * 1024 * 1024
+    partition_bytes_max: int = 1024 * 1024
+    connect_timeout_s: float = 2.0
+    answer_timeout_s: float = 5.0
+    backoff_s: float = 0.2
+
+
+@attrs.define
+class _Following:
+    leader: int
+    leader_epoch: int
+    #: The leader's high watermark from its last answer (a follower serves no reads).
+    high_watermark: int = 0
+    #: After an error on this partition: not fetched again before this (monotonic ms).
+    retry_at_ms: int = 0
+
+
+@attrs.define
+class _Leading:
+    key: Key
+    state: LeaderState
+    min_insync: int
+    committed: trio.Event = attrs.field(factory=trio.Event)
+
+
+class ReplicaManager:
+    """This broker's replicas (see the module docstring)."""
+
+    def __init__(self, context: ServerContext, *, node_id: int, boot_id: int,
+                 ring: Callable[[], KeyRing], address_of: Callable[[int], tuple[str, int] | None],
+                 propose: Callable[[Command], Awaitable[Outcome]],
+                 config: ReplicaConfig = ReplicaConfig()) -> None:
+        self._context = context
+        self._env = context.env
+        self.node_id = node_id
+        self.boot_id = boot_id
+        self._ring = ring
+        self._address_of = address_of
+        self._propose = propose
+        self.config = config
+        self._leading: dict[Key, _Leading] = {}
+        self._by_log: dict[int, _Leading] = {}  # id(PartitionLog) -> its leadership
+        self._following: dict[Key, _Following] = {}
+        self._fetchers: set[int] = set()
+        self._nursery: trio.Nursery | None = None
+        #: What happened, for /metrics: truncations, fenced fetches, ISR proposals ...
+        self.counters: dict[str, int] = {}
+
+    # -- running -----------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._isr_loop)
+            task_status.started()
+
+    def apply(self, image: MetadataImage) -> None:
+        """Take the roles the applied metadata gives this broker. Blocks on the fsyncs of a
+        new epoch's checkpoint (once per leader change)."""
+        now_ms = self._env.clock.monotonic_ms()
+        seen: set[Key] = set()
+        for name, topic in image.topics.items():
+            min_insync = _min_insync(topic.configs)
+            for index, part in enumerate(topic.partitions):
+                if self.node_id not in part.replicas:
+                    continue
+                key = (name, index)
+                seen.add(key)
+                try:
+                    plog = self._context.logs.get_log(name, index)
+                except UnknownTopicOrPartitionError:
+                    continue  # not reconciled yet: the next apply takes it
+                if part.leader == self.node_id:
+                    self._following.pop(key, None)
+                    self._lead(key, plog, part.leader_epoch, part.replicas, part.isr,
+                               part.partition_epoch, min_insync, now_ms)
+                else:
+                    self._resign(key)
+                    self._follow(key, part.leader, part.leader_epoch)
+        for key in [k for k in self._leading if k not in seen]:
+            self._resign(key)
+        for key in [k for k in self._following if k not in seen]:
+            del self._following[key]
+
+    def _lead(self, key: Key, plog: PartitionLog, epoch: int, replicas: tuple[int, ...],
+              isr: tuple[int, ...], partition_epoch: int, min_insync: int, now_ms: int) -> None:
+        current = self._leading.get(key)
+        if current is not None and current.state.leader_epoch == epoch:
+            current.min_insync = min_insync
+            if current.state.partition_epoch != partition_epoch:
+                if current.state.isr_committed(isr, partition_epoch):
+                    self._committed(current)
+            return
+        if current is not None:
+            self._resign(key)
+        try:
+            plog.become_leader(epoch)
+        except StorageError as exc:
+            log.error("%s-%d: cannot lead epoch %d: %s", *key, epoch, exc)
+            return
+        state = LeaderState(
+            leader_id=self.node_id, leader_epoch=epoch, replicas=replicas, isr=isr,
+            partition_epoch=partition_epoch, epoch_start_offset=plog.log_end_offset,
+            high_watermark=min(self._known_high_watermark(key, plog), self._durable(plog)),
+            now_ms=now_ms, lag_max_ms=self.config.lag_max_ms)
+        leading = _Leading(key, state, min_insync)
+        self._leading[key] = leading
+        self._by_log[id(plog)] = leading
+        log.info("%s-%d: leading at epoch %d (ISR %s, log end %d)", *key, epoch, list(isr),
+                 plog.log_end_offset)
+        state.on_local_durable(self._durable(plog))
+        self._committed(leading)
+
+    def _known_high_watermark(self, key: Key, plog: PartitionLog) -> int:
+        following = self._following.get(key)
+        if following is not None:
+            return min(following.high_watermark, plog.log_end_offset)
+        return plog.log_start_offset
+
+    def _resign(self, key: Key) -> None:
+        leading = self._leading.pop(key, None)
+        if leading is None:
+            return
+        for log_id in [i for i, held in self._by_log.items() if held is leading]:
+            del self._by_log[log_id]
+        leading.committed.set()  # waiting produces see they are no longer answered by us
+        self._context.waker.poke(key)
+        log.info("%s-%d: no longer leading epoch %d", *key, leading.state.leader_epoch)
+
+    def _follow(self, key: Key, leader: int, epoch: int) -> None:
+        current = self._following.get(key)
+        if current is not None and (current.leader, current.leader_epoch) == (leader, epoch):
+            return
+        hw = current.high_watermark if current is not None else 0
+        self._following[key] = _Following(leader, epoch, hw)
+        if leader >= 0 and leader not in self._fetchers and self._nursery is not None:
+            self._fetchers.add(leader)
+            self._nursery.start_soon(self._fetch_loop, leader)
+
+    # -- the data path's questions -----------------------------------------------------------
+
+    def _durable(self, plog: PartitionLog) -> int:
+        if self._context.policy.mode == "always":
+            return plog.durable_offset
+        return plog.log_end_offset
+
+    def leads(self, plog: PartitionLog) -> bool:
+        return id(plog) in self._by_log
+
+    def produce_error(self, key: Key, acks_all: bool) -> _Refusal | None:
+        """Why this broker may not append to ``key`` now (None: go ahead)."""
+        leading = self._leading.get(key)
+        if leading is None:
+            following = self._following.get(key)
+            who = f"broker {following.leader}" if following is not None else "another broker"
+            return ErrorCode.NOT_LEADER, f"{who} leads {key[0]}/{key[1]}; refresh metadata"
+        isr = leading.state.isr
+        if acks_all and len(isr) < leading.min_insync:
+            return (ErrorCode.NOT_ENOUGH_REPLICAS,
+                    f"{key[0]}/{key[1]} has {len(isr)} in-sync replicas {list(isr)}; "
+                    f"min.insync.replicas is {leading.min_insync}")
+        return None
+
+    def read_error(self, key: Key) -> ErrorCode | None:
+        """Clients read from the leader only."""
+        if key in self._leading:
+            return None
+        return ErrorCode.NOT_LEADER if key in self._following else None
+
+    def high_watermark(self, plog: PartitionLog) -> int | None:
+        """The replicated high watermark of a partition this broker leads (else None)."""
+        leading = self._by_log.get(id(plog))
+        if leading is None:
+            return None
+        if leading.state.on_local_durable(self._durable(plog)):
+            self._committed(leading)
+        return leading.state.high_watermark
+
+    def committed(self, plog: PartitionLog, offset: int) -> bool:
+        """Whether ``offset`` is below the high watermark (and this broker still leads)."""
+        hw = self.high_watermark(plog)
+        return hw is not None and hw > offset
+
+    async def wait_committed(self, plog: PartitionLog, offset: int) -> None:
+        """Return once ``offset`` is committed, or this broker stops leading the partition."""
+        while True:
+            leading = self._by_log.get(id(plog))
+            if leading is None or self.committed(plog, offset):
+                return
+            await leading.committed.wait()
+
+    def _committed(self, leading: _Leading) -> None:
+        """The high watermark moved: wake produces and consumers."""
+        leading.committed.set()
+        leading.committed = trio.Event()
+        self._context.waker.poke(leading.key)
+
+    # -- leader: the ISR ---------------------------------------------------------------------
+
+    async def _isr_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.isr_check_ms / 1000)
+            now_ms = self._env.clock.monotonic_ms()
+            for key, leading in list(self._leading.items()):
+                proposal = leading.state.isr_change(now_ms)
+                if proposal is not None:
+                    assert self._nursery is not None
+                    self._nursery.start_soon(self._propose_isr, key, leading, proposal)
+
+    async def _propose_isr(self, key: Key, leading: _Leading, isr: tuple[int, ...]) -> None:
+        state = leading.state
+        command = UpdateIsr(key[0], key[1], state.leader_epoch, state.partition_epoch, isr)
+        log.info("%s-%d: proposing ISR %s (was %s)", *key, list(isr), list(state.isr))
+        self._count("isr_proposals")
+        try:
+            outcome = await self._propose(command)
+        except Exception as exc:  # the controller is unavailable: try again later
+            log.info("%s-%d: ISR change not committed: %s", *key, exc)
+            outcome = None
+        if outcome is None or not outcome.ok:
+            if outcome is not None:
+                log.info("%s-%d: ISR change refused: %s", *key, outcome.message)
+            state.isr_refused()
+        # committed: ``apply`` hands the new ISR to the state
+
+    # -- leader: serving followers -----------------------------------------------------------
+
+    async def serve(self, link: ReplicaLink) -> None:
+        """Answer one follower's fetches until the link closes."""
+        follower = link.peer.node_id
+        try:
+            while True:
+                request = decode_fetch(await link.receive())
+                if request.replica_id != follower:
+                    self._count("replica_id_mismatch")
+                    return
+                answer = await self._answer(follower, request)
+                await link.send(encode(answer))
+        except (LinkClosed, ReplicaMessageError) as exc:
+            log.debug("replica link from %d closed: %s", follower, exc)
+        finally:
+            await link.aclose()
+
+    async def _answer(self, follower: int, request: ReplicaFetch) -> ReplicaFetchAnswer:
+        wait_ms = min(request.max_wait_ms, self.config.fetch_wait_ms)
+        keys = [(p.topic, p.partition) for p in request.partitions]
+        with trio.move_on_after(wait_ms / 1000):
+            while True:
+                answer, has_data = self._read_for(follower, request)
+                if has_data or wait_ms == 0:
+                    return answer
+                event = trio.Event()
+                self._context.waker.register(event, keys)
+                try:
+                    await event.wait()
+                finally:
+                    self._context.waker.unregister(event, keys)
+        return self._read_for(follower, request)[0]
+
+    def _read_for(self, follower: int, request: ReplicaFetch) -> tuple[ReplicaFetchAnswer, bool]:
+        budget = min(request.max_bytes, self.config.fetch_bytes_max)
+        now_ms = self._env.clock.monotonic_ms()
+        answers, has_data = [], False
+        for part in request.partitions:
+            answer = self._read_partition(follower, part, budget, now_ms)
+            budget = max(budget - len(answer.records), 0)
+            has_data = has_data or bool(answer.records) or answer.error_code != 0 \
+                or answer.diverging_epoch != NO_DIVERGENCE
+            answers.append(answer)
+        return ReplicaFetchAnswer(tuple(answers)), has_data
+
+    def _read_partition(self, follower: int, part: PartitionFetch, budget: int,
+                        now_ms: int) -> FetchedPartition:
+        key = (part.topic, part.partition)
+        leading = self._leading.get(key)
+
+        def refuse(code: ErrorCode) -> FetchedPartition:
+            self._count(f"fetch_{code.name.lower()}")
+            return FetchedPartition(part.topic, part.partition, int(code))
+
+        if leading is None:
+            return refuse(ErrorCode.NOT_LEADER)
+        state = leading.state
+        if part.leader_epoch < state.leader_epoch:
+            return refuse(ErrorCode.FENCED_LEADER_EPOCH)
+        if part.leader_epoch > state.leader_epoch:
+            return refuse(ErrorCode.UNKNOWN_LEADER_EPOCH)
+        if follower not in state.followers:
+            return refuse(ErrorCode.NOT_LEADER)
+        try:
+            plog = self._context.logs.get_log(*key)
+        except UnknownTopicOrPartitionError:
+            return refuse(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        end = plog.log_end_offset
+        if part.last_fetched_epoch >= 0:
+            epoch, epoch_end = plog.epochs.end_offset_for(part.last_fetched_epoch, end)
+            if epoch < part.last_fetched_epoch or epoch_end < part.fetch_offset:
+                self._count("divergences_answered")
+                return FetchedPartition(part.topic, part.partition, 0, state.high_watermark,
+                                        plog.log_start_offset, epoch, epoch_end)
+        if not plog.log_start_offset <= part.fetch_offset <= end:
+            return FetchedPartition(part.topic, part.partition,
+                                    int(ErrorCode.OFFSET_OUT_OF_RANGE), state.high_watermark,
+                                    plog.log_start_offset)
+        durable = max(min(part.durable_offset, part.fetch_offset), 0)
+        state.on_local_durable(self._durable(plog))
+        if state.on_fetch(follower, part.fetch_offset, durable, end, now_ms):
+            self._committed(leading)
+        records = b""
+        if budget > 0 and part.fetch_offset < end:
+            try:
+                read = plog.read(part.fetch_offset, min(budget, self.config.partition_bytes_max))
+            except OffsetOutOfRangeError:
+                return refuse(ErrorCode.OFFSET_OUT_OF_RANGE)
+            except (StorageError, OSError) as exc:
+                log.error("%s-%d: read for follower %d failed: %s", *key, follower, exc)
+                return refuse(ErrorCode.KAFKA_STORAGE_ERROR)
+            records = bytes(read.records)
+        return FetchedPartition(part.topic, part.partition, 0, state.high_watermark,
+                                plog.log_start_offset, NO_DIVERGENCE, -1, records)
+
+    # -- follower: fetching ------------------------------------------------------------------
+
+    async def _fetch_loop(self, leader: int) -> None:
+        """Fetch every partition this broker follows from ``leader``, until it follows none."""
+        config = self.config
+        link: ReplicaLink | None = None
+        try:
+            while True:
+                followed = sorted(k for k, f in self._following.items() if f.leader == leader)
+                if not followed:
+                    return
+                if link is None:
+                    address = self._address_of(leader)
+                    try:
+                        if address is None:
+                            raise LinkClosed(f"no address known for broker {leader}")
+                        link = await open_replica_link(
+                            self._env, address, node_id=self.node_id, boot_id=self.boot_id,
+                            ring=self._ring, timeout_s=config.connect_timeout_s)
+                    except LinkClosed as exc:
+                        log.debug("replica link to %d: %s", leader, exc)
+                        await trio.sleep(config.backoff_s)
+                        continue
+                try:
+                    request = self._fetch_request(leader, followed)
+                    if not request.partitions:
+                        await trio.sleep(config.backoff_s)
+                        continue
+                    await link.send(encode(request))
+                    with trio.fail_after(config.answer_timeout_s + config.fetch_wait_ms / 1000):
+                        answer = decode_answer(await link.receive())
+                except (LinkClosed, ReplicaMessageError, trio.TooSlowError) as exc:
+                    log.info("replica link to %d failed: %s", leader, exc)
+                    await link.aclose()
+                    link = None
+                    await trio.sleep(config.backoff_s)
+                    continue
+                await self._take(leader, answer)
+        finally:
+            self._fetchers.discard(leader)
+            if link is not None:
+                await link.aclose()
+
+    def _fetch_request(self, leader: int, followed: list[Key]) -> ReplicaFetch:
+        now_ms = self._env.clock.monotonic_ms()
+        partitions = []
+        for key in followed:
+            following = self._following.get(key)  # (the metadata may have moved since)
+            if following is None or following.leader != leader or following.retry_at_ms > now_ms:
+                continue
+            try:
+                plog = self._context.logs.get_log(*key)
+            except UnknownTopicOrPartitionError:
+                continue
+            end = plog.log_end_offset
+            last_epoch = plog.epochs.latest_epoch if end > plog.log_start_offset else -1
+            partitions.append(PartitionFetch(key[0], key[1], following.leader_epoch, end,
+                                             last_epoch, min(self._durable(plog), end)))
+        return ReplicaFetch(self.node_id, self.config.fetch_wait_ms,
+                            self.config.fetch_bytes_max, tuple(partitions))
+
+    async def _take(self, leader: int, answer: ReplicaFetchAnswer) -> None:
+        """Apply one answer; then wait (bounded) until what was appended is durable here."""
+        context = self._context
+        now_ms = context.env.clock.wall_ms()
+        appended: list[tuple[PartitionLog, int]] = []
+        backoff = False
+        for fetched in answer.partitions:
+            key = (fetched.topic, fetched.partition)
+            following = self._following.get(key)
+            if following is None or following.leader != leader:
+                continue  # the metadata moved on while the fetch was out
+            try:
+                code = ErrorCode(fetched.error_code)
+            except ValueError:
+                code = ErrorCode.UNKNOWN_SERVER_ERROR
+            if code not in (ErrorCode.NONE, ErrorCode.OFFSET_OUT_OF_RANGE):
+                self._count(f"fetched_{code.name.lower()}")
+                following.retry_at_ms = context.env.clock.monotonic_ms() + 100
+                backoff = True
+                continue
+            try:
+                plog = context.logs.get_log(*key)
+                following.high_watermark = max(following.high_watermark, fetched.high_watermark)
+                if fetched.diverging_epoch != NO_DIVERGENCE:
+                    self._truncate_diverged(key, plog, fetched)
+                    continue
+                if code is ErrorCode.OFFSET_OUT_OF_RANGE:
+                    self._reset_out_of_range(key, plog, fetched)
+                    continue
+                if fetched.records:
+                    state = context.producer_states.get(key[0], key[1], plog)
+                    info = state.append_replicated(fetched.records, now_ms)
+                    context.sync_worker.mark_dirty(plog)
+                    appended.append((plog, info.last_offset))
+            except SyncFailedError:
+                raise
+            except (StorageError, BatchError, OSError) as exc:
+                log.error("%s-%d: replicating from %d failed: %s", *key, leader, exc)
+                following.retry_at_ms = context.env.clock.monotonic_ms() + 1000
+        if backoff and not appended:
+            await trio.sleep(self.config.backoff_s)
+        with trio.move_on_after(self.config.answer_timeout_s):
+            for plog, last_offset in appended:
+                await context.sync_worker.wait_durable(plog, last_offset)
+
+    def _truncate_diverged(self, key: Key, plog: PartitionLog, fetched: FetchedPartition) -> None:
+        end = plog.log_end_offset
+        own_epoch, own_end = plog.epochs.end_offset_for(fetched.diverging_epoch, end)
+        cut = fetched.diverging_end_offset
+        if own_epoch == fetched.diverging_epoch:
+            cut = min(cut, own_end)
+        cut = max(min(cut, end), 0)
+        log.warning("%s-%d: diverged from the leader at epoch %d: truncating from %d to %d",
+                    *key, fetched.diverging_epoch, end, cut)
+        self._count("truncations")
+        self._context.producer_states.truncate(key[0], key[1], plog, cut)
+
+    def _reset_out_of_range(self, key: Key, plog: PartitionLog, fetched: FetchedPartition) -> None:
+        if fetched.log_start_offset > plog.log_end_offset:  # the leader deleted what we lack
+            log.warning("%s-%d: the leader's log starts at %d, past ours (%d): starting over "
+                        "there", *key, fetched.log_start_offset, plog.log_end_offset)
+            self._count("resets")
+            self._context.producer_states.truncate(key[0], key[1], plog,
+                                                   fetched.log_start_offset)
+        else:
+            self._following[key].retry_at_ms = self._env.clock.monotonic_ms() + 1000
+
+    def _count(self, what: str) -> None:
+        self.counters[what] = self.counters.get(what, 0) + 1
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def leading(self) -> dict[Key, LeaderState]:
+        return {key: leading.state for key, leading in self._leading.items()}
+
+    def following(self) -> dict[Key, int]:
+        return {key: following.leader for key, following in self._following.items()}
+
+
+def _min_insync(configs: object) -> int:
+    try:
+        return TopicConfig.parse(dict(configs)).min_insync_replicas  # type: ignore[call-overload]
+    except ValueError:
+        return 1

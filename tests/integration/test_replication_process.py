@@ -1,0 +1,131 @@
+"""Replication with real ``rivven-broker`` processes on loopback (issue 19).
+
+Method: three brokers (``--peers``, ``sync_policy=always``) and a topic with replication factor
+3 and ``min.insync.replicas=2``. A producer with ``acks=all`` sends numbered records while the
+leader of partition 0 is killed with SIGKILL; production goes on (the client follows the new
+leader), the partition's leader epoch grows, and every acknowledged record is read back exactly
+once. The killed broker restarts on its data directory, catches up and is back in every ISR.
+Then: each replica's log agrees record for record below the high watermark (read from every
+broker after moving leadership is not possible from a client, so the checker compares the
+consumer's view with the acknowledgements, and the metadata's ISR with the replicas).
+Waits poll with a bound.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from rivven_broker.client import Admin, Consumer, Producer, TopicPartition
+from rivven_broker.client.errors import RivvenError
+from tests.integration.cluster_ports import free_cluster_ports
+from tests.integration.test_controller_process import _ready, _wait
+
+TOPIC = "replicated"
+
+
+def _cluster(broker_process, tmp_path, size: int = 3):
+    ports = free_cluster_ports(size)
+    key = tmp_path / "cluster.key"
+    key.write_text("a-test-cluster-key-0123456789abcdef\n")
+    os.chmod(key, 0o600)
+
+    def start(node: int):
+        peers = ",".join(f"{i + 1}@127.0.0.1:{port}" for i, port in enumerate(ports)
+                         if i + 1 != node)
+        return broker_process(
+            "--node-id", str(node), "--peers", peers,
+            "--cluster-listen", f"127.0.0.1:{ports[node - 1]}", "--cluster-key-file", str(key),
+            data_dir=tmp_path / f"n{node}")
+
+    processes = {node: start(node) for node in range(1, size + 1)}
+    for process in processes.values():
+        _wait(lambda p=process: _ready(p), "every broker ready")
+    return processes, start
+
+
+def _partition(process, partition: int = 0):
+    with Admin(process.address) as admin:
+        for info in admin.describe_topic(TOPIC).partition_info:
+            if info.partition == partition:
+                return info
+    return None
+
+
+def _bootstrap(processes) -> str:
+    return ",".join(p.address for p in processes.values() if p.popen.poll() is None)
+
+
+def test_leader_killed_under_acks_all_loses_nothing(broker_process, tmp_path) -> None:
+    processes, start = _cluster(broker_process, tmp_path)
+    with Admin(processes[1].address) as admin:
+        _wait(lambda: len(admin.cluster_status().brokers) == 3, "three live brokers")
+        admin.create_topic(TOPIC, partitions=2, replication_factor=3,
+                           config={"min.insync.replicas": "2"})
+    first = _wait(lambda: _partition(processes[1]), "the topic's metadata")
+    assert len(first.replicas) == 3
+    _wait(lambda: len(_partition(processes[1]).isr) == 3, "a full ISR")
+
+    acked: list[tuple[int, int]] = []  # (partition, value)
+    with Producer(_bootstrap(processes), acks="all", delivery_timeout_ms=60_000) as producer:
+        def send(values: range) -> None:
+            futures = [(v, producer.send(TOPIC, str(v).encode(), partition=v % 2))
+                       for v in values]
+            for value, future in futures:
+                metadata = future.result(timeout=60)
+                acked.append((metadata.partition, value))
+
+        send(range(0, 200))
+        leader = first.leader
+        processes[leader].popen.send_signal(signal.SIGKILL)
+        processes[leader].popen.wait()
+        killed_at = time.monotonic()
+        send(range(200, 400))
+        survivor = next(p for n, p in processes.items() if n != leader)
+        moved = _wait(lambda: (lambda i: i if i.leader not in (None, -1, leader) else None)(
+            _partition(survivor)), "a new leader for partition 0")
+        assert moved.leader_epoch > first.leader_epoch
+        failover_s = time.monotonic() - killed_at
+        processes[leader] = start(leader)
+        _wait(lambda: _ready(processes[leader]), "the killed broker back")
+        send(range(400, 500))
+    assert failover_s < 30
+
+    _wait(lambda: all(len(_partition(survivor, p).isr) == 3 for p in (0, 1)),
+          "the restarted broker back in every ISR")
+
+    seen: list[tuple[int, int]] = []
+    with Consumer(_bootstrap(processes), auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)])
+        deadline = time.monotonic() + 30
+        while len(seen) < len(acked) and time.monotonic() < deadline:
+            for record in consumer.poll(timeout_ms=500):
+                seen.append((record.partition, int(record.value)))
+    assert sorted(acked) == sorted(set(acked)), "a record was acknowledged twice"
+    assert len(seen) == len(set(seen)), "a record was stored twice"
+    assert set(acked) <= set(seen), f"lost: {sorted(set(acked) - set(seen))[:10]}"
+
+
+def test_acks_all_refused_below_min_insync(broker_process, tmp_path) -> None:
+    processes, _ = _cluster(broker_process, tmp_path)
+    with Admin(processes[1].address) as admin:
+        _wait(lambda: len(admin.cluster_status().brokers) == 3, "three live brokers")
+        admin.create_topic(TOPIC, partitions=1, replication_factor=3,
+                           config={"min.insync.replicas": "3"})
+    info = _wait(lambda: _partition(processes[1]), "the topic's metadata")
+    _wait(lambda: len(_partition(processes[1]).isr) == 3, "a full ISR")
+    follower = next(r for r in info.replicas if r != info.leader)
+    processes[follower].popen.send_signal(signal.SIGKILL)
+    processes[follower].popen.wait()
+    leader = processes[info.leader]
+    _wait(lambda: len(_partition(leader).isr) == 2, "the dead follower out of the ISR")
+    with Producer(leader.address, acks="all", delivery_timeout_ms=3_000) as producer:
+        try:
+            producer.send(TOPIC, b"x", partition=0).result(timeout=10)
+        except RivvenError as exc:
+            assert "NOT_ENOUGH_REPLICAS" in str(exc), exc
+        else:
+            raise AssertionError("acks=all was acknowledged with 2 of min.insync 3")
+    with Producer(leader.address, acks=1) as producer:
+        producer.send(TOPIC, b"y", partition=0).result(timeout=10)
