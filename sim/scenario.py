@@ -143,6 +143,11 @@ class Fault:
 class TopicSpec:
     name: str
     partitions: int = 3
+    #: In a cluster: replicas per partition (1: every partition on the first node, which the
+    #: thin clients talk to; more: rotating over the nodes, leaders spread, for clients that
+    #: follow leaders).
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
 
 
 CLIENTS = ("thin", "rivven")
@@ -443,10 +448,15 @@ def _workload(table: _Table) -> tuple[tuple[TopicSpec, ...], tuple[ProducerSpec,
     topics = []
     for i, raw in enumerate(table.take("topics", [{"name": "t", "partitions": 3}], list)):
         t = _Table(raw, f"workload.topics[{i}]")
-        topics.append(TopicSpec(t.take("name", "t", str), t.take("partitions", 3, int)))
+        topics.append(TopicSpec(t.take("name", "t", str), t.take("partitions", 3, int),
+                                t.take("replication_factor", 1, int),
+                                t.take("min_insync_replicas", 1, int)))
         t.done()
         if not 1 <= topics[-1].partitions <= 1000:
             raise ScenarioError(f"workload.topics[{i}].partitions: out of range")
+        if not 1 <= topics[-1].min_insync_replicas <= topics[-1].replication_factor <= 16:
+            raise ScenarioError(f"workload.topics[{i}]: need 1 <= min_insync_replicas <= "
+                                "replication_factor <= 16")
     default_topic = topics[0].name
     producers = []
     for i, raw in enumerate(table.take("producers", [], list)):

@@ -55,6 +55,8 @@ from rivven_broker.protocol.messages import (
     ListOffsetsPartition,
     ListOffsetsResponse,
     ListOffsetsTopic,
+    Metadata,
+    MetadataResponse,
     Produce,
     ProducePartition,
     ProduceResponse,
@@ -351,26 +353,46 @@ async def read_logs(net: SimNet, target: Target, topics: tuple[TopicSpec, ...],
         while len(done) < len(logs):
             try:
                 async with open_rpc(net, target.host, target.port) as rpc:
-                    for key, log in logs.items():
-                        if key not in done:
-                            await _read_partition(rpc, log)
-                            done.add(key)
-            except (OSError, ConnectionLost):
+                    leaders = await _leaders(rpc, target)
+                for leader in sorted(set(leaders.values()), key=lambda t: (t.host, t.port)):
+                    async with open_rpc(net, leader.host, leader.port) as rpc:
+                        for key, log in logs.items():
+                            if key not in done and leaders.get(key) == leader:
+                                await _read_partition(rpc, log)
+                                done.add(key)
+            except (OSError, ConnectionLost, trio.TooSlowError):
                 await trio.sleep(0.2)
     if len(done) < len(logs):
         raise ReadFailed(f"read {len(done)} of {len(logs)} partitions before the deadline")
     return logs
 
 
+async def _leaders(rpc: RpcConnection, target: Target) -> dict[tuple[str, int], Target]:
+    """Every partition's leader as ``target`` knows it (a single node: the target itself);
+    partitions without a live leader are left out (read on the next round)."""
+    response = await rpc.call(Metadata(), 10.0)
+    if not isinstance(response, MetadataResponse):
+        raise ConnectionLost("no metadata")
+    brokers = {b.node_id: Target(b.host, b.port) for b in response.brokers}
+    leaders = {}
+    for topic in response.topics:
+        for part in topic.partitions:
+            leader = brokers.get(part.leader)
+            if leader is not None:
+                leaders[(topic.name, part.partition)] = leader
+    return leaders
+
+
 async def _list_offset(rpc: RpcConnection, log: PartitionLog, timestamp: int) -> int:
     request = ListOffsets(topics=(ListOffsetsTopic(log.topic, (ListOffsetsPartition(log.partition, timestamp),)),))
-    while True:
+    for _ in range(50):
         response = await rpc.call(request, 10.0)
         if isinstance(response, ListOffsetsResponse):
             result = response.topics[0].partitions[0]
             if result.error_code == ErrorCode.NONE:
                 return result.offset
         await trio.sleep(0.2)
+    raise ConnectionLost(f"{log.topic}/{log.partition}: no offsets (the leader moved?)")
 
 
 async def _read_partition(rpc: RpcConnection, log: PartitionLog) -> None:
@@ -385,6 +407,8 @@ async def _read_partition(rpc: RpcConnection, log: PartitionLog) -> None:
             await trio.sleep(0.2)
             continue
         result = response.topics[0].partitions[0]
+        if result.error_code in (ErrorCode.NOT_LEADER, ErrorCode.LEADER_NOT_AVAILABLE):
+            raise ConnectionLost(f"{log.topic}/{log.partition}: the leader moved")  # ask again
         if result.error_code != ErrorCode.NONE:
             log.corrupt.append(f"fetch at {position}: {ErrorCode.from_wire(result.error_code).name}")
             return

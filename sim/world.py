@@ -79,6 +79,10 @@ from sim.workload import (
 __all__ = ["World", "RunResult", "seeded_trio_scheduler", "run_scenario"]
 
 _FINAL_READ_TIMEOUT_S = 60.0
+#: After the final crash of a cluster: time for the controller to elect, the restarted leaders
+#: to claim their partitions again and their followers to report what they hold (the high
+#: watermark a leader restarts from is its last checkpoint, a few seconds old).
+_CLUSTER_SETTLE_S = 10.0
 _ACK_BEFORE_FSYNC_POLICY = "interval_ms=1000"  # test switch: acks no longer wait for fsync
 _CLUSTER_KEY = "the-simulated-cluster-key-0123456789"
 #: Segment files a node keeps open: a handful, far fewer than a world's files, so every run
@@ -438,6 +442,8 @@ class World:
                 for host in self.nodes.values():
                     host.crash(reason="final")
                     host.ensure_up()
+                if scenario.nodes.cluster:  # leaders re-elected, high watermarks reported
+                    await trio.sleep(_CLUSTER_SETTLE_S)
             try:
                 final = await read_logs(self.network.endpoint("audit"), self._target(),
                                         scenario.topics, trio.current_time() + _FINAL_READ_TIMEOUT_S)
@@ -466,8 +472,16 @@ class World:
 
     def observe_poll(self, process: str, topic: str, partition: int, last_offset: int,
                      entry: int) -> None:
-        """Online ``reads_durable``: what a consumer just read must already be durable."""
-        durable = self.nodes[self._target().host].durable_offset(topic, partition)
+        """Online ``reads_durable``: what a consumer just read must already be durable — on
+        the node the thin clients talk to, or (replicated topics, read from any leader) on
+        at least one node (the leader's high watermark is durable on every ISR member)."""
+        spec = next((t for t in self.scenario.topics if t.name == topic), None)
+        if spec is not None and spec.replication_factor > 1:
+            found = [host.durable_offset(topic, partition) for host in self.nodes.values()]
+            known = [d for d in found if d is not None]
+            durable = max(known) if known else None
+        else:
+            durable = self.nodes[self._target().host].durable_offset(topic, partition)
         if durable is not None and last_offset >= durable:
             self.online(Violation(
                 "reads_durable",
@@ -475,16 +489,21 @@ class World:
                 f"offsets below {durable} durable", (entry,)))
 
     async def _create_topics_led_by_target(self) -> None:
-        """In a cluster: the workload's topics, every replica on the node the clients talk to.
-
-        The thin clients speak to one node and do not follow leaders yet, so the data
-        workload's partitions are all led by it; placement and leader moves are exercised by
-        the controller workload (``controller_check.py``)."""
+        """In a cluster: the workload's topics. With replication factor 1 every partition is on
+        the node the thin clients talk to (they do not follow leaders); with more, replicas
+        rotate over the nodes and the scenario's clients must follow leaders (``rivven``)."""
         target = self.nodes[self._target().host]
         rng = random.Random(f"{self.seed}/sim/admin")
+        ids = sorted(node.node_id for node in self.nodes.values())
         for spec in self.scenario.topics:
-            command = CreateTopic(spec.name, rng.randbytes(8).hex(),
-                                  ((target.node_id,),) * spec.partitions)
+            factor = spec.replication_factor
+            if factor == 1:
+                assignment = ((target.node_id,),) * spec.partitions
+            else:  # rotating: every node leads some partitions
+                assignment = tuple(tuple(ids[(p + i) % len(ids)] for i in range(factor))
+                                   for p in range(spec.partitions))
+            configs = {"min.insync.replicas": str(spec.min_insync_replicas)}
+            command = CreateTopic(spec.name, rng.randbytes(8).hex(), assignment, configs)
             while True:
                 control = target.broker.cluster if target.up and target.broker else None
                 if control is not None and control.running:

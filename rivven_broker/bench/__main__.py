@@ -4,7 +4,8 @@ Suites: ``produce``, ``consume``, ``e2e`` (the broker benchmark tool, against a 
 starts or ``--bootstrap``, optionally side by side with ``--peer redis|nats``), ``suite`` (the
 standard suite behind ``make bench``, which rewrites docs/performance.md) and ``storage``
 (the partition log alone), ``membership`` (SWIM crash detection with real processes),
-``controller`` (Raft commit latency, commands/s, failover with real processes). See
+``controller`` (Raft commit latency, commands/s, failover with real processes), ``failover``
+(partition leaders SIGKILLed under ``acks=all`` load: failover time, nothing lost). See
 docs/performance.md.
 """
 
@@ -15,7 +16,7 @@ import json
 import signal
 import sys
 
-from rivven_broker.bench import controller, membership, storage
+from rivven_broker.bench import controller, failover, membership, storage
 from rivven_broker.bench.options import MODES, OptionsError, add_arguments, options_from_args
 
 
@@ -40,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         suites.add_parser("membership", help=membership.HELP, description=membership.HELP))
     controller.add_arguments(
         suites.add_parser("controller", help=controller.HELP, description=controller.HELP))
+    failover.add_arguments(
+        suites.add_parser("failover", help=failover.HELP, description=failover.HELP))
     args = parser.parse_args(argv)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         # SIGTERM unwinds like Ctrl-C, so every server is stopped and every directory removed.
@@ -50,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         return membership.main(args)
     if args.suite == "controller":
         return controller.main(args)
+    if args.suite == "failover":
+        return failover.main(args)
     if args.suite == "suite":
         return suite.main(args)
     try:

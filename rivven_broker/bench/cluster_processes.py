@@ -57,7 +57,8 @@ def wait_for(predicate: Callable[[], Any], what: str, bound_s: float = 30.0) -> 
 
 
 class LocalCluster:
-    def __init__(self, count: int, prefix: str, *, http: bool = False) -> None:
+    def __init__(self, count: int, prefix: str, *, http: bool = False,
+                 sync_policy: str = "none") -> None:
         self.root = tempfile.mkdtemp(prefix=prefix)
         self.count = count
         self.cluster_ports = free_ports(count, both=True)
@@ -69,6 +70,7 @@ class LocalCluster:
             handle.write(generate_key(os.urandom(32)) + "\n")
         os.chmod(self.key, 0o600)
         self.processes: dict[int, subprocess.Popen] = {}
+        self.sync_policy = sync_policy
 
     def address(self, node: int) -> str:
         return f"127.0.0.1:{self.client_ports[node - 1]}"
@@ -82,7 +84,8 @@ class LocalCluster:
             "--data-dir", os.path.join(self.root, f"n{node}"), "--listen", self.address(node),
             "--http", http, "--peers", peers,
             "--cluster-listen", f"127.0.0.1:{self.cluster_ports[node - 1]}",
-            "--cluster-key-file", self.key, "--sync-policy", "none", "--log-level", "WARNING",
+            "--cluster-key-file", self.key, "--sync-policy", self.sync_policy,
+            "--log-level", "WARNING",
         ]
         log = open(os.path.join(self.root, f"n{node}.log"), "ab")
         popen = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log)

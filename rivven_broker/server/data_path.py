@@ -460,8 +460,11 @@ class DataPath:
 
 
 def _unacknowledged(deposed: bool) -> _PartitionError:
-    if deposed:  # appended here, but this broker stopped leading before the ISR had it
-        return ErrorCode.NOT_LEADER, "leadership moved before the in-sync replicas had the data"
+    """Appended here but not acknowledged: the outcome is unknown (the batch may survive on a
+    new leader), so never a code that says "not written"."""
+    if deposed:
+        return (ErrorCode.REQUEST_TIMED_OUT,
+                "leadership moved before the in-sync replicas had the data; outcome unknown")
     return ErrorCode.REQUEST_TIMED_OUT, "not acknowledged within timeout_ms"
 
 

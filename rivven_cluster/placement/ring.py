@@ -16,7 +16,7 @@ Hashing alone is a balls-into-bins draw: with a hundred partitions over a dozen 
 broker's count strays from the mean by a third or more (measured). ``assign_topic`` therefore
 bounds it, deterministically and staying close to the walks: a broker already holding
 ``ceil(mean * 1.15)`` replicas of the topic is passed over; then, while some broker holds fewer
-than ``floor(mean * 0.85)``, one replica moves to it from a broker above the mean, choosing the
+than ``ceil(mean * 0.85)``, one replica moves to it from a broker above the mean, choosing the
 partition whose walk ranks the receiver earliest and never losing rack spread. Leaders are
 then chosen among each partition's replicas as evenly as the replica sets allow (an optimal
 semi-matching: greedy, then cost-reducing hand-over paths); the other replicas follow in walk
@@ -136,7 +136,7 @@ def assign_topic(brokers: Iterable[PlacementBroker], topic: str, partitions: int
         for broker in replicas:
             load[broker] += 1
         assignment.append(replicas)
-    _fill(ring, topic, assignment, load, math.floor(mean * _BELOW), mean)
+    _fill(ring, topic, assignment, load, math.ceil(mean * _BELOW), mean)
     _lead(ring, topic, assignment, partitions / len(ids))
     return tuple(tuple(replicas) for replicas in assignment)
 

@@ -167,4 +167,4 @@ def test_peers_without_a_quorum_serve_but_are_not_ready(broker_process, connect_
     assert info.value.code == 503 and json.loads(info.value.read())["ready"] is False
     assert process.terminate() == 0
     err = capfd.readouterr().err
-    assert "NO CLUSTER KEY" in err and "clustered through 2 peers" in err
+    assert "NO CLUSTER KEY" in err

@@ -14,7 +14,9 @@ partitions that name this broker among their replicas:
   produce waits in ``wait_committed`` until it passes the batch, and consumers read below it.
   Every ``isr_check_ms`` the leader proposes the ISR ``LeaderState.isr_change`` asks for
   (``UpdateIsr``, compare-and-set on the partition epoch): laggards out after
-  ``replica.lag.time.max.ms``, caught-up replicas back in.
+  ``replica.lag.time.max.ms``, caught-up replicas back in. A leadership at an epoch the log
+  already holds (a restarted broker that the controller had not replaced yet) is first
+  claimed again at epoch + 1 (``_claim_again``): the same epoch is never led twice.
 - **Follower**: one fetcher task per leader broker (``_fetch_loop``) sends a ``ReplicaFetch``
   for all the partitions it follows from that leader over an authenticated replica link
   (``replica_link.py``), appends what comes back as the leader wrote it (offsets and epochs
@@ -26,6 +28,10 @@ partitions that name this broker among their replicas:
   names: an older one is ``FENCED_LEADER_EPOCH``, a newer one ``UNKNOWN_LEADER_EPOCH`` (its
   metadata is behind), and a broker that no longer leads answers ``NOT_LEADER``. A deposed
   leader's ``LeaderState`` is dropped at once, so a produce waiting on it fails.
+
+Every ``checkpoint_ms`` the high watermarks known here go to ``replication-offset.checkpoint``
+(``storage/high_watermarks.py``), so a broker that leads after a restart starts from its last
+high watermark instead of from zero.
 
 Waits are bounded (a fetch long-polls at most ``fetch_wait_ms``; a link opens within
 ``connect_timeout_s`` and an answer comes within ``answer_timeout_s``), and a failed link is
@@ -45,6 +51,8 @@ from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.records.header import BatchError
 from rivven_broker.server.cluster.replica_link import LinkClosed, ReplicaLink, open_replica_link
 from rivven_broker.server.context import ServerContext
+from rivven_broker.server.group_driver import is_internal_topic
+from rivven_broker.storage.high_watermarks import read_high_watermarks, write_high_watermarks
 from rivven_broker.storage.errors import (
     OffsetOutOfRangeError,
     StorageError,
@@ -54,7 +62,7 @@ from rivven_broker.storage.errors import (
 from rivven_broker.storage.partition_log import PartitionLog
 from rivven_broker.storage.topic_config import TopicConfig
 from rivven_cluster.membership import KeyRing
-from rivven_cluster.metadata import Command, MetadataImage, Outcome, UpdateIsr
+from rivven_cluster.metadata import Command, ElectLeader, MetadataImage, Outcome, UpdateIsr
 from rivven_cluster.replication import LeaderState
 from rivven_cluster.replication.messages import (
     NO_DIVERGENCE,
@@ -86,6 +94,7 @@ class ReplicaConfig:
     connect_timeout_s: float = 2.0
     answer_timeout_s: float = 5.0
     backoff_s: float = 0.2
+    checkpoint_ms: int = 5_000
 
 
 @attrs.define
@@ -125,6 +134,8 @@ class ReplicaManager:
         self._by_log: dict[int, _Leading] = {}  # id(PartitionLog) -> its leadership
         self._following: dict[Key, _Following] = {}
         self._fetchers: set[int] = set()
+        self._claiming: set[Key] = set()
+        self._checkpointed: dict[Key, int] = {}
         self._nursery: trio.Nursery | None = None
         #: What happened, for /metrics: truncations, fenced fetches, ISR proposals ...
         self.counters: dict[str, int] = {}
@@ -132,10 +143,31 @@ class ReplicaManager:
     # -- running -----------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+        disk = self._env.disk
+        self._checkpointed = await self._env.run_sync(read_high_watermarks, disk)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._isr_loop)
+            nursery.start_soon(self._checkpoint_loop)
             task_status.started()
+
+    async def _checkpoint_loop(self) -> None:
+        """Every ``checkpoint_ms``: the high watermarks known here to disk, if they moved."""
+        while True:
+            await trio.sleep(self.config.checkpoint_ms / 1000)
+            known = dict(self._checkpointed)
+            for key, leading in self._leading.items():
+                known[key] = leading.state.high_watermark
+            for key, following in self._following.items():
+                known[key] = max(known.get(key, 0), following.high_watermark)
+            if known == self._checkpointed:
+                continue
+            try:
+                await self._env.run_sync(write_high_watermarks, self._env.disk, known)
+            except OSError as exc:
+                log.error("could not write the high-watermark checkpoint: %s", exc)
+                continue
+            self._checkpointed = known
 
     def apply(self, image: MetadataImage) -> None:
         """Take the roles the applied metadata gives this broker. Blocks on the fsyncs of a
@@ -176,6 +208,9 @@ class ReplicaManager:
             return
         if current is not None:
             self._resign(key)
+        if epoch <= plog.epochs.latest_epoch:
+            self._claim_again(key, epoch, isr)
+            return
         try:
             plog.become_leader(epoch)
         except StorageError as exc:
@@ -194,11 +229,34 @@ class ReplicaManager:
         state.on_local_durable(self._durable(plog))
         self._committed(leading)
 
+    def _claim_again(self, key: Key, epoch: int, isr: tuple[int, ...]) -> None:
+        """This broker's log already holds ``epoch``: an earlier process of it led (or
+        followed in) that epoch, and what that process appended without an fsync may be gone
+        while followers kept it. Leading the same epoch again could give those offsets other
+        records, so ask the controller for the leadership at a new epoch first (Kafka's
+        controller does the same for a restarted broker)."""
+        if key in self._claiming or self._nursery is None:
+            return
+        self._claiming.add(key)
+        self._nursery.start_soon(self._propose_claim, key, epoch, isr)
+
+    async def _propose_claim(self, key: Key, epoch: int, isr: tuple[int, ...]) -> None:
+        try:
+            log.info("%s-%d: leader again after a restart: asking for epoch %d", *key,
+                     epoch + 1)
+            outcome = await self._propose(ElectLeader(key[0], key[1], epoch, self.node_id, isr))
+            if not outcome.ok:
+                log.info("%s-%d: new epoch refused: %s", *key, outcome.message)
+        except Exception as exc:  # the controller is unavailable: the next apply asks again
+            log.info("%s-%d: new epoch not committed: %s", *key, exc)
+        finally:
+            self._claiming.discard(key)
+
     def _known_high_watermark(self, key: Key, plog: PartitionLog) -> int:
         following = self._following.get(key)
-        if following is not None:
-            return min(following.high_watermark, plog.log_end_offset)
-        return plog.log_start_offset
+        known = max(self._checkpointed.get(key, 0),
+                    following.high_watermark if following is not None else 0)
+        return max(min(known, plog.log_end_offset), plog.log_start_offset)
 
     def _resign(self, key: Key) -> None:
         leading = self._leading.pop(key, None)
@@ -245,10 +303,10 @@ class ReplicaManager:
         return None
 
     def read_error(self, key: Key) -> ErrorCode | None:
-        """Clients read from the leader only."""
-        if key in self._leading:
+        """Clients read from the leader only (the broker's own internal topics: locally)."""
+        if key in self._leading or is_internal_topic(key[0]):
             return None
-        return ErrorCode.NOT_LEADER if key in self._following else None
+        return ErrorCode.NOT_LEADER
 
     def high_watermark(self, plog: PartitionLog) -> int | None:
         """The replicated high watermark of a partition this broker leads (else None)."""

@@ -79,3 +79,20 @@ def test_a_follower_keeps_the_leaders_offsets_and_epochs() -> None:
     assert follower.epochs.entries == [(3, 0)]
     assert [h.partition_leader_epoch for _, h in iter_batches(
         bytes(follower.read(0, 1 << 20).records))] == [3, 3]
+
+
+def test_the_high_watermark_checkpoint_round_trips_and_ignores_damage() -> None:
+    from rivven_broker.storage.high_watermarks import (
+        HIGH_WATERMARKS_FILE,
+        read_high_watermarks,
+        write_high_watermarks,
+    )
+    store = MemoryFileStore()
+    assert read_high_watermarks(store) == {}
+    values = {("orders", 0): 10, ("orders", 1): 0, ("a.b-c", 7): 123}
+    write_high_watermarks(store, values)
+    assert read_high_watermarks(store) == values
+    handle = store.open(HIGH_WATERMARKS_FILE)
+    store.pwrite(handle, b"rivven-high-watermarks 1\n12 x\n", 0)
+    store.close(handle)
+    assert read_high_watermarks(store) == {}
