@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import threading
 import time
 import urllib.error
@@ -143,7 +144,13 @@ def _read_back(bootstrap: str, partitions: int, expected: int) -> list[int]:
     with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
         assigned = [TopicPartition(TOPIC, p) for p in range(partitions)]
         consumer.assign(assigned)
-        ends = consumer.end_offsets(assigned)
+
+        def ends_now() -> dict[TopicPartition, int] | None:
+            try:
+                return consumer.end_offsets(assigned)
+            except RivvenError:  # a leader not known yet (a broker just restarted)
+                return None
+        ends = wait_for(ends_now, "every partition led for the read-back", 60)
         total = sum(ends.values())
         deadline = time.monotonic() + 120
         while len(values) < max(total, expected) and time.monotonic() < deadline:
@@ -159,7 +166,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for node in (1, 2, 3):
             cluster.start(node)
         for node in (1, 2, 3):
-            wait_for(lambda n=node: _healthy(cluster, n), f"broker {n} ready")
+            wait_for(lambda n=node: _healthy(cluster, n), f"broker {node} ready")
         bootstrap = ",".join(cluster.address(n) for n in (1, 2, 3))
         with Admin(cluster.address(1)) as admin:
             wait_for(lambda: len(admin.cluster_status().brokers) == 3, "three live brokers")
@@ -177,7 +184,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 return None
             wait_for(full_isr, "every ISR full", args.bound)
             time.sleep(args.interval)
-            before = wait_for(full_isr, "every ISR full", args.bound)
+            before = wait_for(full_isr, f"every ISR full ({_partitions(cluster, 1)})", args.bound)
             victim = before[round_number % args.partitions].leader
             led = [i.partition for i in before if i.leader == victim]
             epochs = {i.partition: i.leader_epoch for i in before}
@@ -200,6 +207,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             done = wait_for(recovered, f"round {round_number + 1}: led and producing again",
                             args.bound)
             failovers.append(done - killed)
+            print(f"round {round_number + 1}: killed broker {victim} (leader of "
+                  f"{len(led)} partitions): led and producing again after "
+                  f"{done - killed:.2f} s", file=sys.stderr)
             cluster.start(victim)
         load.stop()
         acked = load.acked

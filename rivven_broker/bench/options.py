@@ -110,6 +110,9 @@ class BenchOptions:
     broker_env: tuple[str, ...] = ()  # KEY=VALUE added to the broker's environment
     topic: str = "bench"
     verify: bool = True
+    #: Also run the Rivven line against this many clustered brokers (replication factor =
+    #: the count, min.insync.replicas 2), beside the single broker; 0: no cluster line.
+    cluster: int = 0
 
     def __attrs_post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:
@@ -158,6 +161,9 @@ class BenchOptions:
         need(all("=" in item and not item.startswith("=") for item in self.broker_env),
              "--broker-env must be KEY=VALUE")
         need(self.mode != "e2e" or self.peer is None, "--peer compares produce and consume only")
+        need(self.cluster == 0 or (2 <= self.cluster <= 5 and self.mode == "produce"
+                                   and self.partitions == 1 and self.bootstrap is None),
+             "--cluster N: 2..5 brokers, produce with --partitions 1, no --bootstrap")
 
     @property
     def batch_bytes(self) -> int:
@@ -224,6 +230,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--broker-env", action="append", default=[], help="KEY=VALUE for the broker's environment")
     add("--topic", default="bench", help="topic name (default bench)")
     add("--no-verify", action="store_true", help="skip the final loss/duplicate read")
+    add("--cluster", type=int, default=0,
+        help="also produce to N clustered brokers (replication factor N, min.insync 2)")
     add("--json", action="store_true", help="print one JSON summary")
 
 
@@ -257,4 +265,5 @@ def options_from_args(mode: str, args: argparse.Namespace) -> BenchOptions:
         broker_env=tuple(args.broker_env),
         topic=args.topic,
         verify=not args.no_verify,
+        cluster=args.cluster,
     )

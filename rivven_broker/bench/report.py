@@ -96,6 +96,14 @@ def summarize(rounds: Sequence[dict[str, LineResult]], options: BenchOptions,
         summary["machine"] = machine
     if all("client" in r for r in rounds) and rounds and "client" in rounds[0]:
         summary["client"] = line_summary([r["client"] for r in rounds])
+    if rounds and all("cluster" in r for r in rounds):
+        cluster = summary["cluster"] = line_summary([r["cluster"] for r in rounds])
+        single = rivven["records_per_s"]
+        summary["cluster_vs_single"] = round(cluster["records_per_s"] / single, 2) if single else None
+        if options.peer is not None:
+            peer_rate = line_summary([r[options.peer] for r in rounds])["records_per_s"]
+            summary["cluster_vs_peer"] = (round(cluster["records_per_s"] / peer_rate, 2)
+                                          if peer_rate else None)
     if options.peer is not None:
         peer_lines = [r[options.peer] for r in rounds]
         peer = line_summary(peer_lines)
@@ -142,13 +150,20 @@ def format_summary(summary: dict[str, Any]) -> str:
     rows.append(_line_text(f"rivven ({rivven['setting']})", rivven, mode))
     if "client" in summary:
         rows.append(_line_text("rivven client", summary["client"], mode))
+    if "cluster" in summary:
+        rows.append(_line_text("rivven cluster", summary["cluster"], mode))
     if "peer" in summary:
         peer = summary["peer"]
         rows.append(_line_text(f"{peer['target']} ({peer['setting']})", peer, mode))
         rows.append(f"ratio rivven/{peer['target']}: {summary['ratio']}x (rounds {summary['ratios']})")
+    if "cluster" in summary:
+        text = f"ratio cluster/single broker: {summary['cluster_vs_single']}x"
+        if "cluster_vs_peer" in summary:
+            text += f"; cluster/{summary['peer']['target']}: {summary['cluster_vs_peer']}x"
+        rows.append(text)
     if "extra" in rivven and "produce_latency" in rivven["extra"]:
         rows.append(f"produce ack latency: {rivven['extra']['produce_latency']} ms")
-    for name in ("rivven", "client", "peer"):
+    for name in ("rivven", "client", "cluster", "peer"):
         for error in summary.get(name, {}).get("errors", [])[:5]:
             rows.append(f"error ({name}): {error.strip()[:300]}")
     return "\n".join(rows)

@@ -32,6 +32,7 @@ from typing import Any
 import attrs
 
 from rivven_broker.bench import peer_load, rivven_load, servers, storage
+from rivven_broker.bench.cluster_processes import LocalCluster, wait_for
 from rivven_broker.bench.ledger import Ledger
 from rivven_broker.bench.options import BenchOptions, peer_sync_for
 from rivven_broker.bench.stats import Buckets, Latency
@@ -249,11 +250,45 @@ def _fill_rivven(address: tuple[str, int], topic: str, options: BenchOptions, le
     return requests * options.batch
 
 
+def _start_cluster(options: BenchOptions) -> tuple[LocalCluster, str]:
+    """``options.cluster`` brokers on loopback; returns them and a bootstrap address."""
+    cluster = LocalCluster(options.cluster, "rivven-bench-cluster-", sync_policy=options.sync)
+    try:
+        for node in range(1, options.cluster + 1):
+            cluster.start(node)
+        with Admin(cluster.address(1)) as admin:
+            wait_for(lambda: len(admin.cluster_status().brokers) == options.cluster,
+                     "every broker live")
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster, cluster.address(1)
+
+
+def _replicated_topic(bootstrap: str, topic: str, brokers: int) -> tuple[str, int]:
+    """Create ``topic`` (one partition, every broker a replica); its leader's address once
+    the ISR is full."""
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic, partitions=1, replication_factor=brokers,
+                           config={"min.insync.replicas": str(min(2, brokers))})
+
+        def led() -> Any:
+            info = admin.describe_topic(topic).partition_info[0]
+            return info if info.leader is not None and len(info.isr) == brokers else None
+        leader = wait_for(led, "a full ISR").leader
+        broker = next(b for b in admin.cluster_status().brokers if b.node_id == leader)
+    return broker.host, broker.port
+
+
 def _rivven_line(options: BenchOptions, round_index: int, cpus: tuple[int | None, int | None],
-                 client: bool) -> LineResult:
+                 client: bool, clustered: bool = False) -> LineResult:
     server_cpu, load_cpu = cpus
     server = None
-    if options.bootstrap is None:
+    cluster = None
+    if clustered:
+        cluster, bootstrap = _start_cluster(options)
+        address = ("", 0)  # the topic's leader, below
+    elif options.bootstrap is None:
         env = dict(item.split("=", 1) for item in options.broker_env)
         server = servers.start_rivven(options.sync, server_cpu, options.data_dir,
                                       options.broker_flags, env)
@@ -261,12 +296,15 @@ def _rivven_line(options: BenchOptions, round_index: int, cpus: tuple[int | None
     else:
         host, _, port = options.bootstrap.partition(",")[0].rpartition(":")
         address = (host or "127.0.0.1", int(port))
-    target = "client" if client else "rivven"
+    target = "client" if client else "cluster" if clustered else "rivven"
     line = LineResult(target, options.sync)
     ledger = Ledger()
     try:
         topic = _topic(options, target, round_index)
-        _admin_create(f"{address[0]}:{address[1]}", topic, options.partitions)
+        if cluster is not None:
+            address = _replicated_topic(bootstrap, topic, options.cluster)
+        else:
+            _admin_create(f"{address[0]}:{address[1]}", topic, options.partitions)
         mark_at = None if client and options.mode == "produce" else rivven_load.batch_template(
             options.record_bytes, options.batch).mark_at
         specs: list[WorkerSpec] = []
@@ -302,6 +340,8 @@ def _rivven_line(options: BenchOptions, round_index: int, cpus: tuple[int | None
             code = server.stop()
             if code not in (0, None):
                 line.errors.append(f"rivven-broker exited with {code}")
+        if cluster is not None:
+            cluster.close()
     return line
 
 
@@ -367,8 +407,9 @@ def run_line(target: str, options: BenchOptions, round_index: int = 0) -> LineRe
     if cpus[1] is not None:
         os.sched_setaffinity(0, {cpus[1]})
     try:
-        if target in ("rivven", "client"):
-            return _rivven_line(options, round_index, cpus, client=target == "client")
+        if target in ("rivven", "client", "cluster"):
+            return _rivven_line(options, round_index, cpus, client=target == "client",
+                                clustered=target == "cluster")
         return _peer_line(attrs.evolve(options, peer=target), round_index, cpus)
     finally:
         if original is not None:
@@ -383,6 +424,8 @@ def run_bench(options: BenchOptions) -> list[dict[str, LineResult]]:
         lines = {"rivven": run_line("rivven", options, round_index)}
         if options.client_line and options.mode != "e2e":
             lines["client"] = run_line("client", options, round_index)
+        if options.cluster:
+            lines["cluster"] = run_line("cluster", options, round_index)
         if options.peer is not None:
             lines[options.peer] = run_line(options.peer, options, round_index)
         rounds.append(lines)

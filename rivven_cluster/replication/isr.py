@@ -16,12 +16,15 @@ from its group commit. From these:
   the log end offset the leader had at the follower's previous fetch (then it was caught up
   at that previous fetch); an ISR member not caught up for longer than ``lag_max_ms`` leaves
   the ISR (``isr_change`` proposes the smaller set);
-- a replica outside the ISR rejoins once, at a recent fetch (within half the lag bound), its
-  fetch offset and durable offset reach the high watermark and its fetch offset reaches the
-  start of the leader's epoch (it has truncated against this leader and holds every committed
-  record on disk).
+- a replica outside the ISR rejoins after a recent fetch (within half the lag bound) whose
+  offset reached the high watermark and the start of the leader's epoch (it has truncated
+  against this leader and holds every committed record) and whose durable offset reached the
+  high watermark of its previous fetch (everything committed then is on its disk; the rest
+  follows at its next fsync). Under steady load its durable offset never catches the moving
+  high watermark itself, so waiting for that would keep it out for good.
 
-ISR changes are proposals: the driver commits them through the controller (``UpdateIsr``,
+A replica taken out of the ISR (by this leader, or by the controller because it is not live)
+must fetch again before it can rejoin. ISR changes are proposals: the driver commits them through the controller (``UpdateIsr``,
 compare-and-set on the partition epoch) and calls ``isr_committed`` with what the metadata
 then says; one change is in flight at a time. Pure: no clock, no I/O; ``now_ms`` is passed in.
 """
@@ -41,6 +44,10 @@ class FollowerProgress:
     #: The leader's log end offset and the time of the follower's previous fetch.
     previous_leader_end: int = -1
     previous_fetch_ms: int = 0
+    #: The high watermark when the follower last fetched.
+    previous_high_watermark: int = 0
+    #: At its last fetch, the follower could rejoin the ISR (see ``LeaderState``).
+    eligible: bool = False
 
 
 class LeaderState:
@@ -82,7 +89,10 @@ class LeaderState:
             progress.caught_up_ms = now_ms
         elif fetch_offset >= progress.previous_leader_end >= 0:
             progress.caught_up_ms = max(progress.caught_up_ms, progress.previous_fetch_ms)
+        progress.eligible = (fetch_offset >= max(self.high_watermark, self.epoch_start_offset)
+                             and durable_offset >= progress.previous_high_watermark)
         progress.previous_leader_end, progress.previous_fetch_ms = leader_end, now_ms
+        progress.previous_high_watermark = self.high_watermark
         progress.fetch_offset = fetch_offset
         progress.durable_offset = durable_offset
         return self._advance()
@@ -112,10 +122,7 @@ class LeaderState:
             if replica in members:
                 if now_ms - progress.caught_up_ms > self.lag_max_ms:
                     members.discard(replica)
-            elif (now_ms - progress.previous_fetch_ms <= self.lag_max_ms // 2
-                  and progress.previous_leader_end >= 0
-                  and progress.fetch_offset >= max(self.high_watermark, self.epoch_start_offset)
-                  and progress.durable_offset >= self.high_watermark):
+            elif progress.eligible and now_ms - progress.previous_fetch_ms <= self.lag_max_ms // 2:
                 members.add(replica)
         if members == set(self.isr):
             return None
@@ -128,6 +135,9 @@ class LeaderState:
         high watermark moved."""
         self.isr, self.partition_epoch = isr, partition_epoch
         self.pending_isr = None
+        for replica, progress in self.followers.items():
+            if replica not in isr:  # only a fetch after its removal brings it back
+                progress.eligible = False
         return self._advance()
 
     def isr_refused(self) -> None:

@@ -81,6 +81,7 @@ from rivven_cluster.metadata import (
     Outcome,
     RegisterBroker,
     Status,
+    UpdateIsr,
 )
 from rivven_cluster.placement import PlacementBroker, PlacementError, assign_topic
 from rivven_cluster.replication import leader_after_failure, preferred_move
@@ -263,8 +264,9 @@ class ClusterControl:
 
     async def _election_loop(self) -> None:
         """On the Raft leader: give every partition whose leader is not live the first live
-        ISR member (``leader_after_failure``), and every ``_PREFERRED_CHECK_S`` move
-        leadership back to preferred replicas that are live and in sync."""
+        ISR member (``leader_after_failure``), take brokers that are not live out of every
+        other ISR, and every ``_PREFERRED_CHECK_S`` move leadership back to preferred
+        replicas that are live and in sync."""
         preferred_due = self._env.clock.monotonic_ms() + _PREFERRED_CHECK_S * 1000
         while True:
             await trio.sleep(_ELECTION_CHECK_S)
@@ -277,11 +279,16 @@ class ClusterControl:
                 preferred_due = now_ms + _PREFERRED_CHECK_S * 1000
             for name, record in sorted(self.image().topics.items()):
                 for index, part in enumerate(record.partitions):
-                    command = None
+                    command: Command | None = None
                     if part.leader not in live:
                         leader, isr = leader_after_failure(part.replicas, part.isr, live)
                         if leader != part.leader:
                             command = ElectLeader(name, index, part.leader_epoch, leader, isr)
+                    elif any(r not in live for r in part.isr):  # as Kafka's controller does:
+                        # a dead follower leaves every ISR at once, so acks=all does not wait
+                        # out the lag bound for it
+                        command = UpdateIsr(name, index, part.leader_epoch, part.partition_epoch,
+                                            tuple(r for r in part.isr if r in live))
                     elif preferred:
                         moved = preferred_move(part.replicas, part.leader, part.isr, live)
                         if moved is not None:
@@ -293,10 +300,13 @@ class ClusterControl:
                         outcome = await self.propose(command)
                     except ControllerUnavailable:
                         break
-                    if outcome.ok:
+                    if outcome.ok and isinstance(command, ElectLeader):
                         log.info("%s/%d: leader %d -> %d at epoch %d (ISR %s)", name, index,
                                  part.leader, command.leader, part.leader_epoch + 1,
                                  list(command.isr))
+                    elif outcome.ok:
+                        log.info("%s/%d: ISR %s without the brokers that are not live",
+                                 name, index, list(command.isr))
 
     async def _reconcile_loop(self) -> None:
         assert self.host is not None

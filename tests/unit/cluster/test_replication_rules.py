@@ -57,10 +57,11 @@ def test_a_laggard_leaves_the_isr_after_the_lag_bound_and_rejoins_when_caught_up
     assert state.isr_change(LAG_MS + 2) is None  # one change in flight at a time
     state.isr_committed((1, 2), 8)
     assert state.high_watermark == 100
-    state.on_fetch(3, 100, 90, 100, LAG_MS + 3)
-    assert state.isr_change(LAG_MS + 4) is None  # not durable up to the high watermark yet
-    state.on_fetch(3, 100, 100, 100, LAG_MS + 5)
-    assert state.isr_change(LAG_MS + 6) == (1, 2, 3)
+    state.on_fetch(3, 100, 50, 100, LAG_MS + 3)  # has everything; the high watermark is 100
+    state.on_fetch(3, 100, 90, 100, LAG_MS + 4)
+    assert state.isr_change(LAG_MS + 5) is None  # 100 was committed at its last fetch: not durable
+    state.on_fetch(3, 100, 100, 100, LAG_MS + 6)
+    assert state.isr_change(LAG_MS + 7) == (1, 2, 3)
 
 
 def test_a_silent_replica_never_rejoins_even_with_nothing_to_copy() -> None:
@@ -77,6 +78,15 @@ def test_a_follower_caught_up_at_its_previous_fetch_counts_from_then() -> None:
     state.on_fetch(2, 80, 80, 120, 12_000)  # reached what the leader had at 9 s
     progress = state.followers[2]
     assert progress.caught_up_ms == 9_000
+
+
+def test_a_replica_taken_out_must_fetch_again_to_rejoin() -> None:
+    state = _leader()
+    state.on_fetch(3, 0, 0, 0, 100)  # eligible, then dies
+    state.isr_committed((1, 2), 8)  # the controller: 3 is not live
+    assert state.isr_change(200) is None
+    state.on_fetch(3, 0, 0, 0, 300)
+    assert state.isr_change(400) == (1, 2, 3)
 
 
 def test_a_refused_proposal_is_proposed_again() -> None:
