@@ -151,6 +151,7 @@ class TopicSpec:
 
 
 CLIENTS = ("thin", "rivven")
+REPLICATION_BUGS = ("hw_ignores_followers", "truncate_to_hw", "elect_outside_isr")
 
 
 @attrs.frozen
@@ -223,12 +224,17 @@ class TestSwitches:
     fetch_skip_probability: float = 0.0
     #: The disk reports fsyncs of the controller's Raft journal it never did.
     raft_lying_fsync_probability: float = 0.0
+    #: A replication bug (``REPLICATION_BUGS``): the high watermark ignores the followers,
+    #: followers truncate to the high watermark instead of by epoch, or the controller
+    #: elects leaders outside the ISR.
+    replication_bug: str = ""
 
     @property
     def any(self) -> bool:
         return self.ack_before_fsync or bool(self.lying_fsync_probability
                                              or self.fetch_skip_probability
-                                             or self.raft_lying_fsync_probability)
+                                             or self.raft_lying_fsync_probability
+                                             or self.replication_bug)
 
 
 @attrs.frozen
@@ -434,8 +440,11 @@ def _test(table: _Table) -> TestSwitches:
         lying_fsync_probability=float(table.take("lying_fsync", 0.0, (int, float))),
         fetch_skip_probability=float(table.take("fetch_skip_offset", 0.0, (int, float))),
         raft_lying_fsync_probability=float(table.take("raft_lying_fsync", 0.0, (int, float))),
+        replication_bug=table.take("replication_bug", "", str),
     )
     table.done()
+    if switches.replication_bug not in ("", *REPLICATION_BUGS):
+        raise ScenarioError(f"test.replication_bug: one of {', '.join(REPLICATION_BUGS)}")
     for value in (switches.lying_fsync_probability, switches.fetch_skip_probability,
                   switches.raft_lying_fsync_probability):
         if not 0.0 <= value <= 1.0:

@@ -49,6 +49,7 @@ import trio
 import trio.testing
 
 from rivven_broker.server.broker import Broker, BrokerState
+from rivven_broker.server.cluster.replica_manager import ReplicationFaults
 from rivven_broker.server.config import BrokerConfig, HostPort, Peer
 from rivven_broker.storage.errors import LogFailedError, StorageError, SyncFailedError
 from rivven_cluster.membership import KeyRing
@@ -251,8 +252,13 @@ class NodeHost:
                      net=self.world.network.endpoint(self.name), disk=self.disk)
         self.world.history.note(self.name, "start", {"incarnation": incarnation})
         failure: BaseException | None = None
+        bug = self.world.scenario.test.replication_bug
+        faults = ReplicationFaults(high_watermark_ignores_followers=bug == "hw_ignores_followers",
+                                   truncate_to_high_watermark=bug == "truncate_to_hw",
+                                   elect_outside_isr=bug == "elect_outside_isr")
         broker = self.broker = Broker(env, self.config(), key_ring=self.key_ring(),
-                                      controller_observer=self.world.controller_monitor)
+                                      controller_observer=self.world.controller_monitor,
+                                      replication_faults=faults)
         with trio.CancelScope() as scope:
             self._scope = scope
             try:

@@ -57,7 +57,7 @@ from rivven_broker.server.connection import (
 )
 from rivven_broker.server.cluster.cluster_control import ClusterControl
 from rivven_broker.server.cluster.controller_host import ControllerObserver, RaftConfig
-from rivven_broker.server.cluster.replica_manager import ReplicaConfig
+from rivven_broker.server.cluster.replica_manager import ReplicaConfig, ReplicationFaults
 from rivven_broker.server.local_control import LocalControl
 from rivven_broker.server.local_topics import LocalTopics
 from rivven_broker.server.cluster.membership_driver import MembershipDriver
@@ -110,8 +110,11 @@ class Broker:
     """One single-node broker. ``serve`` runs it; ``request_shutdown`` stops it gracefully."""
 
     def __init__(self, env: Env, config: BrokerConfig, *, key_ring: KeyRing | None = None,
-                 controller_observer: ControllerObserver | None = None) -> None:
+                 controller_observer: ControllerObserver | None = None,
+                 replication_faults: ReplicationFaults = ReplicationFaults()) -> None:
         self.env = env
+        #: Deliberate replication bugs: only the simulator's test switches set any.
+        self.replication_faults = replication_faults
         #: Hears the controller's applied commands and elections (the simulator's checkers).
         self.controller_observer = controller_observer
         self.config = config
@@ -376,7 +379,8 @@ class Broker:
             default_partitions=config.default_partitions,
             default_replication_factor=config.default_replication_factor,
             observer=self.controller_observer, raft=RaftConfig.from_ms(config.controller_timings_ms()), context=context,
-            replication=ReplicaConfig(lag_max_ms=config.replica_lag_time_max_ms),
+            replication=ReplicaConfig(lag_max_ms=config.replica_lag_time_max_ms,
+                                      faults=self.replication_faults),
         )
 
     def _members(self) -> list[Member]:

@@ -212,7 +212,8 @@ class DataPath:
         async def wait() -> ProduceResponse:
             with trio.CancelScope(deadline=deadline):  # move_on_at without contextlib
                 for _, _, plog, last_offset in waits:
-                    await context.sync_worker.wait_durable(plog, last_offset)
+                    if last_offset < plog.log_end_offset:  # (else cut: leadership moved)
+                        await context.sync_worker.wait_durable(plog, last_offset)
                     if replicated:  # acks=all: on disk on every ISR member
                         await replicas.wait_committed(plog, last_offset)  # type: ignore[union-attr]
             for name, partition, plog, last_offset in waits:

@@ -281,7 +281,9 @@ class ClusterControl:
                 for index, part in enumerate(record.partitions):
                     command: Command | None = None
                     if part.leader not in live:
-                        leader, isr = leader_after_failure(part.replicas, part.isr, live)
+                        eligible = (part.replicas if self._replication.faults.elect_outside_isr
+                                    else part.isr)
+                        leader, isr = leader_after_failure(part.replicas, eligible, live)
                         if leader != part.leader:
                             command = ElectLeader(name, index, part.leader_epoch, leader, isr)
                     elif any(r not in live for r in part.isr):  # as Kafka's controller does:

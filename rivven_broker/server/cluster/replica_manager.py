@@ -19,9 +19,11 @@ partitions that name this broker among their replicas:
   claimed again at epoch + 1 (``_claim_again``): the same epoch is never led twice.
 - **Follower**: one fetcher task per leader broker (``_fetch_loop``) sends a ``ReplicaFetch``
   for all the partitions it follows from that leader over an authenticated replica link
-  (``replica_link.py``), appends what comes back as the leader wrote it (offsets and epochs
-  kept; producer state rebuilt from the batches), waits for its own group commit to cover it,
-  and only then sends the next fetch, which reports the new durable offset. When the leader
+  (``replica_link.py``) and appends what comes back as the leader wrote it (offsets and epochs
+  kept; producer state rebuilt from the batches). While its own group commit of that data
+  runs it fetches again without waiting at the leader (more data overlaps the fsync); once an
+  answer brings nothing, it waits for the fsync and then long-polls with a fetch that reports
+  the new durable offset, so the leader's high watermark never waits for a long-poll. When the leader
   says the follower's last epoch diverges, the follower truncates to where that epoch ended
   in the leader's log (or in its own, if earlier) — by epoch, never to a high watermark.
 - A leader answers fetches (``serve``) only for partitions it leads, at the epoch the follower
@@ -76,12 +78,25 @@ from rivven_cluster.replication.messages import (
     encode,
 )
 
-__all__ = ["ReplicaConfig", "ReplicaManager"]
+__all__ = ["ReplicaConfig", "ReplicaManager", "ReplicationFaults"]
 
 log = logging.getLogger(__name__)
 
 Key = tuple[str, int]
 _Refusal = tuple[ErrorCode, str]
+
+
+@attrs.frozen
+class ReplicationFaults:
+    """Deliberate bugs, so the simulator can show its checkers catch them (its
+    ``[test] replication_bug`` switch). All off everywhere else."""
+
+    #: The high watermark is the leader's own durable offset: acks=all before the followers.
+    high_watermark_ignores_followers: bool = False
+    #: A new follower truncates to the high watermark it knows, and never by epoch.
+    truncate_to_high_watermark: bool = False
+    #: The controller elects any live replica, in sync or not.
+    elect_outside_isr: bool = False
 
 
 @attrs.frozen
@@ -95,6 +110,7 @@ class ReplicaConfig:
     answer_timeout_s: float = 5.0
     backoff_s: float = 0.2
     checkpoint_ms: int = 5_000
+    faults: ReplicationFaults = ReplicationFaults()
 
 
 @attrs.define
@@ -274,6 +290,13 @@ class ReplicaManager:
             return
         hw = current.high_watermark if current is not None else 0
         self._following[key] = _Following(leader, epoch, hw)
+        if self.config.faults.truncate_to_high_watermark:
+            try:
+                plog = self._context.logs.get_log(*key)
+                if hw < plog.log_end_offset:
+                    self._context.producer_states.truncate(key[0], key[1], plog, hw)
+            except (StorageError, OSError, UnknownTopicOrPartitionError):
+                pass
         if leader >= 0 and leader not in self._fetchers and self._nursery is not None:
             self._fetchers.add(leader)
             self._nursery.start_soon(self._fetch_loop, leader)
@@ -313,6 +336,8 @@ class ReplicaManager:
         leading = self._by_log.get(id(plog))
         if leading is None:
             return None
+        if self.config.faults.high_watermark_ignores_followers:
+            return self._durable(plog)
         if leading.state.on_local_durable(self._durable(plog)):
             self._committed(leading)
         return leading.state.high_watermark
@@ -466,8 +491,12 @@ class ReplicaManager:
         """Fetch every partition this broker follows from ``leader``, until it follows none."""
         config = self.config
         link: ReplicaLink | None = None
+        #: Appended here, not yet known durable: ``(log, last offset)``.
+        unsynced: list[tuple[PartitionLog, int]] = []
         try:
             while True:
+                unsynced = [(plog, last) for plog, last in unsynced  # (a truncation may
+                            if self._durable(plog) <= last < plog.log_end_offset]  # cut them)
                 followed = sorted(k for k, f in self._following.items() if f.leader == leader)
                 if not followed:
                     return
@@ -484,7 +513,10 @@ class ReplicaManager:
                         await trio.sleep(config.backoff_s)
                         continue
                 try:
-                    request = self._fetch_request(leader, followed)
+                    # While our own fsync runs, ask for more without waiting at the leader;
+                    # once nothing more comes, wait for the fsync (below) and then long-poll
+                    # with a fetch that reports it.
+                    request = self._fetch_request(leader, followed, wait=not unsynced)
                     if not request.partitions:
                         await trio.sleep(config.backoff_s)
                         continue
@@ -497,13 +529,20 @@ class ReplicaManager:
                     link = None
                     await trio.sleep(config.backoff_s)
                     continue
-                await self._take(leader, answer)
+                appended = await self._take(leader, answer)
+                unsynced.extend(appended)
+                if unsynced and not appended:
+                    with trio.move_on_after(config.answer_timeout_s):
+                        for plog, last_offset in unsynced:
+                            if last_offset < plog.log_end_offset:
+                                await self._context.sync_worker.wait_durable(plog, last_offset)
+                    unsynced.clear()
         finally:
             self._fetchers.discard(leader)
             if link is not None:
                 await link.aclose()
 
-    def _fetch_request(self, leader: int, followed: list[Key]) -> ReplicaFetch:
+    def _fetch_request(self, leader: int, followed: list[Key], wait: bool = True) -> ReplicaFetch:
         now_ms = self._env.clock.monotonic_ms()
         partitions = []
         for key in followed:
@@ -516,13 +555,16 @@ class ReplicaManager:
                 continue
             end = plog.log_end_offset
             last_epoch = plog.epochs.latest_epoch if end > plog.log_start_offset else -1
+            if self.config.faults.truncate_to_high_watermark:
+                last_epoch = -1  # (the bug: no divergence check)
             partitions.append(PartitionFetch(key[0], key[1], following.leader_epoch, end,
                                              last_epoch, min(self._durable(plog), end)))
-        return ReplicaFetch(self.node_id, self.config.fetch_wait_ms,
+        return ReplicaFetch(self.node_id, self.config.fetch_wait_ms if wait else 0,
                             self.config.fetch_bytes_max, tuple(partitions))
 
-    async def _take(self, leader: int, answer: ReplicaFetchAnswer) -> None:
-        """Apply one answer; then wait (bounded) until what was appended is durable here."""
+    async def _take(self, leader: int,
+                    answer: ReplicaFetchAnswer) -> list[tuple[PartitionLog, int]]:
+        """Apply one answer; returns what it appended, ``(log, last offset)``."""
         context = self._context
         now_ms = context.env.clock.wall_ms()
         appended: list[tuple[PartitionLog, int]] = []
@@ -562,9 +604,7 @@ class ReplicaManager:
                 following.retry_at_ms = context.env.clock.monotonic_ms() + 1000
         if backoff and not appended:
             await trio.sleep(self.config.backoff_s)
-        with trio.move_on_after(self.config.answer_timeout_s):
-            for plog, last_offset in appended:
-                await context.sync_worker.wait_durable(plog, last_offset)
+        return appended
 
     def _truncate_diverged(self, key: Key, plog: PartitionLog, fetched: FetchedPartition) -> None:
         end = plog.log_end_offset
