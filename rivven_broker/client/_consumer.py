@@ -594,6 +594,7 @@ class Consumer:
             max_bytes=config.fetch_max_bytes,
             partition_max_bytes=config.max_partition_fetch_bytes,
             isolation_level=self._isolation,
+            leader_epoch=self._metadata.leader_epoch_for,
         )
         self._fetching.add(plan.node_id)
         timeout_ms = self._conn_config.request_timeout_ms + config.fetch_max_wait_ms

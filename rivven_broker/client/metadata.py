@@ -213,6 +213,13 @@ class MetadataCache:
             return None
         return view.error_code
 
+    def leader_epoch_for(self, topic: str, partition: int) -> int:
+        """The partition's leader epoch as last seen (-1: unknown)."""
+        view = self.topics.get(topic)
+        if view is None or not 0 <= partition < len(view.partitions):
+            return -1
+        return view.partitions[partition].leader_epoch
+
     def leader_for(self, topic: str, partition: int) -> int | None:
         """Node id leading the partition, if known and addressable."""
         view = self.topics.get(topic)

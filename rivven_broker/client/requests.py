@@ -13,7 +13,7 @@ Nothing here blocks or reads a clock.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from rivven_broker.client.accumulator import ProducePlan, ProducerBatch
 from rivven_broker.client.errors import RivvenError, error_for
@@ -145,11 +145,15 @@ def fetch_request(
     max_bytes: int,
     partition_max_bytes: int,
     isolation_level: int,
+    leader_epoch: Callable[[str, int], int] | None = None,
 ) -> m.Fetch:
+    """``leader_epoch(topic, partition)``: the epoch the metadata names (-1: unknown), sent as
+    ``current_leader_epoch`` so a deposed leader cannot answer."""
     by_topic: dict[str, list[m.FetchPartition]] = {}
     for tp, _epoch, offset in plan.partitions:
+        epoch = -1 if leader_epoch is None else leader_epoch(tp.topic, tp.partition)
         by_topic.setdefault(tp.topic, []).append(
-            m.FetchPartition(tp.partition, offset, partition_max_bytes)
+            m.FetchPartition(tp.partition, offset, partition_max_bytes, epoch)
         )
     return m.Fetch(
         max_wait_ms=max_wait_ms,

@@ -164,11 +164,15 @@ class ProduceResponse(Response):
 
 @attrs.frozen
 class FetchPartition(Struct):
-    """Read one partition from ``fetch_offset``, at most ``partition_max_bytes``."""
+    """Read one partition from ``fetch_offset``, at most ``partition_max_bytes``.
+    ``current_leader_epoch`` (v1, KIP-320): the leader epoch the client's metadata names, or
+    -1; a clustered leader at another epoch answers ``FENCED_LEADER_EPOCH`` (the client's is
+    older) or ``UNKNOWN_LEADER_EPOCH`` (the broker's is older)."""
 
     partition: int = i32()
     fetch_offset: int = i64()
     partition_max_bytes: int = i32(limits.fetch_partition_bytes_max, lo=0)
+    current_leader_epoch: int = i32(-1, lo=-1, since=1)
 
 
 @attrs.frozen
@@ -186,6 +190,7 @@ class Fetch(Request):
     0 read_uncommitted, 1 read_committed."""
 
     API_KEY: ClassVar[ApiKey] = ApiKey.FETCH
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 1)  # v1: partitions carry current_leader_epoch
     max_wait_ms: int = i32(500, lo=0)
     min_bytes: int = i32(1, lo=0)
     max_bytes: int = i32(limits.fetch_bytes_max, lo=0, hi=I32_MAX)
@@ -228,6 +233,7 @@ class FetchResponse(Response):
     """The answer to ``Fetch``. ``error_code`` is for the request as a whole."""
 
     API_KEY: ClassVar[ApiKey] = ApiKey.FETCH
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 1)
     CARRIES_RECORDS: ClassVar[bool] = True
     error_code: ErrorCode = error_code()
     topics: tuple[FetchTopicResponse, ...] = structs(FetchTopicResponse)

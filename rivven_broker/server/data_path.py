@@ -331,8 +331,8 @@ class DataPath:
         if topic_name_error(name) is not None:
             return FetchPartitionResponse(partition, ErrorCode.INVALID_TOPIC_NAME)
         aborted: tuple[AbortedTransaction, ...] = ()
-        if context.replicas is not None:  # clients read from the leader
-            refused = context.replicas.read_error((name, partition))
+        if context.replicas is not None:  # clients read from the leader, at its epoch
+            refused = context.replicas.read_error((name, partition), part.current_leader_epoch)
             if refused is not None:
                 return FetchPartitionResponse(partition, refused)
         try:

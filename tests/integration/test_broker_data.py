@@ -89,6 +89,20 @@ async def test_produce_then_fetch_round_trip_with_every_acks(broker, connect):
     assert at_end.error_code == ErrorCode.NONE and at_end.records == b""
 
 
+async def test_a_partition_named_twice_in_one_produce_is_refused_whole(broker, connect):
+    client = await connect(broker.port)
+    await client.call(CreateTopic("t", 2))
+    twice = Produce(acks=-1, timeout_ms=10_000, topics=(
+        ProduceTopic("t", (ProducePartition(0, batch(b"a")), ProducePartition(1, batch(b"b")))),
+        ProduceTopic("t", (ProducePartition(0, batch(b"c")),)),
+    ))
+    answer = await client.call(twice)
+    assert answer.error_code == ErrorCode.INVALID_REQUEST  # the whole request, at decoding
+    fetched = only_partition(await client.call(fetch("t", 0, 0)))
+    assert fetched.high_watermark == 0 and fetched.records == b""  # nothing of it appended
+    assert only_partition(await client.call(fetch("t", 1, 0))).records == b""
+
+
 async def test_produce_auto_creates_the_topic(broker, connect):
     client = await connect(broker.port)
     answer = only_partition(await client.call(produce("fresh", 2, batch(b"x"))))

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 
 from rivven_broker.client import Admin, Consumer, Producer, TopicPartition
 from rivven_broker.client.errors import RivvenError
+from rivven_broker.protocol.errors import ErrorCode
+from rivven_broker.protocol.messages import Fetch, FetchPartition, FetchTopic
+from tests.integration.conftest import BlockingRawClient
 from tests.integration.cluster_ports import free_cluster_ports
 from tests.integration.test_controller_process import _ready, _wait
 
@@ -57,6 +61,22 @@ def _bootstrap(processes) -> str:
     return ",".join(p.address for p in processes.values() if p.popen.poll() is None)
 
 
+def _assert_fenced(leader, old_epoch: int, epoch: int) -> None:
+    """The new leader refuses a fetch at the old epoch (KIP-320) and serves the current one."""
+    sock = socket.create_connection(("127.0.0.1", leader.port), timeout=10)
+    client = BlockingRawClient(sock)
+    try:
+        def read(at: int) -> ErrorCode:
+            request = Fetch(max_wait_ms=0, topics=(FetchTopic(TOPIC, (
+                FetchPartition(0, 0, 1 << 20, at),)),))
+            return client.call(request).topics[0].partitions[0].error_code
+        assert read(old_epoch) == ErrorCode.FENCED_LEADER_EPOCH
+        assert read(epoch + 5) == ErrorCode.UNKNOWN_LEADER_EPOCH
+        assert read(epoch) == ErrorCode.NONE
+    finally:
+        client.close()
+
+
 def test_leader_killed_under_acks_all_loses_nothing(broker_process, tmp_path) -> None:
     processes, start = _cluster(broker_process, tmp_path)
     with Admin(processes[1].address) as admin:
@@ -87,6 +107,7 @@ def test_leader_killed_under_acks_all_loses_nothing(broker_process, tmp_path) ->
             _partition(survivor)), "a new leader for partition 0")
         assert moved.leader_epoch > first.leader_epoch
         failover_s = time.monotonic() - killed_at
+        _assert_fenced(processes[moved.leader], first.leader_epoch, moved.leader_epoch)
         processes[leader] = start(leader)
         _wait(lambda: _ready(processes[leader]), "the killed broker back")
         send(range(400, 500))

@@ -325,9 +325,17 @@ class ReplicaManager:
                     f"min.insync.replicas is {leading.min_insync}")
         return None
 
-    def read_error(self, key: Key) -> ErrorCode | None:
-        """Clients read from the leader only (the broker's own internal topics: locally)."""
-        if key in self._leading or is_internal_topic(key[0]):
+    def read_error(self, key: Key, client_epoch: int = -1) -> ErrorCode | None:
+        """Clients read from the leader only (the broker's own internal topics: locally), at
+        the leader epoch they name, if they name one (KIP-320)."""
+        leading = self._leading.get(key)
+        if leading is not None:
+            epoch = leading.state.leader_epoch
+            if client_epoch < 0 or client_epoch == epoch:
+                return None
+            return (ErrorCode.FENCED_LEADER_EPOCH if client_epoch < epoch
+                    else ErrorCode.UNKNOWN_LEADER_EPOCH)
+        if is_internal_topic(key[0]):
             return None
         return ErrorCode.NOT_LEADER
 
