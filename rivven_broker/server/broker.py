@@ -61,7 +61,11 @@ from rivven_broker.server.cluster.replica_manager import ReplicaConfig, Replicat
 from rivven_broker.server.local_control import LocalControl
 from rivven_broker.server.local_topics import LocalTopics
 from rivven_broker.server.cluster.membership_driver import MembershipDriver
-from rivven_broker.server.cluster.metrics import ControllerCollector, MembershipCollector
+from rivven_broker.server.cluster.metrics import (
+    ControllerCollector,
+    MembershipCollector,
+    ReplicationCollector,
+)
 from rivven_broker.server.context import ServerContext
 from rivven_broker.server.descriptors import (
     connections_max_for,
@@ -216,6 +220,7 @@ class Broker:
         if config.peers:  # the controller decides; it answers "not yet" until it runs
             self.cluster = self._cluster_control(local_topics, local_control, self.context)
             self.metrics.registry.register(ControllerCollector(self.cluster))
+            self.metrics.registry.register(ReplicationCollector(self.cluster))
             self.context.control = self.context.cluster = self.cluster
         self._handlers = Handlers(self.context)
         graceful = False

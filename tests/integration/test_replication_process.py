@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import time
+import urllib.request
 
 from rivven_broker.client import Admin, Consumer, Producer, TopicPartition
 from rivven_broker.client.errors import RivvenError
@@ -55,6 +56,14 @@ def _partition(process, partition: int = 0):
             if info.partition == partition:
                 return info
     return None
+
+
+def _metrics(process) -> dict[str, float]:
+    """The unlabelled samples of ``/metrics``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{process.http_port}/metrics") as answer:
+        lines = answer.read().decode().splitlines()
+    return {name: float(value) for name, _, value in (line.partition(" ") for line in lines)
+            if name and not name.startswith("#") and "{" not in name}
 
 
 def _bootstrap(processes) -> str:
@@ -141,6 +150,9 @@ def test_acks_all_refused_below_min_insync(broker_process, tmp_path) -> None:
     processes[follower].popen.wait()
     leader = processes[info.leader]
     _wait(lambda: len(_partition(leader).isr) == 2, "the dead follower out of the ISR")
+    metrics = _metrics(leader)
+    assert metrics["rivven_under_replicated_partitions"] == 1.0
+    assert metrics["rivven_partitions_led"] == 1.0 and metrics["rivven_offline_partitions"] == 0
     with Producer(leader.address, acks="all", delivery_timeout_ms=3_000) as producer:
         try:
             producer.send(TOPIC, b"x", partition=0).result(timeout=10)

@@ -1,4 +1,4 @@
-"""Membership in ``/metrics``: read from the driver and its core at scrape time.
+"""The cluster in ``/metrics`` (membership, controller, replication), read at scrape time.
 
 Theory of operation
 -------------------
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from rivven_broker.server.cluster.cluster_control import ClusterControl
     from rivven_broker.server.cluster.membership_driver import MembershipDriver
 
-__all__ = ["MembershipCollector", "ControllerCollector"]
+__all__ = ["MembershipCollector", "ControllerCollector", "ReplicationCollector"]
 
 _COUNTERS = (
     ("probes", "rivven_cluster_probes", "Direct probes (pings) sent."),
@@ -106,3 +106,43 @@ class ControllerCollector:
             for reason, count in sorted(control.host.links.faults.items()):
                 faults.add_metric([reason], count)
         yield faults
+
+
+class ReplicationCollector:
+    """This broker's replicas: partitions it leads and follows, how many of those it leads are
+    under-replicated (ISR smaller than the replicas), the cluster's offline partitions (no
+    leader) as the applied metadata says, and the replica manager's events by kind
+    (truncations, divergences answered, ISR proposals, refused fetches ...)."""
+
+    def __init__(self, control: ClusterControl) -> None:
+        self._control = control
+
+    def collect(self) -> Iterator[object]:
+        control = self._control
+        replicas = control.replicas
+        offline = 0
+        for topic in control.image().topics.values():
+            offline += sum(1 for part in topic.partitions if part.leader < 0)
+        yield GaugeMetricFamily("rivven_offline_partitions",
+                                "Partitions with no leader in the applied metadata (no live "
+                                "in-sync replica: no unclean election).", value=offline)
+        if replicas is None:
+            return
+        leading = replicas.leading()
+        yield GaugeMetricFamily("rivven_partitions_led", "Partitions this broker leads.",
+                                value=len(leading))
+        yield GaugeMetricFamily("rivven_partitions_followed",
+                                "Partitions this broker follows (fetches from their leader).",
+                                value=len(replicas.following()))
+        yield GaugeMetricFamily(
+            "rivven_under_replicated_partitions",
+            "Partitions this broker leads whose ISR is smaller than their replica set.",
+            value=sum(1 for state in leading.values() if len(state.isr) < len(state.replicas)))
+        events = CounterMetricFamily(
+            "rivven_replica_events",
+            "Replication events by kind (truncations, resets, divergences_answered, "
+            "isr_proposals, fetch_<code> refused to followers, fetched_<code> refused by "
+            "leaders).", labels=["event"])
+        for event, count in sorted(replicas.counters.items()):
+            events.add_metric([event], count)
+        yield events
