@@ -237,22 +237,7 @@ class PartitionLog:
             parts.append(view[position + _STAMP_BYTES : position + size])
             placed.append((offset, size, header.max_timestamp))
             offset += header.last_offset_delta + 1
-        size_before = active.size
-        try:
-            active.append(
-                parts, placed, offset, preallocate_bytes=self.config.preallocate_bytes,
-                preallocate_limit=self.config.segment_bytes,
-            )
-        except OSError as exc:
-            if active.size == size_before:
-                raise StorageError(f"append to {active.log_path} failed: {exc}") from exc
-            self._fail(exc)
-        if size_before == 0:
-            active.first_append_ms = now_ms
-        self._size_bytes += total
-        self._appends += 1
-        self._appended_batches += len(batches)
-        self._appended_bytes += total
+        self._write(active, parts, placed, offset, total, now_ms)
         return AppendInfo(base_offset, offset - 1, now_ms, len(batches), total)
 
     def append_as_follower(
@@ -295,10 +280,18 @@ class PartitionLog:
         active = self._segments[-1]
         placed = [(header.base_offset, size, header.max_timestamp)
                   for _, size, header in batches]
+        self._write(active, [view], placed, next_offset, total, now_ms)
+        first = batches[0][2].base_offset
+        return AppendInfo(first, next_offset - 1, now_ms, len(batches), total)
+
+    def _write(self, active: Segment, parts: list[bytes | memoryview],
+               placed: list[tuple[int, int, int]], next_offset: int, total: int,
+               now_ms: int) -> None:
+        """Write the batches to the active segment and count them (both appends)."""
         size_before = active.size
         try:
             active.append(
-                [view], placed, next_offset, preallocate_bytes=self.config.preallocate_bytes,
+                parts, placed, next_offset, preallocate_bytes=self.config.preallocate_bytes,
                 preallocate_limit=self.config.segment_bytes,
             )
         except OSError as exc:
@@ -309,12 +302,11 @@ class PartitionLog:
             active.first_append_ms = now_ms
         self._size_bytes += total
         self._appends += 1
-        self._appended_batches += len(batches)
+        self._appended_batches += len(placed)
         self._appended_bytes += total
-        first = batches[0][2].base_offset
-        return AppendInfo(first, next_offset - 1, now_ms, len(batches), total)
 
-    def _validate(self, view: memoryview, *, dense: bool = True) -> tuple[list[tuple[int, int, BatchHeader]], int, int]:
+    def _validate(self, view: memoryview, *,
+                  dense: bool = True) -> tuple[list[tuple[int, int, BatchHeader]], int, int]:
         """Every batch's ``(position, size, header)``, their total bytes and offset span."""
         batches = []
         total = span = 0
