@@ -1,4 +1,4 @@
-"""``python -m sim SCENARIO.toml [--seed N | --seeds A..B] [--check-determinism]
+"""``python -m sim SCENARIO.toml [--seed N | --seeds A..B] [--jobs N] [--check-determinism]
 [--replay FILE] [--shrink]``: run a scenario deterministically and judge it.
 
 Theory of operation
@@ -6,7 +6,9 @@ Theory of operation
 The command prints the scenario, its hash and the versions that decide a run (Python, trio,
 rivven, git commit) first, then one line per seed. Exit status 0 means every checked
 invariant held for every seed; 1 means at least one broke (or, with ``--check-determinism``, a
-seed gave two different traces); 2 means bad usage or an unreadable scenario.
+seed gave two different traces); 2 means bad usage or an unreadable scenario. ``--jobs N``
+runs up to N seeds at once in worker processes (a sweep on N cores); lines still come in seed
+order.
 
 On a violation it prints, per broken invariant, what is wrong and the first history entries
 that show it (with the faults and node events just before), writes the realised fault
@@ -21,19 +23,21 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import logging
+import multiprocessing
 import os
 import pathlib
 import platform
 import shlex
 import sys
-from typing import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Iterator, Sequence
 
 import trio
 
 from sim.scenario import Fault, Scenario, ScenarioError, load
 from sim.schedule import ScheduleFile, dump_schedule, load_schedule
 from sim.shrink import shrink
-from sim.world import RunResult, run_scenario
+from sim.world import RunResult, run_in_worker, run_scenario
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 _ENTRIES_SHOWN = 8
@@ -54,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default="sim-failures", metavar="DIR",
                         help="where failure schedules are written (default: ./sim-failures)")
     parser.add_argument("--trace", metavar="FILE", help="write the readable trace of the run")
+    parser.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                        help="run up to N seeds at once, each in its own process (default 1)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show broker logs")
     return parser
 
@@ -211,6 +217,24 @@ def _shrink(result: RunResult, args: argparse.Namespace) -> None:
     print(f"  replay: {_replay_command(args.scenario, result.seed, path)}")
 
 
+def _results(scenario: Scenario, seeds: list[int], faults: list[Fault] | None,
+             args: argparse.Namespace) -> Iterator[tuple[int, RunResult | None]]:
+    """Every seed's result in seed order (None: a determinism check failed). With ``--jobs``
+    the runs go to worker processes; each run is as deterministic there as here."""
+    if args.jobs > 1 and len(seeds) > 1:
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter, no forked state
+        with ProcessPoolExecutor(min(args.jobs, len(seeds)), mp_context=context) as pool:
+            runs = pool.map(run_in_worker, [scenario] * len(seeds), seeds,
+                            [faults] * len(seeds))
+            yield from zip(seeds, runs)
+        return
+    for seed in seeds:
+        if args.check_determinism:
+            yield seed, _check_determinism(scenario, seed, faults)
+        else:
+            yield seed, _run_once(scenario, seed, faults, args.trace)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.CRITICAL,
@@ -232,16 +256,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sim: replaying {args.replay}: {len(faults or [])} faults, nemesis off")
         if replay.scenario_sha256 != scenario.sha256:
             print("sim: warning: the scenario changed since the schedule was written")
+    if args.jobs < 1 or (args.jobs > 1 and (args.check_determinism or args.trace)):
+        print("sim: --jobs must be >= 1, and 1 with --check-determinism or --trace",
+              file=sys.stderr)
+        return 2
     failed = 0
-    for seed in seeds:
-        if args.check_determinism:
-            checked = _check_determinism(scenario, seed, faults)
-            if checked is None:
-                failed += 1
-                continue
-            result = checked
-        else:
-            result = _run_once(scenario, seed, faults, args.trace)
+    for seed, result in _results(scenario, seeds, faults, args):
+        if result is None:
+            failed += 1
+            continue
         verdict = "ok" if result.ok else "FAILED: " + ", ".join(
             dict.fromkeys(v.invariant for v in result.violations))
         print(f"sim: seed {seed} {verdict} ({_summary(result)})")

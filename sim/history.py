@@ -70,9 +70,13 @@ class History:
     """The append-only operation log of one run. Never blocks."""
 
     def __init__(self, trace: Trace) -> None:
-        self._trace = trace
+        self._trace: Trace | None = trace
         self.entries: list[Entry] = []
         self._open: dict[int, Entry] = {}
+
+    def __getstate__(self) -> dict[str, object]:
+        """A finished history travels without its trace (``python -m sim --jobs``)."""
+        return {**self.__dict__, "_trace": None}
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -85,6 +89,7 @@ class History:
         now_ms = trio.current_time() * 1000 if time_ms is None else time_ms
         entry = Entry(len(self.entries), now_ms, process, type_, f, value, invoke)
         self.entries.append(entry)
+        assert self._trace is not None, "a history is written inside its run only"
         self._trace.event("history", entry.index, process, type_, f, value, invoke)
         return entry
 

@@ -77,7 +77,7 @@ from sim.workload import (
     read_logs,
 )
 
-__all__ = ["World", "RunResult", "seeded_trio_scheduler", "run_scenario"]
+__all__ = ["World", "RunResult", "seeded_trio_scheduler", "run_scenario", "run_in_worker"]
 
 _FINAL_READ_TIMEOUT_S = 60.0
 #: After the final crash of a cluster: time for the controller to elect, the restarted leaders
@@ -616,3 +616,10 @@ def run_scenario(scenario: Scenario, seed: int, *, schedule: list[Fault] | None 
     """Run one seed of ``scenario`` (or replay ``schedule``). Blocks; never raises for a
     violation (see ``RunResult.violations``)."""
     return World(scenario, seed, schedule=schedule, trace_sink=trace_sink).run()
+
+
+def run_in_worker(scenario: Scenario, seed: int, schedule: list[Fault] | None) -> RunResult:
+    """``run_scenario`` in a worker process of ``python -m sim --jobs`` (silent but for its
+    result, which is pickled back)."""
+    logging.basicConfig(level=logging.CRITICAL)
+    return run_scenario(scenario, seed, schedule=schedule)

@@ -109,3 +109,20 @@ def test_same_trace_under_different_hash_seeds(tmp_path: pathlib.Path) -> None:
     checked = _cli([str(path), "--seed", "11", "--check-determinism"], "3", tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert f"deterministic: both runs traced {digests[0]}" in checked.stdout
+
+
+def test_jobs_run_seeds_in_workers_with_the_same_traces(tmp_path: pathlib.Path) -> None:
+    """``--jobs 2``: the seeds run in worker processes, are printed in seed order, and trace
+    exactly what they trace in this process."""
+    path = tmp_path / "determinism.toml"
+    path.write_bytes(SCENARIO_TOML)
+    done = _cli([str(path), "--seeds", "11..13", "--jobs", "2"], "4", tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    printed = re.findall(r"seed (\d+) ok \(trace ([0-9a-f]{16})", done.stdout)
+    assert [int(seed) for seed, _ in printed] == [11, 12, 13]
+    scenario = loads(SCENARIO_TOML, "determinism")
+    assert [digest for _, digest in printed] == [
+        run_scenario(scenario, seed).trace_digest[:16] for seed in (11, 12, 13)]
+    refused = _cli([str(path), "--seeds", "1..2", "--jobs", "2", "--check-determinism"], "4",
+                   tmp_path)
+    assert refused.returncode == 2
