@@ -67,6 +67,12 @@ __all__ = [
     "ListOffsetsResponse",
     "ListOffsetsTopicResponse",
     "ListOffsetsPartitionResponse",
+    "OffsetsForLeaderEpoch",
+    "OffsetsForLeaderEpochTopic",
+    "OffsetsForLeaderEpochPartition",
+    "OffsetsForLeaderEpochResponse",
+    "OffsetsForLeaderEpochTopicResponse",
+    "EpochEndOffset",
     "DeleteRecords",
     "DeleteRecordsTopic",
     "DeleteRecordsPartition",
@@ -292,6 +298,66 @@ class ListOffsetsResponse(Response):
 
     API_KEY: ClassVar[ApiKey] = ApiKey.LIST_OFFSETS
     topics: tuple[ListOffsetsTopicResponse, ...] = structs(ListOffsetsTopicResponse)
+
+
+# --- OffsetsForLeaderEpoch ------------------------------------------------------------------
+
+
+@attrs.frozen
+class OffsetsForLeaderEpochPartition(Struct):
+    """Where did ``leader_epoch`` end in the leader's log? ``current_leader_epoch``: the
+    asker's view of the leader's epoch (-1: not given), fenced as in ``Fetch``."""
+
+    partition: int = i32()
+    leader_epoch: int = i32(lo=0)
+    current_leader_epoch: int = i32(-1, lo=-1)
+
+
+@attrs.frozen
+class OffsetsForLeaderEpochTopic(Struct):
+    """The partitions asked about in one topic."""
+
+    name: str = text(_NAME)
+    partitions: tuple[OffsetsForLeaderEpochPartition, ...] = structs(
+        OffsetsForLeaderEpochPartition)
+
+
+@attrs.frozen
+class OffsetsForLeaderEpoch(Request):
+    """KIP-101/KIP-320: the end offset of a leader epoch, so a consumer that read from a
+    deposed leader can tell whether its position is still in the log (truncation detection)."""
+
+    API_KEY: ClassVar[ApiKey] = ApiKey.OFFSETS_FOR_LEADER_EPOCH
+    topics: tuple[OffsetsForLeaderEpochTopic, ...] = structs(OffsetsForLeaderEpochTopic)
+
+
+@attrs.frozen
+class EpochEndOffset(Struct):
+    """The largest epoch at most the one asked that the log knows, and the offset where it
+    ended (the start of the next epoch, or the log end offset for the latest); -1 and -1 when
+    every epoch the log knows is newer."""
+
+    partition: int = i32()
+    error_code: ErrorCode = error_code()
+    leader_epoch: int = i32(-1, lo=-1)
+    end_offset: int = i64(-1, lo=-1)
+
+
+@attrs.frozen
+class OffsetsForLeaderEpochTopicResponse(Struct):
+    """Per-partition answers in one topic."""
+
+    name: str = text(_NAME)
+    partitions: tuple[EpochEndOffset, ...] = structs(EpochEndOffset)
+
+
+@attrs.frozen
+class OffsetsForLeaderEpochResponse(Response):
+    """The answer to ``OffsetsForLeaderEpoch``."""
+
+    API_KEY: ClassVar[ApiKey] = ApiKey.OFFSETS_FOR_LEADER_EPOCH
+    topics: tuple[OffsetsForLeaderEpochTopicResponse, ...] = structs(
+        OffsetsForLeaderEpochTopicResponse)
 
 
 # --- DeleteRecords ---------------------------------------------------------------------------

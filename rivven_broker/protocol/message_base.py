@@ -79,6 +79,7 @@ class ApiKey(enum.IntEnum):
     LIST_OFFSETS = 10
     DELETE_RECORDS = 11
     CREATE_PARTITIONS = 12
+    OFFSETS_FOR_LEADER_EPOCH = 13
     ERROR = 19  # responses only: the generic frame-level error answer
     # 20-39: consumer groups (group_messages.py)
     JOIN_GROUP = 20

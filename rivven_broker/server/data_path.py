@@ -1,4 +1,5 @@
-"""The data path: Produce, Fetch, ListOffsets and DeleteRecords against the partition logs.
+"""The data path: Produce, Fetch, ListOffsets, OffsetsForLeaderEpoch and DeleteRecords against
+the partition logs.
 
 Theory of operation
 -------------------
@@ -40,7 +41,9 @@ ListOffsets: -2 is the log start offset, -1 the high watermark (the LSO for
 ``read_committed``), any other timestamp the first
 offset of the first batch whose max timestamp is at least it (-1 when that is at or beyond the
 high watermark). DeleteRecords moves the log start offset (-1: to the high watermark); offsets
-beyond the high watermark are ``OFFSET_OUT_OF_RANGE``.
+beyond the high watermark are ``OFFSET_OUT_OF_RANGE``. OffsetsForLeaderEpoch answers from the
+partition's leader-epoch cache where an epoch ended (a log whose leader never changed: epoch 0,
+up to its end), fenced by ``current_leader_epoch`` as Fetch is.
 
 Storage errors map through their ``.code``; an ``OSError`` on a partition is
 ``KAFKA_STORAGE_ERROR`` for that partition. A failed fsync (``SyncFailedError``) is never
@@ -77,6 +80,11 @@ from rivven_broker.protocol.messages import (
     ListOffsetsPartitionResponse,
     ListOffsetsResponse,
     ListOffsetsTopicResponse,
+    EpochEndOffset,
+    OffsetsForLeaderEpoch,
+    OffsetsForLeaderEpochPartition,
+    OffsetsForLeaderEpochResponse,
+    OffsetsForLeaderEpochTopicResponse,
     Produce,
     ProducePartitionResponse,
     ProduceResponse,
@@ -427,6 +435,34 @@ class DataPath:
         except (StorageError, OSError) as exc:
             return ListOffsetsPartitionResponse(partition, error_of(exc)[0])
         return ListOffsetsPartitionResponse(partition, ErrorCode.NONE, offset, -1)
+
+    def offsets_for_leader_epoch(
+        self, request: OffsetsForLeaderEpoch
+    ) -> OffsetsForLeaderEpochResponse:
+        """Where each asked epoch ended (KIP-101's question). Never blocks."""
+        topics = []
+        for topic in request.topics:
+            partitions = [self._epoch_end(topic.name, part) for part in topic.partitions]
+            topics.append(OffsetsForLeaderEpochTopicResponse(topic.name, tuple(partitions)))
+        return OffsetsForLeaderEpochResponse(tuple(topics))
+
+    def _epoch_end(self, name: str, part: OffsetsForLeaderEpochPartition) -> EpochEndOffset:
+        if topic_name_error(name) is not None:
+            return EpochEndOffset(part.partition, ErrorCode.INVALID_TOPIC_NAME)
+        replicas = self._context.replicas
+        if replicas is not None:
+            refused = replicas.read_error((name, part.partition), part.current_leader_epoch)
+            if refused is not None:
+                return EpochEndOffset(part.partition, refused)
+        try:
+            plog = self._context.logs.get_log(name, part.partition)
+        except (StorageError, OSError) as exc:
+            return EpochEndOffset(part.partition, error_of(exc)[0])
+        end = plog.log_end_offset
+        if not plog.epochs.entries:  # a log whose leader never changed: epoch 0 throughout
+            return EpochEndOffset(part.partition, ErrorCode.NONE, 0, end)
+        epoch, offset = plog.epochs.end_offset_for(part.leader_epoch, end)
+        return EpochEndOffset(part.partition, ErrorCode.NONE, epoch, offset)
 
     def delete_records(self, request: DeleteRecords) -> DeleteRecordsResponse:
         """Advance log start offsets. Blocks on the checkpoint's fsync (rare, administrative)."""

@@ -53,6 +53,7 @@ from rivven_broker.protocol.messages import (
     Handshake,
     HandshakeResponse,
     ListOffsets,
+    OffsetsForLeaderEpoch,
     ListTopics,
     ListTopicsResponse,
     Metadata,
@@ -103,6 +104,8 @@ class Handlers:
             Produce: lambda request, call: self.data.produce(request, call.now_ms),
             Fetch: lambda request, call: self.data.fetch(request),
             ListOffsets: lambda request, call: self.data.list_offsets(request),
+            OffsetsForLeaderEpoch: lambda request, call: self.data.offsets_for_leader_epoch(
+                request),
             DeleteRecords: lambda request, call: self.data.delete_records(request),
             DescribeCluster: self._describe_cluster,
         }

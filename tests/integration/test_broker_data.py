@@ -103,6 +103,23 @@ async def test_a_partition_named_twice_in_one_produce_is_refused_whole(broker, c
     assert only_partition(await client.call(fetch("t", 1, 0))).records == b""
 
 
+async def test_offsets_for_leader_epoch_on_a_single_broker(broker, connect):
+    """A log whose leader never changed: epoch 0 ends at the log end."""
+    from rivven_broker.protocol.messages import (
+        OffsetsForLeaderEpoch,
+        OffsetsForLeaderEpochPartition,
+        OffsetsForLeaderEpochTopic,
+    )
+    client = await connect(broker.port)
+    await client.call(CreateTopic("t", 1))
+    await client.call(produce("t", 0, batch(b"a", b"b", b"c")))
+    answer = await client.call(OffsetsForLeaderEpoch((OffsetsForLeaderEpochTopic("t", (
+        OffsetsForLeaderEpochPartition(0, 0), OffsetsForLeaderEpochPartition(7, 0))),)))
+    (ended, unknown) = answer.topics[0].partitions
+    assert (ended.error_code, ended.leader_epoch, ended.end_offset) == (ErrorCode.NONE, 0, 3)
+    assert unknown.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
 async def test_produce_auto_creates_the_topic(broker, connect):
     client = await connect(broker.port)
     answer = only_partition(await client.call(produce("fresh", 2, batch(b"x"))))

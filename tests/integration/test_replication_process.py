@@ -22,7 +22,14 @@ import urllib.request
 from rivven_broker.client import Admin, Consumer, Producer, TopicPartition
 from rivven_broker.client.errors import RivvenError
 from rivven_broker.protocol.errors import ErrorCode
-from rivven_broker.protocol.messages import Fetch, FetchPartition, FetchTopic
+from rivven_broker.protocol.messages import (
+    Fetch,
+    FetchPartition,
+    FetchTopic,
+    OffsetsForLeaderEpoch,
+    OffsetsForLeaderEpochPartition,
+    OffsetsForLeaderEpochTopic,
+)
 from tests.integration.conftest import BlockingRawClient
 from tests.integration.cluster_ports import free_cluster_ports
 from tests.integration.test_controller_process import _ready, _wait
@@ -82,6 +89,16 @@ def _assert_fenced(leader, old_epoch: int, epoch: int) -> None:
         assert read(old_epoch) == ErrorCode.FENCED_LEADER_EPOCH
         assert read(epoch + 5) == ErrorCode.UNKNOWN_LEADER_EPOCH
         assert read(epoch) == ErrorCode.NONE
+
+        def epoch_end(asked: int, current: int = -1):
+            request = OffsetsForLeaderEpoch((OffsetsForLeaderEpochTopic(TOPIC, (
+                OffsetsForLeaderEpochPartition(0, asked, current),)),))
+            return client.call(request).topics[0].partitions[0]
+        old = epoch_end(old_epoch)  # it ended where the new leader's epoch began
+        assert (old.error_code, old.leader_epoch) == (ErrorCode.NONE, old_epoch)
+        assert 0 < old.end_offset
+        assert epoch_end(old_epoch, current=old_epoch).error_code == \
+            ErrorCode.FENCED_LEADER_EPOCH
     finally:
         client.close()
 
