@@ -22,7 +22,7 @@ next ``connect``. A request older than its timeout closes its connection (the st
 skip one response) and fails everything in flight there with ``RequestTimedOutError``. A
 protocol violation by the server fails them with the error of its code. Every new connection
 starts with a ``Handshake``; the connection is *ready* (``is_ready``) once the broker accepted
-it, and later requests go out at the newest version both sides list (``version_for``). An
+it, and later requests go out at the newest version both sides list (``sendable``). An
 incompatible broker fails the connection with ``UnsupportedVersionError`` (not retriable).
 
 Receiving: small responses are ``recv``'d in chunks of up to 1 MiB and fed to the decoder. A
@@ -54,7 +54,7 @@ from rivven_broker.client.errors import (
     error_for,
 )
 from rivven_broker.client.metadata import Address
-from rivven_broker.client.requests import version_for
+from rivven_broker.client.requests import sendable
 from rivven_broker.client.retry import reconnect_backoff_ms
 from rivven_broker.protocol import messages as m
 from rivven_broker.protocol.connection import ClientConnection
@@ -235,7 +235,7 @@ class NetworkClient:
                 handler(None, error)
             return
         try:
-            _, data = conn.core.send_request(request, version_for(conn.api_versions, request))
+            _, data = conn.core.send_request(*sendable(conn.api_versions, request))
         except ProtocolError as exc:
             if handler is not None:
                 handler(None, error_for(exc.code, str(exc)))

@@ -41,7 +41,7 @@ from rivven_broker.client.errors import (
     error_for,
 )
 from rivven_broker.client.metadata import Address, MetadataCache, parse_bootstrap
-from rivven_broker.client.requests import check_response, metadata_request, version_for
+from rivven_broker.client.requests import check_response, metadata_request, sendable
 from rivven_broker.client.retry import RetryPolicy, reconnect_backoff_ms
 from rivven_broker.protocol import messages as m
 from rivven_broker.protocol.connection import ClientConnection
@@ -144,7 +144,7 @@ class TrioConnection:
             if self.error is not None:
                 raise self.error
             try:
-                _, data = self.core.send_request(request, version_for(self.api_versions, request))
+                _, data = self.core.send_request(*sendable(self.api_versions, request))
             except ProtocolError as exc:
                 raise error_for(exc.code, str(exc)) from exc
             if waiter is not None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Mapping
 
+import attrs
+
 from rivven_broker.client.accumulator import ProducePlan, ProducerBatch
 from rivven_broker.client.errors import RivvenError, error_for
 from rivven_broker.client.fetch_state import FetchPlan
@@ -36,6 +38,7 @@ from rivven_broker.protocol.errors import ErrorCode
 
 __all__ = [
     "version_for",
+    "sendable",
     "ISOLATION_LEVELS",
     "check_response",
     "raise_for",
@@ -93,6 +96,20 @@ def version_for(api_versions: dict[int, tuple[int, int]], request: Any) -> int |
     low, high = type(request).VERSIONS
     version = min(high, theirs[1])
     return version if version >= max(low, theirs[0]) else None
+
+
+def sendable(api_versions: dict[int, tuple[int, int]], request: Any) -> tuple[Any, int | None]:
+    """``request`` as it can go to a broker with these ranges, and the version to send it at
+    (``version_for``). Advisory fields a broker's version predates are dropped: a Fetch to a
+    broker without v1 loses its ``current_leader_epoch`` (that broker cannot check it)."""
+    version = version_for(api_versions, request)
+    if version == 0 and type(request) is m.Fetch and any(
+            p.current_leader_epoch >= 0 for t in request.topics for p in t.partitions):
+        request = attrs.evolve(request, topics=tuple(
+            attrs.evolve(t, partitions=tuple(
+                attrs.evolve(p, current_leader_epoch=-1) for p in t.partitions))
+            for t in request.topics))
+    return request, version
 
 
 # --- produce ---------------------------------------------------------------------------------

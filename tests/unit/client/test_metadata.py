@@ -88,3 +88,25 @@ def test_a_leaderless_wanted_topic_keeps_the_cache_stale():
 def test_bootstrap_rotates():
     cache = MetadataCache(parse_bootstrap("a:1,b:2"))
     assert [cache.next_bootstrap().host for _ in range(3)] == ["a", "b", "a"]
+
+
+def test_fetch_carries_the_leader_epoch_only_to_brokers_that_take_it() -> None:
+    """KIP-320 on the wire: Fetch v1 names the epoch the metadata knows; a broker that lists
+    only Fetch v0 gets the request without it (advisory), never an encoding failure."""
+    from rivven_broker.client.fetch_state import FetchPlan
+    from rivven_broker.client.requests import fetch_request, sendable
+    from rivven_broker.client.types import TopicPartition
+    from rivven_broker.protocol import codec
+    from rivven_broker.protocol.message_base import ApiKey
+
+    plan = FetchPlan(1, [(TopicPartition("t", 0), 0, 5), (TopicPartition("t", 1), 0, 7)])
+    request = fetch_request(plan, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20,
+                            partition_max_bytes=1 << 20, isolation_level=0,
+                            leader_epoch=lambda topic, partition: 3 + partition)
+    epochs = [p.current_leader_epoch for p in request.topics[0].partitions]
+    assert epochs == [3, 4]
+    new, version = sendable({int(ApiKey.FETCH): (0, 1)}, request)
+    assert (new, version) == (request, 1)
+    old, version = sendable({int(ApiKey.FETCH): (0, 0)}, request)
+    assert version == 0 and [p.current_leader_epoch for p in old.topics[0].partitions] == [-1, -1]
+    codec.encode_request(old, version)  # encodable at v0 now
