@@ -76,3 +76,16 @@ def test_controller_bench_commits_and_fails_over():
     assert failover["rounds"] == 1
     assert 0 < failover["new_controller"]["p50_s"] <= failover["admin_call_succeeds"]["p50_s"]
     assert failover["restarted_broker_ready"]["p50_s"] > 0
+
+
+def test_failover_bench_kills_a_leader_and_loses_nothing():
+    summary = _bench("failover", "--rounds", "1", "--interval", "0.5")
+    assert summary["rounds"] == 1 and summary["acked"] > 0
+    assert 0 < summary["failover_s"]["p50"] <= summary["failover_s"]["max"]
+    assert summary["lost"] == 0 and summary["duplicated"] == 0 and summary["leader_epochs_grew"]
+
+
+def test_produce_bench_cluster_line():
+    summary = _bench("produce", "--duration", "1", "--warmup", "0.5", "--cluster", "3")
+    _check_line(summary["cluster"])
+    assert summary["cluster_vs_single"] > 0
