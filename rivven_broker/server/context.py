@@ -182,6 +182,12 @@ class ServerContext:
             replicated = self.replicas.high_watermark(log)
             if replicated is not None:
                 return replicated
+        return self.durable_end(log)
+
+    def durable_end(self, log: PartitionLog) -> int:
+        """What this node holds for good under its sync policy: the durable offset under
+        ``always``, else the log end offset (a single node's high watermark; what a replica
+        reports to its leader)."""
         if self.sync_worker.policy.mode == "always":
             return log.durable_offset
         return log.log_end_offset

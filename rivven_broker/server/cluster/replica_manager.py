@@ -51,6 +51,7 @@ import trio
 
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.records.header import BatchError
+from rivven_broker.server.cluster.controller_host import ControllerUnavailable
 from rivven_broker.server.cluster.replica_link import LinkClosed, ReplicaLink, open_replica_link
 from rivven_broker.server.context import ServerContext
 from rivven_broker.server.group_driver import is_internal_topic
@@ -126,6 +127,7 @@ class _Following:
 @attrs.define
 class _Leading:
     key: Key
+    log_id: int  # id() of its PartitionLog: the data path asks by log
     state: LeaderState
     min_insync: int
     committed: trio.Event = attrs.field(factory=trio.Event)
@@ -171,11 +173,10 @@ class ReplicaManager:
         """Every ``checkpoint_ms``: the high watermarks known here to disk, if they moved."""
         while True:
             await trio.sleep(self.config.checkpoint_ms / 1000)
-            known = dict(self._checkpointed)
-            for key, leading in self._leading.items():
-                known[key] = leading.state.high_watermark
-            for key, following in self._following.items():
-                known[key] = max(known.get(key, 0), following.high_watermark)
+            known = {key: leading.state.high_watermark
+                     for key, leading in self._leading.items()}
+            for key, following in self._following.items():  # (never below what was saved)
+                known[key] = max(self._checkpointed.get(key, 0), following.high_watermark)
             if known == self._checkpointed:
                 continue
             try:
@@ -237,7 +238,7 @@ class ReplicaManager:
             partition_epoch=partition_epoch, epoch_start_offset=plog.log_end_offset,
             high_watermark=min(self._known_high_watermark(key, plog), self._durable(plog)),
             now_ms=now_ms, lag_max_ms=self.config.lag_max_ms)
-        leading = _Leading(key, state, min_insync)
+        leading = _Leading(key, id(plog), state, min_insync)
         self._leading[key] = leading
         self._by_log[id(plog)] = leading
         log.info("%s-%d: leading at epoch %d (ISR %s, log end %d)", *key, epoch, list(isr),
@@ -263,7 +264,7 @@ class ReplicaManager:
             outcome = await self._propose(ElectLeader(key[0], key[1], epoch, self.node_id, isr))
             if not outcome.ok:
                 log.info("%s-%d: new epoch refused: %s", *key, outcome.message)
-        except Exception as exc:  # the controller is unavailable: the next apply asks again
+        except ControllerUnavailable as exc:  # the next apply asks again
             log.info("%s-%d: new epoch not committed: %s", *key, exc)
         finally:
             self._claiming.discard(key)
@@ -278,8 +279,7 @@ class ReplicaManager:
         leading = self._leading.pop(key, None)
         if leading is None:
             return
-        for log_id in [i for i, held in self._by_log.items() if held is leading]:
-            del self._by_log[log_id]
+        self._by_log.pop(leading.log_id, None)
         leading.committed.set()  # waiting produces see they are no longer answered by us
         self._context.waker.poke(key)
         log.info("%s-%d: no longer leading epoch %d", *key, leading.state.leader_epoch)
@@ -304,9 +304,7 @@ class ReplicaManager:
     # -- the data path's questions -----------------------------------------------------------
 
     def _durable(self, plog: PartitionLog) -> int:
-        if self._context.policy.mode == "always":
-            return plog.durable_offset
-        return plog.log_end_offset
+        return self._context.durable_end(plog)
 
     def leads(self, plog: PartitionLog) -> bool:
         return id(plog) in self._by_log
@@ -388,7 +386,7 @@ class ReplicaManager:
         self._count("isr_proposals")
         try:
             outcome = await self._propose(command)
-        except Exception as exc:  # the controller is unavailable: try again later
+        except ControllerUnavailable as exc:  # proposed again at a later check
             log.info("%s-%d: ISR change not committed: %s", *key, exc)
             outcome = None
         if outcome is None or not outcome.ok:
