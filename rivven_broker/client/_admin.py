@@ -12,20 +12,26 @@ coordinator (found with FindCoordinator); ``group_admin.py`` reads the answers.
 
 from __future__ import annotations
 
+import random
+import time
 from typing import Any, Mapping
 
 from rivven_broker.client._sync import SyncClient
 from rivven_broker.client.config import ConnectionConfig, build_configs
 from rivven_broker.client.errors import RivvenError, UnsupportedVersionError, error_for
 from rivven_broker.client.group_admin import (
+    COORDINATOR_WAIT_MS,
     GroupDescription,
     GroupListing,
+    coordinator_code,
     group_description,
     group_listings,
     group_members,
+    merged_listings,
     parse_reset_target,
 )
 from rivven_broker.client.group_core import committed_offsets
+from rivven_broker.client.retry import RetryPolicy
 from rivven_broker.client.requests import (
     check_response,
     cluster_status,
@@ -51,6 +57,9 @@ from rivven_broker.protocol.errors import ErrorCode
 __all__ = ["Admin"]
 
 
+_RETRY = RetryPolicy()
+
+
 class Admin:
     """Administers a Rivven cluster. Thread-safe; every method blocks on the network.
 
@@ -63,6 +72,7 @@ class Admin:
     ) -> None:
         (config,) = build_configs(options, ConnectionConfig)
         self._client = SyncClient(bootstrap, config, connect_attempts_max=connect_attempts_max)
+        self._rng = random.Random()  # backoff jitter
 
     # --- topics --------------------------------------------------------------------------------
     def create_topic(
@@ -212,15 +222,41 @@ class Admin:
 
     # --- groups -------------------------------------------------------------------------------
     def _coordinator_call(self, group_id: str, request: Any) -> Any:
-        answer = self._client.call(m.FindCoordinator(group_id, 0))
-        raise_for(answer.error_code, None, f"find the coordinator of {group_id!r}")
-        if self._client.metadata.address_of(answer.node_id) is None:
-            self._client.fetch_metadata([])
-        return self._client.call(request, node_id=answer.node_id)
+        """``request`` answered by the group's coordinator, found again (with backoff, within
+        ``COORDINATOR_WAIT_MS``) while it moves, loads or is not reachable."""
+        deadline = time.monotonic() + COORDINATOR_WAIT_MS / 1000
+        attempts = 0
+        while True:
+            try:
+                answer = self._client.call(m.FindCoordinator(group_id, 0))
+                code = coordinator_code(answer)
+                if code is None:
+                    raise_for(answer.error_code, None, f"find the coordinator of {group_id!r}")
+                    if self._client.metadata.address_of(answer.node_id) is None:
+                        self._client.fetch_metadata([])
+                    response = self._client.call(request, node_id=answer.node_id)
+                    code = coordinator_code(response)
+                    if code is None:
+                        return response
+                failure: RivvenError = error_for(code, f"the coordinator of {group_id!r}")
+            except RivvenError as error:
+                if not error.retriable:
+                    raise
+                failure = error
+            attempts += 1
+            wait_ms = _RETRY.backoff_ms(attempts, self._rng)
+            if time.monotonic() + wait_ms / 1000 >= deadline:
+                raise failure
+            time.sleep(wait_ms / 1000)
 
     def list_groups(self) -> list[GroupListing]:
-        """Every consumer group: (group_id, protocol_type, state), sorted."""
-        return group_listings(self._client.call(m.ListGroups()))
+        """Every consumer group: (group_id, protocol_type, state), sorted. In a cluster every
+        broker is asked (each lists the groups it coordinates)."""
+        brokers = [b.node_id for b in self._client.fetch_metadata([]).brokers]
+        if len(brokers) <= 1:
+            return group_listings(self._client.call(m.ListGroups()))
+        return merged_listings(self._client.call(m.ListGroups(), node_id=node)
+                               for node in brokers)
 
     def describe_group(self, group_id: str) -> GroupDescription:
         """State, protocol, members with their assignments, and per partition the committed

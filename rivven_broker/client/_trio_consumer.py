@@ -76,20 +76,25 @@ from rivven_broker.client.types import (
     TopicPartition,
 )
 from rivven_broker.client.group_admin import (
+    COORDINATOR_WAIT_MS,
     GroupDescription,
     GroupListing,
+    coordinator_code,
     group_description,
     group_listings,
     group_members,
+    merged_listings,
     parse_reset_target,
 )
 from rivven_broker.client.group_core import committed_offsets
+from rivven_broker.client.retry import RetryPolicy
 from rivven_broker.protocol import messages as m
 from rivven_broker.protocol.errors import ErrorCode
 
 __all__ = ["TrioConsumer", "TrioAdmin", "open_consumer", "open_admin"]
 
 _IDLE_WAIT_MS = 1000
+_ADMIN_RETRY = RetryPolicy()
 
 
 def _tp(item: Any) -> TopicPartition:
@@ -498,6 +503,7 @@ class TrioAdmin:
         (config,) = build_configs(options, ConnectionConfig)
         self._cluster = TrioCluster(bootstrap, config, env, nursery, in_flight_max=8,
                                     connect_attempts_max=connect_attempts_max)
+        self._rng = env.rng("admin-retry")
 
     async def create_topic(self, name: str, partitions: int = 3, replication_factor: int = 1,
                            config: Mapping[str, str] | None = None, *,
@@ -573,15 +579,40 @@ class TrioAdmin:
         check_response(await self._cluster.call(m.Ping()), m.Pong)
 
     async def _coordinator_call(self, group_id: str, request: Any) -> Any:
-        answer = await self._cluster.call(m.FindCoordinator(group_id, 0))
-        raise_for(answer.error_code, None, f"find the coordinator of {group_id!r}")
-        if self._cluster.metadata.address_of(answer.node_id) is None:
-            metadata = await self._cluster.call(metadata_request([], False))
-            self._cluster.metadata.on_update(metadata, self._cluster.now_ms())
-        return await self._cluster.call(request, node_id=answer.node_id)
+        """As the blocking ``Admin``'s: found again while the coordinator moves or loads."""
+        deadline = trio.current_time() + COORDINATOR_WAIT_MS / 1000
+        attempts = 0
+        while True:
+            try:
+                answer = await self._cluster.call(m.FindCoordinator(group_id, 0))
+                code = coordinator_code(answer)
+                if code is None:
+                    raise_for(answer.error_code, None, f"find the coordinator of {group_id!r}")
+                    if self._cluster.metadata.address_of(answer.node_id) is None:
+                        metadata = await self._cluster.call(metadata_request([], False))
+                        self._cluster.metadata.on_update(metadata, self._cluster.now_ms())
+                    response = await self._cluster.call(request, node_id=answer.node_id)
+                    code = coordinator_code(response)
+                    if code is None:
+                        return response
+                failure: RivvenError = error_for(code, f"the coordinator of {group_id!r}")
+            except RivvenError as error:
+                if not error.retriable:
+                    raise
+                failure = error
+            attempts += 1
+            wait_s = _ADMIN_RETRY.backoff_ms(attempts, self._rng) / 1000
+            if trio.current_time() + wait_s >= deadline:
+                raise failure
+            await trio.sleep(wait_s)
 
     async def list_groups(self) -> list[GroupListing]:
-        return group_listings(await self._cluster.call(m.ListGroups()))
+        metadata = await self._cluster.call(metadata_request([], False))
+        brokers = [b.node_id for b in metadata.brokers]
+        if len(brokers) <= 1:
+            return group_listings(await self._cluster.call(m.ListGroups()))
+        return merged_listings([await self._cluster.call(m.ListGroups(), node_id=node)
+                                for node in brokers])
 
     async def describe_group(self, group_id: str) -> GroupDescription:
         describe = await self._coordinator_call(group_id, m.DescribeGroup(group_id))

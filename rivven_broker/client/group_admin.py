@@ -5,7 +5,11 @@ Theory of operation
 ``Admin.list_groups``/``describe_group``/``delete_group``/``reset_offsets`` (blocking and
 trio) send ListGroups, DescribeGroup, OffsetFetch, ListOffsets, DeleteGroup and OffsetCommit
 requests; this module turns the answers into the plain result types below and parses the
-``--to`` of ``reset-offsets``. A description joins three answers: the members (with their
+``--to`` of ``reset-offsets``. In a cluster a group's coordinator is the leader of its
+``__consumer_offsets`` partition and moves with it: ``coordinator_code`` says when an answer
+means "ask FindCoordinator again" (the drivers retry within ``COORDINATOR_WAIT_MS``), and
+``merged_listings`` joins the ListGroups answers of every broker (each lists the groups it
+coordinates). A description joins three answers: the members (with their
 assignments decoded from the consumer protocol), the committed offsets, and the partitions'
 log end offsets (high watermarks), giving the lag per partition. Pure: no I/O.
 """
@@ -21,6 +25,9 @@ from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.group_messages import CONSUMER_PROTOCOL_TYPE
 
 __all__ = [
+    "COORDINATOR_WAIT_MS",
+    "coordinator_code",
+    "merged_listings",
     "GroupListing",
     "GroupMemberInfo",
     "GroupPartitionOffset",
@@ -78,6 +85,29 @@ def group_listings(response: Any) -> list[GroupListing]:
     if response.error_code != ErrorCode.NONE:
         raise error_for(response.error_code, "list groups")
     return sorted(GroupListing(g.group_id, g.protocol_type, g.state) for g in response.groups)
+
+
+def merged_listings(responses: Iterable[Any]) -> list[GroupListing]:
+    """The groups of every broker's ListGroupsResponse, each once, sorted. Raises the first
+    answer's error."""
+    return sorted({item for response in responses for item in group_listings(response)})
+
+
+#: How long an Admin group call keeps finding a coordinator that moved or is loading.
+COORDINATOR_WAIT_MS = 15_000
+
+_COORDINATOR_CODES = frozenset({ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.NOT_COORDINATOR,
+                                ErrorCode.COORDINATOR_LOAD_IN_PROGRESS})
+
+
+def coordinator_code(response: Any) -> ErrorCode | None:
+    """The coordinator error a group answer carries (the coordinator moved, is loading or is
+    not there yet: find it again), else None. OffsetCommit answers carry it per partition."""
+    code = getattr(response, "error_code", None)
+    if code is None:
+        code = next((p.error_code for t in getattr(response, "topics", ())
+                     for p in t.partitions), None)
+    return code if code in _COORDINATOR_CODES else None
 
 
 def _assignment(protocol_type: str, data: bytes) -> tuple[TopicPartition, ...]:

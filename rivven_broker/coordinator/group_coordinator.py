@@ -181,6 +181,10 @@ class GroupCoordinator(MembershipMixin, OffsetsMixin):
             len(self._timers),
         )
 
+    def group_ids(self) -> list[str]:
+        """The ids of the groups this coordinator knows. Never blocks."""
+        return list(self._groups)
+
     def check_invariants(self) -> None:
         """Assert every group's invariants and the coordinator's own. For tests."""
         instance_owners: dict[tuple[str, str], str] = {}

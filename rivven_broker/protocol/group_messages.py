@@ -444,7 +444,8 @@ class FindCoordinator(Request):
 
 @attrs.frozen
 class FindCoordinatorResponse(Response):
-    """Where the coordinator is; a single-node broker names itself."""
+    """Where the coordinator is: a single-node broker names itself; in a cluster a group's
+    coordinator is the leader of its ``__consumer_offsets`` partition."""
 
     API_KEY: ClassVar[ApiKey] = ApiKey.FIND_COORDINATOR
     error_code: ErrorCode = error_code()

@@ -6,32 +6,44 @@ Theory of operation
 contract is in docs/consumer-groups.md, "Driver contract") and carries out its instructions.
 It keeps no group state of its own.
 
-- *Opening* (``open``, before the client listener starts): the internal topic
-  ``__consumer_offsets`` is created if missing (``cleanup.policy=compact``,
-  ``offsets_topic_partitions`` partitions); every record of it is replayed through
-  ``coordinator.load`` - the log is the source of truth.
-- *Requests* (JoinGroup ... DeleteGroup): ``begin`` feeds a ``GroupRequest`` carrying a fresh
-  token, the client id of the connection's Handshake and its peer host. An answer emitted at
-  once is returned; otherwise a ``Pending`` waits on the token's slot. A held JoinGroup or
-  SyncGroup therefore only delays later answers on *its own* connection (answers stay in
-  request order there). When the connection closes, the pending wait is cancelled and its
-  slot dropped; a later answer for that token is dropped too.
+- *Shards*: a group belongs to one partition of ``__consumer_offsets``
+  (``offsets_partition_for``), and each partition coordinated here has its own
+  ``GroupCoordinator``, durability FIFO and timer (``_Shard``; Kafka's coordinator shards its
+  state the same way). A single node coordinates every partition: ``open`` (before the client
+  listener starts) creates the topic if missing (``cleanup.policy=compact``,
+  ``offsets_topic_partitions`` partitions) and replays each partition into its shard - the log
+  is the source of truth. A clustered broker coordinates exactly the partitions it *leads*
+  (``own``, after every applied metadata change): a partition gained is loaded from its
+  replicated log in a task (requests meanwhile: COORDINATOR_LOAD_IN_PROGRESS); a partition
+  lost, or led again at another epoch, drops its shard and answers what it held
+  NOT_COORDINATOR. A group led nowhere here is NOT_COORDINATOR; ``FindCoordinator`` names the
+  partition's leader.
+- *Requests* (JoinGroup ... DeleteGroup): ``begin`` feeds the group's shard a
+  ``GroupRequest`` carrying a fresh token, the client id of the connection's Handshake and its
+  peer host. An answer emitted at once is returned; otherwise a ``Pending`` waits on the
+  token's slot. A held JoinGroup or SyncGroup therefore only delays later answers on *its own*
+  connection (answers stay in request order there). When the connection closes, the pending
+  wait is cancelled and its slot dropped; a later answer for that token is dropped too.
+  ListGroups merges the shards' answers.
 - ``Persist``: the records become one batch (``BatchBuilder``) appended at once, in emission
-  order, to partition ``offsets_partition_for(group_id, n)`` (through the partition's producer
-  state, like every append). The append is queued in one FIFO; a task takes the head, waits
-  until it is durable (``SyncWorker.wait_durable``: under ``sync=always`` an fsync; the other
-  policies acknowledge on append, as they do for data) and feeds ``Persisted`` (or, for an
-  append that failed, ``PersistFailed`` with its code). One FIFO for everything keeps the
-  coordinator's view equal to a replay of the log, whose order is the append order.
-- *Timers*: a task feeds ``Tick`` when ``next_deadline_ms`` comes; every fed event re-arms it
-  (a new session may bring the deadline forward). Times are wall-clock ms
+  order, to the shard's partition (through the partition's producer state, like every
+  append). The append is queued in the shard's FIFO; a task takes the head, waits until it is
+  durable (``SyncWorker.wait_durable``: under ``sync=always`` an fsync; the other policies
+  acknowledge on append, as they do for data) and, in a cluster, until the partition's high
+  watermark passes it (on disk on every in-sync replica: ``acks=all``), then feeds
+  ``Persisted`` (or, for an append that failed or a leadership lost, ``PersistFailed`` with its
+  code). One FIFO per shard keeps its coordinator's view equal to a replay of its partition,
+  whose order is the append order.
+- *Timers*: a task per shard feeds ``Tick`` when ``next_deadline_ms`` comes; every fed event
+  re-arms it (a new session may bring the deadline forward). Times are wall-clock ms
   (``env.clock.wall_ms``): commit times are persisted and compared after restarts.
 - *Transactions* (``commit_txn_offsets``, the transaction driver's ``offsets_sink``): a
   committed transaction's consumer offsets are appended as one plain batch through the same
   FIFO and, once durable, fed as ``TxnOffsetsCommitted``.
 
 ``log_end_offset(topic, partition)`` for commit validation is the partition's high watermark
-(a consumer never read beyond it). ``lag_rows`` serves the consumer-lag gauges of /metrics:
+(a consumer never read beyond it); in a cluster, a partition led by another broker is not
+checked (this broker's copy may lag; Kafka checks none). ``lag_rows`` serves the consumer-lag gauges of /metrics:
 committed offset against high watermark for every committed partition of every group.
 
 Internal topics (``__consumer_offsets``, ``__transaction_state``) are hidden from ListTopics
@@ -76,10 +88,29 @@ from rivven_broker.protocol import limits
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.group_messages import (
     COORDINATOR_KEY_GROUP,
+    DeleteGroup,
+    DeleteGroupResponse,
+    DescribeGroup,
+    DescribeGroupResponse,
     FindCoordinator,
     FindCoordinatorResponse,
+    GroupListing,
+    Heartbeat,
+    HeartbeatResponse,
+    JoinGroup,
+    JoinGroupResponse,
+    LeaveGroup,
+    LeaveGroupResponse,
     ListGroups,
+    ListGroupsResponse,
+    OffsetCommit,
+    OffsetCommitPartitionResponse,
+    OffsetCommitResponse,
+    OffsetCommitTopicResponse,
     OffsetFetch,
+    OffsetFetchResponse,
+    SyncGroup,
+    SyncGroupResponse,
 )
 from rivven_broker.protocol.message_base import Request, Response
 from rivven_broker.protocol.names import group_id_error
@@ -165,18 +196,19 @@ class LagRow(NamedTuple):
 
 
 class _Slot:
-    """Where a request's answer lands."""
+    """Where a request's answer lands (and what to refuse it with if its shard goes)."""
 
-    __slots__ = ("event", "response")
+    __slots__ = ("event", "response", "request")
 
-    def __init__(self) -> None:
+    def __init__(self, request: Any) -> None:
         self.event = trio.Event()
         self.response: Response | None = None
+        self.request = request
 
 
 @attrs.define
 class _Appended:
-    """One append waiting in the durability FIFO, and what to feed once it is durable."""
+    """One append waiting in a shard's durability FIFO, and what to feed once it is durable."""
 
     plog: PartitionLog | None  # None: the append failed
     last_offset: int
@@ -185,34 +217,59 @@ class _Appended:
     error: ErrorCode | None = None
 
 
+class _Shard:
+    """The groups of one ``__consumer_offsets`` partition, coordinated here: their pure
+    coordinator (None while it loads), its durability FIFO and timer, and the tokens of the
+    requests it has not answered yet."""
+
+    def __init__(self, partition: int, epoch: int) -> None:
+        self.partition = partition
+        self.epoch = epoch  # the partition's leader epoch it was loaded at (-1: a single node)
+        self.coordinator: GroupCoordinator | None = None
+        self.fifo: deque[_Appended] = deque()
+        self.fifo_wakeup = trio.Event()
+        self.rearm = trio.Event()
+        self.scope = trio.CancelScope()
+        self.tokens: set[int] = set()
+        self.gone = False  # unloaded: nothing is fed to its coordinator any more
+
+
 class GroupDriver:
-    """Runs the group coordinator of one broker. See the module docstring."""
+    """Runs the group coordinators of one broker. See the module docstring."""
 
     def __init__(self, context: ServerContext, settings: GroupDriverSettings) -> None:
         self._context = context
         self.settings = settings
         self.partitions = settings.offsets_topic_partitions
-        self.coordinator = GroupCoordinator(
-            context.env.rng("groups"), self._log_end_offset, settings.coordinator
-        )
-        self._slots: dict[Hashable, _Slot] = {}
+        self._rng = context.env.rng("groups")
+        self._shards: dict[int, _Shard] = {}
+        self._slots: dict[int, _Slot] = {}
         self._tokens = itertools.count(1)
-        self._fifo: deque[_Appended] = deque()
-        self._fifo_wakeup = trio.Event()
-        self._rearm = trio.Event()
+        self._nursery: trio.Nursery | None = None
         self._loaded = False
+        #: With --peers: shards come and go with the leadership of the partitions (``own``).
+        self.clustered = False
+
+    def _coordinator(self) -> GroupCoordinator:
+        return GroupCoordinator(self._rng, self._log_end_offset, self.settings.coordinator)
 
     # --- opening -------------------------------------------------------------------------
 
     def open(self, now_ms: int) -> int:
-        """Create ``__consumer_offsets`` if missing and load the coordinator from it. Call
-        once, before requests arrive. Blocks on file I/O. Returns the records replayed.
+        """Create ``__consumer_offsets`` if missing and load every partition's groups from it.
+        Call once, before requests arrive. Blocks on file I/O. Returns the records replayed.
+        A clustered broker (``context.cluster`` set) loads nothing here: it coordinates the
+        partitions it leads, as the metadata gives them (``own``).
 
         Raises:
             CorruptOffsetsRecordError: a record of the topic does not decode.
             StorageError, OSError: the topic could not be created or read.
         """
         assert not self._loaded
+        self._loaded = True
+        if self._context.cluster is not None:
+            self.clustered = True
+            return 0
         logs = self._context.logs
         info = logs.topics().get(OFFSETS_TOPIC)
         if info is None:
@@ -227,25 +284,79 @@ class GroupDriver:
             log.warning("%s has %d partitions (offsets_topic_partitions is %d): keeping %d",
                         OFFSETS_TOPIC, info.partitions, self.partitions, info.partitions)
             self.partitions = info.partitions
-        records = list(self._stored_records())
-        self.coordinator.load(records, now_ms)
-        self._loaded = True
-        stats = self.coordinator.statistics()
-        log.info("group coordinator loaded %d records: %d groups, %d committed offsets",
-                 len(records), stats.groups, stats.committed_offsets)
-        return len(records)
-
-    def _stored_records(self) -> Iterator[tuple[bytes, bytes | None]]:
-        logs = self._context.logs
+        replayed = 0
         for partition in range(self.partitions):
-            plog = logs.get_log(OFFSETS_TOPIC, partition)
-            offset = plog.log_start_offset
-            while offset < plog.log_end_offset:
-                result = plog.read(offset, _READ_BYTES)
-                for record in decode_records(result.records, min_offset=offset):
-                    if record.key is not None:
-                        yield record.key, record.value
-                offset = result.next_offset
+            shard = self._shards[partition] = _Shard(partition, -1)
+            records = list(self._stored_records(logs.get_log(OFFSETS_TOPIC, partition)))
+            shard.coordinator = self._coordinator()
+            shard.coordinator.load(records, now_ms)
+            replayed += len(records)
+        stats = self.statistics()
+        log.info("group coordinator loaded %d records: %d groups, %d committed offsets",
+                 replayed, stats["groups"], stats["committed_offsets"])
+        return replayed
+
+    @staticmethod
+    def _stored_records(plog: PartitionLog) -> Iterator[tuple[bytes, bytes | None]]:
+        offset = plog.log_start_offset
+        while offset < plog.log_end_offset:
+            result = plog.read(offset, _READ_BYTES)
+            for record in decode_records(result.records, min_offset=offset):
+                if record.key is not None:
+                    yield record.key, record.value
+            offset = result.next_offset
+
+    # --- ownership (clustered) ------------------------------------------------------------
+
+    def own(self, partitions: int, leading: dict[int, int]) -> None:
+        """Coordinate the groups of exactly the ``__consumer_offsets`` partitions this broker
+        leads (``leading``: partition -> leader epoch; ``partitions``: how many the topic has).
+        A partition lost, or led again at another epoch, drops its shard: what it had not
+        answered is answered NOT_COORDINATOR, and the new leader loads from the replicated
+        log. A partition gained is loaded in a task; requests meanwhile are answered
+        COORDINATOR_LOAD_IN_PROGRESS. Never blocks."""
+        assert self.clustered
+        self.partitions = partitions
+        for partition, shard in list(self._shards.items()):
+            if leading.get(partition) != shard.epoch:
+                self._unload(shard)
+        for partition, epoch in sorted(leading.items()):
+            if partition not in self._shards:
+                shard = self._shards[partition] = _Shard(partition, epoch)
+                if self._nursery is not None:  # (else run() starts it)
+                    self._nursery.start_soon(self._serve, shard)
+
+    def _unload(self, shard: _Shard) -> None:
+        del self._shards[shard.partition]
+        shard.gone = True
+        shard.scope.cancel()
+        while shard.fifo:  # persists: dropped with the coordinator; transactional offsets:
+            shard.fifo.popleft().on_failure(ErrorCode.NOT_COORDINATOR)  # the caller retries
+        for token in shard.tokens:
+            slot = self._slots.get(token)
+            if slot is not None and slot.response is None:
+                slot.response = refusal(slot.request, ErrorCode.NOT_COORDINATOR)
+                slot.event.set()
+        log.info("%s-%d: no longer coordinating its groups", OFFSETS_TOPIC, shard.partition)
+
+    async def _load(self, shard: _Shard) -> None:
+        """Replay the partition up to its log end, a chunk at a time (the loop stays
+        responsive), into a fresh coordinator."""
+        plog = self._context.logs.get_log(OFFSETS_TOPIC, shard.partition)
+        records: list[tuple[bytes, bytes | None]] = []
+        offset = plog.log_start_offset
+        while offset < plog.log_end_offset:
+            result = plog.read(offset, _READ_BYTES)
+            for record in decode_records(result.records, min_offset=offset):
+                if record.key is not None:
+                    records.append((record.key, record.value))
+            offset = result.next_offset
+            await trio.lowlevel.checkpoint()
+        coordinator = self._coordinator()
+        coordinator.load(records, self._context.env.clock.wall_ms())
+        shard.coordinator = coordinator
+        log.info("%s-%d: coordinating its groups at leader epoch %d (%d records loaded)",
+                 OFFSETS_TOPIC, shard.partition, shard.epoch, len(records))
 
     # --- requests --------------------------------------------------------------------------
 
@@ -254,43 +365,92 @@ class GroupDriver:
         table: dict[type[Request], Callable[[Any, RequestContext], Response | Pending]] = {
             cls: self.begin for cls in GROUP_REQUEST_TYPES
         }
+        table[ListGroups] = self.list_groups
         table[FindCoordinator] = self.find_coordinator
         return table
 
+    def _shard_of(self, group_id: str) -> _Shard | ErrorCode:
+        """The loaded shard coordinating ``group_id`` here, or why there is none."""
+        shard = self._shards.get(offsets_partition_for(group_id, self.partitions))
+        if shard is None:
+            return ErrorCode.NOT_COORDINATOR
+        if shard.coordinator is None:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        return shard
+
     def begin(self, request: Any, call: RequestContext) -> Response | Pending:
-        """Hand a group request to the coordinator. Never blocks.
+        """Hand a group request to the coordinator of its group. Never blocks.
 
         Raises:
             SyncFailedError: an fsync failed earlier (the broker must stop).
         """
         assert self._loaded, "open() first"
+        invalid = group_id_error(request.group_id)
+        if invalid is not None:
+            return refusal(request, invalid)
+        shard = self._shard_of(request.group_id)
+        if isinstance(shard, ErrorCode):
+            return refusal(request, shard)
         token = next(self._tokens)
-        slot = self._slots[token] = _Slot()
-        self._feed(GroupRequest(token, request, call.client_id, call.client_host), call.now_ms)
+        slot = self._slots[token] = _Slot(request)
+        self._feed(shard, GroupRequest(token, request, call.client_id, call.client_host),
+                   call.now_ms)
         if slot.response is not None:
             del self._slots[token]
             return slot.response
+        shard.tokens.add(token)
 
         async def wait() -> Response:
             try:
                 await slot.event.wait()
             finally:
                 self._slots.pop(token, None)
+                shard.tokens.discard(token)
             assert slot.response is not None
             return slot.response
 
         return Pending(wait)
 
+    def list_groups(self, request: ListGroups, call: RequestContext) -> ListGroupsResponse:
+        """The groups of every shard loaded here, sorted by id (in a cluster each broker
+        lists the groups it coordinates; ``Admin.list_groups`` asks them all)."""
+        assert self._loaded, "open() first"
+        groups: list[GroupListing] = []
+        for shard in list(self._shards.values()):
+            if shard.coordinator is not None:
+                groups.extend(self._ask(shard, request, call.now_ms).groups)
+        return ListGroupsResponse(ErrorCode.NONE, tuple(sorted(groups, key=_group_id)))
+
     def find_coordinator(self, request: FindCoordinator,
                          call: RequestContext) -> FindCoordinatorResponse:
-        """This broker coordinates every group and transactional id (a single node)."""
+        """A single node coordinates every group and transactional id; in a cluster a group's
+        coordinator is the leader of its ``__consumer_offsets`` partition."""
         if request.key_type == COORDINATOR_KEY_GROUP and group_id_error(request.key) is not None:
             return FindCoordinatorResponse(ErrorCode.INVALID_GROUP_ID)
         context = self._context
+        if request.key_type == COORDINATOR_KEY_GROUP and self.clustered:
+            assert context.cluster is not None
+            partition = offsets_partition_for(request.key, self.partitions)
+            where = context.cluster.leader_address(OFFSETS_TOPIC, partition)
+            if where is None:
+                return FindCoordinatorResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            return FindCoordinatorResponse(ErrorCode.NONE, *where)
         return FindCoordinatorResponse(
             ErrorCode.NONE, context.config.node_id, context.advertised_host,
             context.advertised_port,
         )
+
+    def check_txn_member(self, group_id: str, generation_id: int, member_id: str,
+                         group_instance_id: str | None) -> ErrorCode | None:
+        """The KIP-447 membership check of a transactional offset commit, by the coordinator
+        of ``group_id`` (NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS when that is not a
+        loaded shard here). Never blocks."""
+        shard = self._shard_of(group_id)
+        if isinstance(shard, ErrorCode):
+            return shard
+        assert shard.coordinator is not None
+        return shard.coordinator.check_txn_member(
+            group_id, generation_id, member_id, group_instance_id)
 
     # --- transactions --------------------------------------------------------------------
 
@@ -302,9 +462,13 @@ class GroupDriver:
         coordinator. Blocks until durable. The transaction driver's ``offsets_sink``.
 
         Raises:
-            StorageError: the append failed (nothing became visible).
+            StorageError: the append failed, or the group is not coordinated here (nothing
+                became visible).
             SyncFailedError: an fsync failed (the broker must stop).
         """
+        shard = self._shard_of(group_id)
+        if isinstance(shard, ErrorCode):
+            raise StorageError(f"transactional offsets of {group_id} not written: {shard.name}")
         entries = tuple((o.topic, o.partition, o.offset, o.metadata) for o in offsets)
         records = tuple(
             (encode_key(OffsetKey(group_id, topic, partition)),
@@ -316,60 +480,82 @@ class GroupDriver:
         event = TxnOffsetsCommitted(group_id, entries, commit_timestamp_ms)
 
         def durable() -> None:
-            self._feed(event, self._context.env.clock.wall_ms())
+            self._feed(shard, event, self._context.env.clock.wall_ms())
             done.set()
 
         def failed(code: ErrorCode) -> None:
             failure.append(code)
             done.set()
 
-        self._append(group_id, records, self._context.env.clock.wall_ms(), durable, failed)
-        await done.wait()
+        self._append(shard, records, self._context.env.clock.wall_ms(), durable, failed)
+        await done.wait()  # (an unloaded shard fails what its FIFO held: see _unload)
         if failure:
-            raise StorageError(f"transactional offsets of {group_id} not written: {failure[0]}")
+            raise StorageError(
+                f"transactional offsets of {group_id} not written: {failure[0].name}")
 
     # --- tasks ---------------------------------------------------------------------------
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """The timer and durability tasks; run in the broker's nursery until cancelled.
+        """Every shard's timer and durability tasks; run in the broker's nursery until
+        cancelled.
 
         Raises:
             SyncFailedError: an fsync failed (the broker must stop).
         """
         assert self._loaded, "open() first"
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._timer_loop)
-            nursery.start_soon(self._durability_loop)
+            self._nursery = nursery
+            for shard in list(self._shards.values()):
+                nursery.start_soon(self._serve, shard)
             task_status.started()
+            await trio.sleep_forever()
 
-    async def _timer_loop(self) -> None:
+    async def _serve(self, shard: _Shard) -> None:
+        with shard.scope:
+            if shard.coordinator is None:
+                await self._load(shard)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._timer_loop, shard)
+                nursery.start_soon(self._durability_loop, shard)
+
+    async def _timer_loop(self, shard: _Shard) -> None:
         clock = self._context.env.clock
+        coordinator = shard.coordinator
+        assert coordinator is not None
         while True:
-            self._rearm = trio.Event()
-            deadline = self.coordinator.next_deadline_ms()
+            shard.rearm = trio.Event()
+            deadline = coordinator.next_deadline_ms()
             now_ms = clock.wall_ms()
             if deadline is not None and deadline <= now_ms:
-                self._feed(Tick(), now_ms)
+                self._feed(shard, Tick(), now_ms)
                 await trio.lowlevel.checkpoint()
                 continue
             if deadline is None:
-                await self._rearm.wait()
+                await shard.rearm.wait()
             else:
                 with trio.move_on_after((deadline - now_ms) / 1000):
-                    await self._rearm.wait()
+                    await shard.rearm.wait()
 
-    async def _durability_loop(self) -> None:
-        sync_worker = self._context.sync_worker
+    async def _durability_loop(self, shard: _Shard) -> None:
+        context = self._context
         while True:
-            if not self._fifo:
-                self._fifo_wakeup = trio.Event()
-                await self._fifo_wakeup.wait()
+            if not shard.fifo:
+                shard.fifo_wakeup = trio.Event()
+                await shard.fifo_wakeup.wait()
                 continue
-            head = self._fifo[0]
+            head = shard.fifo[0]
             if head.error is None:
                 assert head.plog is not None
-                await sync_worker.wait_durable(head.plog, head.last_offset)
-            self._fifo.popleft()
+                if head.last_offset < head.plog.log_end_offset:  # (else cut by a truncation)
+                    await context.sync_worker.wait_durable(head.plog, head.last_offset)
+                replicas = context.replicas
+                if replicas is not None and self.clustered:
+                    # on disk on every in-sync replica (bounded: a lagging follower leaves
+                    # the ISR after replica.lag.time.max.ms), or leadership lost
+                    await replicas.wait_committed(head.plog, head.last_offset)
+                    if not replicas.committed(head.plog, head.last_offset):
+                        head.error = ErrorCode.NOT_COORDINATOR
+            shard.fifo.popleft()
             if head.error is None:
                 head.on_durable()
             else:
@@ -377,11 +563,14 @@ class GroupDriver:
 
     # --- plumbing ------------------------------------------------------------------------
 
-    def _feed(self, event: Any, now_ms: int) -> None:
-        self._execute(self.coordinator.handle(event, now_ms), now_ms)
-        self._rearm.set()
+    def _feed(self, shard: _Shard, event: Any, now_ms: int) -> None:
+        if shard.gone:
+            return
+        assert shard.coordinator is not None
+        self._execute(shard, shard.coordinator.handle(event, now_ms), now_ms)
+        shard.rearm.set()
 
-    def _execute(self, instructions: list[Instruction], now_ms: int) -> None:
+    def _execute(self, shard: _Shard, instructions: list[Instruction], now_ms: int) -> None:
         for instruction in instructions:
             if isinstance(instruction, Respond):
                 slot = self._slots.get(instruction.token)
@@ -390,49 +579,50 @@ class GroupDriver:
                     slot.event.set()
             else:
                 assert isinstance(instruction, Persist)
-                self._persist(instruction, now_ms)
+                self._persist(shard, instruction, now_ms)
 
-    def _persist(self, instruction: Persist, now_ms: int) -> None:
+    def _persist(self, shard: _Shard, instruction: Persist, now_ms: int) -> None:
         persist_id = instruction.persist_id
 
         def durable() -> None:
-            self._feed(Persisted(persist_id), self._context.env.clock.wall_ms())
+            self._feed(shard, Persisted(persist_id), self._context.env.clock.wall_ms())
 
         def failed(code: ErrorCode) -> None:
-            self._feed(PersistFailed(persist_id, code), self._context.env.clock.wall_ms())
+            self._feed(shard, PersistFailed(persist_id, code), self._context.env.clock.wall_ms())
 
-        self._append(instruction.group_id, instruction.records, now_ms, durable, failed)
+        self._append(shard, instruction.records, now_ms, durable, failed)
 
     def _append(
         self,
-        group_id: str,
+        shard: _Shard,
         records: tuple[tuple[bytes, bytes | None], ...],
         now_ms: int,
         on_durable: Callable[[], None],
         on_failure: Callable[[ErrorCode], None],
     ) -> None:
-        """Append ``records`` as one batch now; queue the outcome in the FIFO."""
-        partition = offsets_partition_for(group_id, self.partitions)
+        """Append ``records`` as one batch to the shard's partition now; queue the outcome in
+        its FIFO."""
+        partition = shard.partition
         context = self._context
         entry = _Appended(None, -1, on_durable, on_failure)
         try:
             plog = context.logs.get_log(OFFSETS_TOPIC, partition)
+            if self.clustered and (context.replicas is None or not context.replicas.leads(plog)):
+                raise _NotLeading()
             builder = BatchBuilder(batch_bytes_max=limits.batch_bytes_max)
             for key, value in records:
                 if not builder.append(now_ms, key, value):
                     raise _TooLarge()
             batch = builder.build()
-            states = getattr(context, "producer_states", None)
-            if states is None:
-                info = plog.append(batch, now_ms)
-            else:
-                outcome = states.get(OFFSETS_TOPIC, partition, plog).append(
-                    batch, now_ms, _no_transactions
-                )
-                assert outcome.info is not None, outcome  # a plain batch is never refused
-                info = outcome.info
+            outcome = context.producer_states.get(OFFSETS_TOPIC, partition, plog).append(
+                batch, now_ms, _no_transactions
+            )
+            assert outcome.info is not None, outcome  # a plain batch is never refused
+            info = outcome.info
         except _TooLarge:
             entry.error = ErrorCode.RECORD_LIST_TOO_LARGE
+        except _NotLeading:
+            entry.error = ErrorCode.NOT_COORDINATOR
         except SyncFailedError:
             raise
         except (StorageError, OSError) as exc:
@@ -444,54 +634,113 @@ class GroupDriver:
             context.sync_worker.mark_dirty(plog)
             context.waker.poke((OFFSETS_TOPIC, partition))
             entry.plog, entry.last_offset = plog, info.last_offset
-        self._fifo.append(entry)
-        self._fifo_wakeup.set()
+        shard.fifo.append(entry)
+        shard.fifo_wakeup.set()
 
     def _log_end_offset(self, topic: str, partition: int) -> int | None:
         context = self._context
         info = context.logs.topics().get(topic)
         if info is None or not 0 <= partition < info.partitions:
             return None
-        return context.high_watermark(context.logs.get_log(topic, partition))
+        plog = context.logs.get_log(topic, partition)
+        if self.clustered and (context.replicas is None or not context.replicas.leads(plog)):
+            return _UNCHECKED  # led elsewhere: this broker's copy may lag; Kafka checks nothing
+        return context.high_watermark(plog)
 
     # --- introspection -------------------------------------------------------------------
 
     def lag_rows(self) -> list[LagRow]:
-        """Committed offset and high watermark of every committed partition of every group.
-        Never blocks (reads the coordinator's view and the logs' offsets)."""
+        """Committed offset and high watermark of every committed partition of every group
+        coordinated here. Never blocks (reads the coordinators' views and the logs' offsets)."""
         if not self._loaded:
             return []
         now_ms = self._context.env.clock.wall_ms()
         rows = []
-        listing = self._ask(ListGroups(), now_ms)
-        for group in listing.groups:
-            answer = self._ask(OffsetFetch(group.group_id, all_topics=True), now_ms)
-            for topic in answer.topics:
-                for part in topic.partitions:
-                    high = self._log_end_offset(topic.name, part.partition)
-                    if part.offset >= 0 and high is not None:
-                        rows.append(LagRow(group.group_id, topic.name, part.partition,
-                                           part.offset, high))
+        for shard in list(self._shards.values()):
+            if shard.coordinator is None:
+                continue
+            for group in self._ask(shard, ListGroups(), now_ms).groups:
+                answer = self._ask(shard, OffsetFetch(group.group_id, all_topics=True), now_ms)
+                for topic in answer.topics:
+                    for part in topic.partitions:
+                        high = self._log_end_offset(topic.name, part.partition)
+                        if part.offset >= 0 and high is not None and high != _UNCHECKED:
+                            rows.append(LagRow(group.group_id, topic.name, part.partition,
+                                               part.offset, high))
         return rows
 
-    def _ask(self, request: Any, now_ms: int) -> Any:
+    @staticmethod
+    def _ask(shard: _Shard, request: Any, now_ms: int) -> Any:
         """Answer a read-only request synchronously (ListGroups, OffsetFetch)."""
-        (answer,) = self.coordinator.handle(GroupRequest(("metrics",), request), now_ms)
+        assert shard.coordinator is not None
+        (answer,) = shard.coordinator.handle(GroupRequest(("metrics",), request), now_ms)
         assert isinstance(answer, Respond)
         return answer.response
 
     def statistics(self) -> dict[str, int]:
-        """The coordinator's counts plus this driver's queues. Never blocks."""
-        stats = self.coordinator.statistics()
-        return {
-            "groups": stats.groups,
-            "members": stats.members,
-            "committed_offsets": stats.committed_offsets,
-            "persists_in_flight": stats.persists_in_flight,
-            "held_responses": stats.held_responses,
-            "answers_waiting": len(self._slots),
-            "appends_waiting": len(self._fifo),
-        }
+        """The coordinators' counts plus this driver's queues. Never blocks."""
+        totals = {"groups": 0, "members": 0, "committed_offsets": 0, "persists_in_flight": 0,
+                  "held_responses": 0}
+        for shard in self._shards.values():
+            if shard.coordinator is None:
+                continue
+            stats = shard.coordinator.statistics()
+            totals["groups"] += stats.groups
+            totals["members"] += stats.members
+            totals["committed_offsets"] += stats.committed_offsets
+            totals["persists_in_flight"] += stats.persists_in_flight
+            totals["held_responses"] += stats.held_responses
+        totals["answers_waiting"] = len(self._slots)
+        totals["appends_waiting"] = sum(len(s.fifo) for s in self._shards.values())
+        totals["shards"] = len(self._shards)
+        return totals
+
+    def check_invariants(self) -> None:
+        """Every shard's coordinator invariants, and that a shard holds only its partition's
+        groups. For tests and the simulator."""
+        for partition, shard in self._shards.items():
+            assert shard.partition == partition
+            if shard.coordinator is not None:
+                shard.coordinator.check_invariants()
+                for group_id in shard.coordinator.group_ids():
+                    assert offsets_partition_for(group_id, self.partitions) == partition
+
+
+def refusal(request: Any, code: ErrorCode) -> Response:
+    """The answer to a group request this broker does not coordinate (``code`` for the group,
+    or for every partition of an OffsetCommit)."""
+    if isinstance(request, JoinGroup):
+        return JoinGroupResponse(code, member_id=request.member_id)
+    if isinstance(request, SyncGroup):
+        return SyncGroupResponse(code)
+    if isinstance(request, Heartbeat):
+        return HeartbeatResponse(code)
+    if isinstance(request, LeaveGroup):
+        return LeaveGroupResponse(code)
+    if isinstance(request, OffsetCommit):
+        return OffsetCommitResponse(tuple(
+            OffsetCommitTopicResponse(topic.name, tuple(
+                OffsetCommitPartitionResponse(p.partition, code) for p in topic.partitions))
+            for topic in request.topics))
+    if isinstance(request, OffsetFetch):
+        return OffsetFetchResponse(code)
+    if isinstance(request, DescribeGroup):
+        return DescribeGroupResponse(request.group_id, code)
+    assert isinstance(request, DeleteGroup), type(request)
+    return DeleteGroupResponse(request.group_id, code)
+
+
+def _group_id(listing: GroupListing) -> str:
+    return listing.group_id
+
+
+#: ``_log_end_offset`` of a partition led by another broker: commits are not checked against it.
+_UNCHECKED = 1 << 62
+
+
+class _NotLeading(Exception):
+    """A clustered broker's shard outlived its leadership (the metadata moved on)."""
+
 
 
 class GroupLagCollector(Collector):

@@ -225,7 +225,7 @@ class TxnDriver:
         groups = self._context.groups
         if groups is None:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        return groups.coordinator.check_txn_member(
+        return groups.check_txn_member(
             request.group_id, request.generation_id, request.member_id,
             request.group_instance_id,
         )

@@ -21,7 +21,9 @@ import urllib.request
 
 from rivven_broker.client import Admin, Consumer, Producer, TopicPartition
 from rivven_broker.client.errors import RivvenError
+from rivven_broker.coordinator.offsets_codec import OFFSETS_TOPIC, offsets_partition_for
 from rivven_broker.protocol.errors import ErrorCode
+from rivven_broker.protocol.group_messages import FindCoordinator
 from rivven_broker.protocol.messages import (
     Fetch,
     FetchPartition,
@@ -179,3 +181,78 @@ def test_acks_all_refused_below_min_insync(broker_process, tmp_path) -> None:
             raise AssertionError("acks=all was acknowledged with 2 of min.insync 3")
     with Producer(leader.address, acks=1) as producer:
         producer.send(TOPIC, b"y", partition=0).result(timeout=10)
+
+
+def _coordinator_of(process, group_id: str) -> int:
+    """The node FindCoordinator names for ``group_id`` (-1: none now)."""
+    sock = socket.create_connection(("127.0.0.1", process.port), timeout=10)
+    client = BlockingRawClient(sock)
+    try:
+        answer = client.call(FindCoordinator(group_id, 0))
+        return answer.node_id if answer.error_code == ErrorCode.NONE else -1
+    finally:
+        client.close()
+
+
+def test_group_coordinator_moves_with_its_partition(broker_process, tmp_path) -> None:
+    """The group's coordinator is the leader of its replicated ``__consumer_offsets``
+    partition; SIGKILL of that broker moves the group to the new leader, which loads the
+    committed offsets from its replica of the log."""
+    processes, _ = _cluster(broker_process, tmp_path)
+    with Admin(processes[1].address) as admin:
+        _wait(lambda: len(admin.cluster_status().brokers) == 3, "three live brokers")
+        admin.create_topic(TOPIC, partitions=2, replication_factor=3)
+    _wait(lambda: _partition(processes[1]), "the topic's metadata")
+    with Producer(_bootstrap(processes), acks="all") as producer:
+        for value in range(100):
+            producer.send(TOPIC, str(value).encode(), partition=value % 2)
+        producer.flush(timeout=30)
+
+    group = "moving-group"
+    coordinator = _wait(lambda: (lambda named: named.pop() if len(named) == 1 and -1 not in named
+                                 else None)({_coordinator_of(p, group)
+                                             for p in processes.values()}),
+                        "one coordinator for the group, named by every broker")
+    offsets = _wait(lambda: _internal(processes[1], offsets_partition_for(group, 4)),
+                    "__consumer_offsets in the metadata")
+    assert offsets.leader == coordinator and len(offsets.replicas) == 3
+    _wait(lambda: len(_internal(processes[1], offsets.partition).isr) == 3,
+          "__consumer_offsets fully in sync")
+
+    first = set()
+    with Consumer(_bootstrap(processes), group_id=group, auto_offset_reset="earliest",
+                  enable_auto_commit=False) as consumer:
+        consumer.subscribe([TOPIC])
+        deadline = time.monotonic() + 30
+        while len(first) < 60 and time.monotonic() < deadline:
+            first.update(int(r.value) for r in consumer.poll(timeout_ms=500))
+        assert len(first) >= 60
+        consumer.commit()
+        committed = {p: consumer.committed(TopicPartition(TOPIC, p)) for p in (0, 1)}
+    assert sum(committed.values()) == len(first)
+
+    processes[coordinator].popen.send_signal(signal.SIGKILL)
+    processes[coordinator].popen.wait()
+    survivor = next(p for n, p in processes.items() if n != coordinator)
+    moved = _wait(lambda: (lambda n: n if n not in (-1, coordinator) else None)(
+        _coordinator_of(survivor, group)), "a new coordinator for the group")
+    assert moved != coordinator
+
+    rest = []
+    with Consumer(_bootstrap(processes), group_id=group, auto_offset_reset="earliest",
+                  enable_auto_commit=False) as consumer:
+        assert {p: consumer.committed(TopicPartition(TOPIC, p)) for p in (0, 1)} == committed
+        consumer.subscribe([TOPIC])
+        deadline = time.monotonic() + 30
+        while len(first) + len(rest) < 100 and time.monotonic() < deadline:
+            rest.extend(int(r.value) for r in consumer.poll(timeout_ms=500))
+    assert not set(rest) & first, "records below the committed offsets were read again"
+    assert sorted(first | set(rest)) == list(range(100))
+
+
+def _internal(process, partition: int):
+    with Admin(process.address) as admin:
+        for info in admin.describe_topic(OFFSETS_TOPIC).partition_info:
+            if info.partition == partition:
+                return info
+    return None

@@ -18,6 +18,11 @@ replica of it and answers from what it has applied. This module is the server's 
   applied command (and once at start, when the log has been applied up to the commit index the
   leader announced), local logs are created for topics the metadata has and deleted for topics
   it does not — nothing else creates or deletes topics on a clustered broker;
+- *group coordinators*: the Raft leader creates ``__consumer_offsets`` in the metadata once
+  min(3, voters) brokers are live (``_internal_topics_loop``); after every applied change the
+  group driver is told which of its partitions this broker leads (``_coordinate``), and
+  coordinates exactly their groups. ``__transaction_state`` is still local to each broker
+  (reconciliation leaves local internal topics the metadata does not list alone);
 - *metadata*: ``metadata()`` answers the Metadata api from the applied image: live brokers
   (registered, not fenced, and alive to SWIM), the controller (the Raft leader), and per
   partition its leader, leader epoch, replicas and ISR.
@@ -33,6 +38,7 @@ from typing import Any, Callable
 
 import trio
 
+from rivven_broker.coordinator.offsets_codec import OFFSETS_TOPIC
 from rivven_broker.protocol import limits
 from rivven_broker.protocol.messages import (
     AlterTopicConfig,
@@ -62,7 +68,7 @@ from rivven_broker.server.cluster.raft_links import ask_voters
 from rivven_broker.server.cluster.replica_manager import ReplicaConfig, ReplicaManager
 from rivven_broker.server.context import Pending, ServerContext
 from rivven_broker.server.env import Env
-from rivven_broker.server.group_driver import is_internal_topic
+from rivven_broker.server.group_driver import is_internal_topic, offsets_topic_config
 from rivven_broker.server.local_control import LocalControl, clip
 from rivven_broker.server.local_topics import LocalTopics
 from rivven_broker.storage.errors import StorageError, TopicExistsError
@@ -100,6 +106,7 @@ _FENCE_CHECK_S = 0.5
 #: How long a starting broker asks its peers for the voters before it takes --peers + itself.
 _ASK_VOTERS_S = 1.0
 _ELECTION_CHECK_S = 0.2
+_INTERNAL_CHECK_S = 0.5
 #: How often leadership moves back to preferred replicas (Kafka checks every 300 s).
 _PREFERRED_CHECK_S = 30
 
@@ -182,6 +189,7 @@ class ClusterControl:
             nursery.start_soon(self._reconcile_loop)
             nursery.start_soon(self._fence_loop)
             nursery.start_soon(self._election_loop)
+            nursery.start_soon(self._internal_topics_loop)
             task_status.started()
 
     @property
@@ -310,6 +318,40 @@ class ClusterControl:
                         log.info("%s/%d: ISR %s without the brokers that are not live",
                                  name, index, list(command.isr))
 
+    async def _internal_topics_loop(self) -> None:
+        """On the Raft leader: create ``__consumer_offsets`` in the metadata once enough
+        brokers are live for its replication factor, min(3, voters) (Kafka waits for
+        ``offsets.topic.replication.factor`` brokers the same way; until then FindCoordinator
+        answers COORDINATOR_NOT_AVAILABLE)."""
+        groups = self._context.groups if self._context is not None else None
+        if groups is None:
+            return
+        while True:
+            await trio.sleep(_INTERNAL_CHECK_S)
+            if (not self.running or self.status().state != "leader"
+                    or not self.reconciled.is_set() or self.image().topic(OFFSETS_TOPIC)):
+                continue
+            factor = min(3, len(self.voters))
+            if len(self.live_brokers()) < factor:
+                continue
+            partitions = groups.settings.offsets_topic_partitions
+            answer = await self.propose_topic(OFFSETS_TOPIC, partitions, factor,
+                                              offsets_topic_config(), False)
+            if answer[0] not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
+                log.warning("could not create %s: %s", OFFSETS_TOPIC, answer[1])
+
+    def _coordinate(self, image: MetadataImage) -> None:
+        """Give the group coordinator the ``__consumer_offsets`` partitions this broker
+        leads now."""
+        groups = self._context.groups if self._context is not None else None
+        record = image.topic(OFFSETS_TOPIC)
+        if groups is None or self.replicas is None or record is None:
+            return
+        leading = {partition: state.leader_epoch
+                   for (name, partition), state in self.replicas.leading().items()
+                   if name == OFFSETS_TOPIC}
+        groups.own(len(record.partitions), leading)
+
     async def _reconcile_loop(self) -> None:
         assert self.host is not None
         await self.host.ready.wait()
@@ -319,6 +361,7 @@ class ClusterControl:
             await self._reconcile(image)
             if self.replicas is not None:
                 self.replicas.apply(image)
+                self._coordinate(image)
             self.reconciled_index = image.applied_index
             self.reconciled.set()
             self._reconciled_changed.set()
@@ -329,9 +372,9 @@ class ClusterControl:
         local = self._local.topics()
         now_ms = self._env.clock.wall_ms()
         for name, info in sorted(local.items()):
-            if is_internal_topic(name):
-                continue
             wanted = image.topic(name)
+            if wanted is None and is_internal_topic(name):
+                continue  # a broker-local internal topic (__transaction_state for now)
             if wanted is None or wanted.topic_id != info.topic_id:
                 log.info("deleting local topic %s: the cluster metadata %s", name,
                          "has another topic of that name" if wanted else "does not list it")
@@ -396,9 +439,19 @@ class ClusterControl:
                     index, ErrorCode.NONE if leader != -1 else ErrorCode.LEADER_NOT_AVAILABLE,
                     leader, part.leader_epoch, part.replicas, part.isr,
                     tuple(r for r in part.replicas if r not in live)))
-            described.append(TopicMetadata(name, ErrorCode.NONE, False, tuple(partitions)))
+            described.append(TopicMetadata(name, ErrorCode.NONE, is_internal_topic(name),
+                                           tuple(partitions)))
         return MetadataResponse(brokers, self.controller_id(), "rivven-cluster",
                                 tuple(described))
+
+    def leader_address(self, topic: str, partition: int) -> tuple[int, str, int] | None:
+        """The live leader of ``topic/partition`` and the client address it advertises (None:
+        no such partition, or it has no live leader now)."""
+        part = self.image().partition(topic, partition)
+        if part is None or part.leader not in self.live_brokers():
+            return None
+        broker = self.image().brokers[part.leader]
+        return broker.broker_id, broker.host, broker.port
 
     def leadership_error(self, topic: str, partition: int) -> AdminAnswer | None:
         """Why this broker may not append to ``topic/partition`` (None: it leads it)."""
@@ -440,8 +493,12 @@ class ClusterControl:
                     self.auto_create(topic.name, now_ms)
         return response
 
-    def create_topic(self, request: CreateTopicRequest, now_ms: int) -> Pending:
+    def create_topic(self, request: CreateTopicRequest,
+                     now_ms: int) -> CreateTopicResponse | Pending:
         name = request.name
+        if is_internal_topic(name):
+            return CreateTopicResponse(name, ErrorCode.POLICY_VIOLATION,
+                                       "internal topics are the brokers' own")
         partitions = self.default_partitions if request.partitions == -1 else request.partitions
         factor = (min(self.default_replication_factor, len(self.live_brokers()))
                   if request.replication_factor == -1 else request.replication_factor)

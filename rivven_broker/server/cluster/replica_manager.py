@@ -333,8 +333,8 @@ class ReplicaManager:
                 return None
             return (ErrorCode.FENCED_LEADER_EPOCH if client_epoch < epoch
                     else ErrorCode.UNKNOWN_LEADER_EPOCH)
-        if is_internal_topic(key[0]):
-            return None
+        if is_internal_topic(key[0]) and key not in self._following:
+            return None  # a broker-local internal topic (__transaction_state for now)
         return ErrorCode.NOT_LEADER
 
     def high_watermark(self, plog: PartitionLog) -> int | None:

@@ -10,6 +10,8 @@ on a new one; records that cannot be delivered fail at ``delivery_timeout_ms``.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import trio
 import trio.testing
@@ -41,6 +43,9 @@ class MemoryBroker:
         self.dials = 0
         self.next_offset = 0
         self.produces = 0
+
+    def rng(self, name: str) -> random.Random:
+        return random.Random(name)
 
     async def open_tcp_stream(self, host: str, port: int):
         self.dials += 1
