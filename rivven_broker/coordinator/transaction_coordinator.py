@@ -31,8 +31,11 @@ Pending transactions: "pending" means begun and not complete (Ongoing or Prepare
 producer (one producer id per transactional id) has at most one, as in KIP-98; this is within
 the issue's bound of five (``limits.transactions_open_per_producer_max``).
 
-Producer ids come from durable blocks (``txn_log_codec``): requests that need an id while no
-block is durable are parked (bounded) until the next block's record is.
+Producer ids come from durable blocks: requests that need an id while no block is held are
+parked (bounded) until the next block is. A single node reserves its blocks itself, as records
+of ``__transaction_state`` (``txn_log_codec``); a clustered broker's coordinator
+(``producer_ids_from_controller``) asks the controller (``RequestProducerIds``), whose Raft log
+hands every broker ids no other broker holds.
 
 ``now_ms`` must be wall-clock milliseconds: transaction start times are persisted and compared
 after a restart. Pure: no I/O, no clocks, no randomness.
@@ -48,6 +51,8 @@ import attrs
 from rivven_broker.coordinator.txn_events import (
     AppendTxnLog,
     MarkersWritten,
+    ProducerIdsGranted,
+    RequestProducerIds,
     TxnEvent,
     TxnInstruction,
     TxnLogAppended,
@@ -111,9 +116,11 @@ def _reply(token: Hashable, request: TxnRequest, code: ErrorCode) -> TxnReply:
 class TransactionCoordinator:
     """Transactional ids -> their durable state. See the module docstring."""
 
-    def __init__(self, *, producer_id_block_size: int = limits.producer_id_block_size) -> None:
+    def __init__(self, *, producer_id_block_size: int = limits.producer_id_block_size,
+                 producer_ids_from_controller: bool = False) -> None:
         assert producer_id_block_size >= 1
         self._block_size = producer_id_block_size
+        self._controller_ids = producer_ids_from_controller
         self._txns: dict[str, TxnMetadata] = {}
         self._pending: dict[int, _Pending] = {}  # append id -> outstanding append
         self._pending_ids: dict[str, int] = {}  # transactional id -> its outstanding append
@@ -146,6 +153,8 @@ class TransactionCoordinator:
                 self._txns.pop(record.transactional_id, None)
             else:
                 self._txns[record.transactional_id] = record
+        if self._controller_ids:  # blocks come from the controller; none is held yet
+            block_end = 1 << 62
         owners: dict[int, str] = {}
         for meta in self._txns.values():
             if meta.producer_id >= block_end or meta.producer_id in owners:
@@ -154,7 +163,7 @@ class TransactionCoordinator:
                     f"or beyond the reserved block end {block_end}"
                 )
             owners[meta.producer_id] = meta.transactional_id
-        self._next_producer_id = self._block_end = block_end
+        self._next_producer_id = self._block_end = 0 if self._controller_ids else block_end
         instructions: list[TxnInstruction] = []
         for meta in self._txns.values():
             if meta.state in _PREPARE:
@@ -241,6 +250,10 @@ class TransactionCoordinator:
             return self._appended(event.append_id, now_ms)
         if isinstance(event, TxnLogAppendFailed):
             return self._append_failed(event.append_id)
+        if isinstance(event, ProducerIdsGranted):
+            if self._pending.pop(event.append_id, None) is None:
+                return []
+            return self._block_granted(event.block_start, event.block_end, now_ms)
         if isinstance(event, MarkersWritten):
             return self._markers_done(event, now_ms)
         assert isinstance(event, TxnTick), event
@@ -362,6 +375,8 @@ class TransactionCoordinator:
             return []
         self._block_append = append_id = self._new_append_id()
         self._pending[append_id] = _Pending(None, _NO_REPLIES, _NO_REPLIES)
+        if self._controller_ids:
+            return [RequestProducerIds(append_id, self._block_size)]
         key, value = encode_producer_id_block(self._block_end + self._block_size)
         return [AppendTxnLog(append_id, key, value)]
 
@@ -486,8 +501,13 @@ class TransactionCoordinator:
         return instructions
 
     def _block_durable(self, now_ms: int) -> list[TxnInstruction]:
+        return self._block_granted(self._block_end, self._block_end + self._block_size, now_ms)
+
+    def _block_granted(self, start: int, end: int, now_ms: int) -> list[TxnInstruction]:
+        """The ids ``[start, end)`` are this coordinator's: answer the parked requests."""
+        assert self._next_producer_id >= self._block_end, "a block granted while one lasts"
         self._block_append = None
-        self._block_end += self._block_size
+        self._next_producer_id, self._block_end = start, end
         parked = list(self._parked)
         self._parked.clear()
         instructions: list[TxnInstruction] = []
@@ -538,7 +558,9 @@ class TransactionCoordinator:
             assert meta.transactional_id == transactional_id
             assert meta.problem() is None, meta.problem()
             assert meta.state != TxnState.DEAD
-            assert FIRST_PRODUCER_ID <= meta.producer_id < self._next_producer_id
+            assert FIRST_PRODUCER_ID <= meta.producer_id
+            if not self._controller_ids:  # (the controller's blocks come in any order)
+                assert meta.producer_id < self._next_producer_id
             assert meta.producer_id not in owners, (meta.producer_id, owners)
             owners[meta.producer_id] = transactional_id
             in_doubt = transactional_id in self._markers_outstanding

@@ -13,6 +13,9 @@ Events in
   driver find the connection and correlation id when the ``TxnReply`` comes, possibly later.
 - ``TxnLogAppended(append_id)`` / ``TxnLogAppendFailed(append_id)``: the outcome of an
   ``AppendTxnLog``.
+- ``ProducerIdsGranted(append_id, block_start, block_end)``: the controller gave the ids of a
+  ``RequestProducerIds`` (a clustered coordinator's blocks; a refusal is fed as
+  ``TxnLogAppendFailed(append_id)``).
 - ``MarkersWritten(transactional_id, producer_id, producer_epoch, committed)``: every marker
   (and, on commit, every offset) of a ``WriteMarkers`` is written.
 - ``TxnTick()``: time passed; feed one when ``next_deadline_ms()`` is reached.
@@ -23,6 +26,9 @@ Instructions out
 - ``AppendTxnLog(append_id, key, value)``: append the record to ``__transaction_state`` in
   emission order; once DURABLE feed ``TxnLogAppended(append_id)``, or ``TxnLogAppendFailed``
   if it cannot be written. Replies that depend on it are held until then.
+- ``RequestProducerIds(append_id, count)``: (a clustered coordinator, instead of appending a
+  block record) ask the controller for ``count`` producer ids no other broker holds; feed
+  ``ProducerIdsGranted`` or ``TxnLogAppendFailed``.
 - ``WriteMarkers(...)``: append a COMMIT or ABORT control batch with the producer id and epoch
   to every listed partition (retrying until each is written), on commit write the offsets to
   their groups, then feed ``MarkersWritten``.
@@ -50,6 +56,8 @@ __all__ = [
     "TxnLogAppended",
     "TxnLogAppendFailed",
     "MarkersWritten",
+    "ProducerIdsGranted",
+    "RequestProducerIds",
     "TxnTick",
     "TxnEvent",
     "TxnReply",
@@ -87,6 +95,18 @@ class TxnLogAppendFailed:
 
 
 @attrs.frozen
+class ProducerIdsGranted:
+    """The controller gave the ids ``[block_start, block_end)`` for ``RequestProducerIds``."""
+
+    append_id: int
+    block_start: int
+    block_end: int
+
+    def __attrs_post_init__(self) -> None:
+        assert 0 < self.block_start < self.block_end, self
+
+
+@attrs.frozen
 class MarkersWritten:
     """Every marker (and, on commit, every offset) of a ``WriteMarkers`` is written."""
 
@@ -101,7 +121,10 @@ class TxnTick:
     """Time passed: abort timed-out transactions, expire idle ids, retry failed appends."""
 
 
-TxnEvent = Union[TxnRequestReceived, TxnLogAppended, TxnLogAppendFailed, MarkersWritten, TxnTick]
+TxnEvent = Union[
+    TxnRequestReceived, TxnLogAppended, TxnLogAppendFailed, ProducerIdsGranted, MarkersWritten,
+    TxnTick,
+]
 
 
 # --- instructions ----------------------------------------------------------------------------
@@ -126,6 +149,14 @@ class AppendTxnLog:
 
 
 @attrs.frozen
+class RequestProducerIds:
+    """Ask the controller for ``count`` producer ids; report ``ProducerIdsGranted``."""
+
+    append_id: int
+    count: int
+
+
+@attrs.frozen
 class WriteMarkers:
     """End the transaction in every partition (and commit its offsets when ``committed``)."""
 
@@ -137,4 +168,4 @@ class WriteMarkers:
     offsets: tuple[PendingOffset, ...]
 
 
-TxnInstruction = Union[TxnReply, AppendTxnLog, WriteMarkers]
+TxnInstruction = Union[TxnReply, AppendTxnLog, RequestProducerIds, WriteMarkers]

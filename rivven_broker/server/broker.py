@@ -205,7 +205,8 @@ class Broker:
             producer_states=states,
         )
         txn = TxnDriver(
-            self.context, states, marker_delay_ms=config.transaction_marker_delay_ms
+            self.context, states, marker_delay_ms=config.transaction_marker_delay_ms,
+            clustered=bool(config.peers),
         )
         self.context.txn = txn
         groups = self.context.groups = GroupDriver(

@@ -25,6 +25,10 @@ transaction state of its own.
   ``PartitionTxnState``; a task waits until it is durable (under ``sync=always``; the other
   policies acknowledge on append, as they do for data) and feeds ``TxnLogAppended``. A
   storage error feeds ``TxnLogAppendFailed`` (the requester gets COORDINATOR_NOT_AVAILABLE).
+- ``RequestProducerIds`` (a clustered broker): a task asks the controller for a block
+  (``ClusterControl.allocate_producer_ids``) and feeds ``ProducerIdsGranted``, or
+  ``TxnLogAppendFailed`` when the controller cannot answer (the parked InitProducerId requests
+  get COORDINATOR_NOT_AVAILABLE, which clients retry).
 - ``WriteMarkers``: a task appends a COMMIT or ABORT control batch to every partition of the
   transaction (each check-append-update without a checkpoint; a partition whose topic is gone
   is skipped; a storage error is retried with a doubling delay), pokes long-polling fetches,
@@ -54,6 +58,8 @@ from rivven_broker.coordinator.transaction_coordinator import TransactionCoordin
 from rivven_broker.coordinator.txn_events import (
     AppendTxnLog,
     MarkersWritten,
+    ProducerIdsGranted,
+    RequestProducerIds,
     TxnEvent,
     TxnInstruction,
     TxnLogAppended,
@@ -126,13 +132,14 @@ class TxnDriver:
     """Runs the transaction coordinator of one broker. See the module docstring."""
 
     def __init__(
-        self, context: ServerContext, states: ProducerStates, *, marker_delay_ms: int = 0
+        self, context: ServerContext, states: ProducerStates, *, marker_delay_ms: int = 0,
+        clustered: bool = False,
     ) -> None:
         assert marker_delay_ms >= 0
         self._context = context
         self._states = states
         self._marker_delay_ms = marker_delay_ms
-        self.coordinator = TransactionCoordinator()
+        self.coordinator = TransactionCoordinator(producer_ids_from_controller=clustered)
         #: Set by the group side once it runs (H11's group driver); None: offsets are dropped
         #: with a warning.
         self.offsets_sink: OffsetsSink | None = None
@@ -271,6 +278,8 @@ class TxnDriver:
                     slot.event.set()
             elif isinstance(instruction, AppendTxnLog):
                 self._append_txn_log(instruction)
+            elif isinstance(instruction, RequestProducerIds):
+                self._nursery.start_soon(self._request_producer_ids, instruction)
             else:
                 assert isinstance(instruction, WriteMarkers), instruction
                 self._nursery.start_soon(self._write_markers, instruction)
@@ -296,6 +305,17 @@ class TxnDriver:
         self._nursery.start_soon(
             self._when_durable, plog, outcome.info.last_offset, instruction.append_id
         )
+
+    async def _request_producer_ids(self, instruction: RequestProducerIds) -> None:
+        """A block of producer ids from the controller (bounded by its propose timeout)."""
+        cluster = self._context.cluster
+        block = None
+        if cluster is not None:
+            block = await cluster.allocate_producer_ids(instruction.count)
+        if block is None:
+            self._feed(TxnLogAppendFailed(instruction.append_id))
+        else:
+            self._feed(ProducerIdsGranted(instruction.append_id, *block))
 
     def _txn_log(self, now_ms: int) -> PartitionLog:
         logs = self._context.logs

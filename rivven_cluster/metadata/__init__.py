@@ -10,6 +10,7 @@ commands; nothing here knows about Raft, time or I/O.
 """
 
 from rivven_cluster.metadata.commands import (
+    AllocateProducerIds,
     AlterTopicConfigs,
     Command,
     CommandError,
@@ -26,6 +27,7 @@ from rivven_cluster.metadata.commands import (
 from rivven_cluster.metadata.machine import MetadataMachine, Outcome, Status
 from rivven_cluster.metadata.records import (
     EMPTY_IMAGE,
+    FIRST_CLUSTER_PRODUCER_ID,
     NO_LEADER,
     BrokerRecord,
     MetadataImage,
@@ -34,6 +36,7 @@ from rivven_cluster.metadata.records import (
 )
 
 __all__ = [
+    "AllocateProducerIds",
     "AlterTopicConfigs",
     "Command",
     "CommandError",
@@ -50,6 +53,7 @@ __all__ = [
     "Outcome",
     "Status",
     "EMPTY_IMAGE",
+    "FIRST_CLUSTER_PRODUCER_ID",
     "NO_LEADER",
     "BrokerRecord",
     "MetadataImage",

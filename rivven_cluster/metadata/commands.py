@@ -30,6 +30,7 @@ __all__ = [
     "AlterTopicConfigs",
     "ElectLeader",
     "UpdateIsr",
+    "AllocateProducerIds",
     "Command",
     "encode_command",
     "decode_command",
@@ -148,13 +149,25 @@ class UpdateIsr:
     isr: tuple[int, ...] = attrs.field(converter=_ints)
 
 
+@attrs.frozen
+class AllocateProducerIds:
+    """Give ``broker_id`` the producer ids ``[expected_next, expected_next + count)``, if the
+    cluster's next free producer id is still ``expected_next`` (Kafka's AllocateProducerIds,
+    KIP-730): idempotent and transactional producers get ids no other broker hands out."""
+
+    op: ClassVar[str] = "allocate_producer_ids"
+    broker_id: int = _integer()
+    expected_next: int = _integer()
+    count: int = _integer()
+
+
 Command = Union[
     RegisterBroker, FenceBroker, CreateTopic, DeleteTopic, CreatePartitions, AlterTopicConfigs,
-    ElectLeader, UpdateIsr,
+    ElectLeader, UpdateIsr, AllocateProducerIds,
 ]
 _BY_OP: dict[str, type] = {cls.op: cls for cls in (
     RegisterBroker, FenceBroker, CreateTopic, DeleteTopic, CreatePartitions, AlterTopicConfigs,
-    ElectLeader, UpdateIsr,
+    ElectLeader, UpdateIsr, AllocateProducerIds,
 )}
 
 

@@ -33,6 +33,7 @@ import attrs
 import msgpack
 
 from rivven_cluster.metadata.commands import (
+    AllocateProducerIds,
     AlterTopicConfigs,
     Command,
     CreatePartitions,
@@ -44,6 +45,7 @@ from rivven_cluster.metadata.commands import (
     UpdateIsr,
 )
 from rivven_cluster.metadata.records import (
+    FIRST_CLUSTER_PRODUCER_ID,
     NO_LEADER,
     BrokerRecord,
     MetadataImage,
@@ -51,9 +53,11 @@ from rivven_cluster.metadata.records import (
     TopicRecord,
 )
 
-__all__ = ["Status", "Outcome", "MetadataMachine", "SNAPSHOT_VERSION"]
+__all__ = ["Status", "Outcome", "MetadataMachine", "SNAPSHOT_VERSION", "PRODUCER_ID_BLOCK_MAX"]
 
 SNAPSHOT_VERSION = 1
+#: The largest producer id block one allocation may take.
+PRODUCER_ID_BLOCK_MAX = 1_000_000
 
 
 class Status(enum.Enum):
@@ -102,6 +106,8 @@ class MetadataMachine:
         self.applied_index = 0
         self._brokers: dict[int, BrokerRecord] = {}
         self._topics: dict[str, TopicRecord] = {}
+        self._next_producer_id = FIRST_CLUSTER_PRODUCER_ID
+        self._producer_id_blocks: dict[int, tuple[int, int]] = {}
         self._image: MetadataImage | None = None
 
     # -- reading -----------------------------------------------------------------------------
@@ -112,6 +118,8 @@ class MetadataMachine:
                 applied_index=self.applied_index,
                 brokers=MappingProxyType(dict(self._brokers)),
                 topics=MappingProxyType(dict(self._topics)),
+                next_producer_id=self._next_producer_id,
+                producer_id_blocks=MappingProxyType(dict(self._producer_id_blocks)),
             )
         return self._image
 
@@ -305,6 +313,20 @@ class MetadataMachine:
 
     # -- invariants --------------------------------------------------------------------------
 
+    def _allocate_producer_ids(self, command: AllocateProducerIds, index: int) -> Outcome:
+        block = (command.expected_next, command.expected_next + command.count)
+        if self._producer_id_blocks.get(command.broker_id) == block:
+            return _unchanged("allocated")  # a retry of the allocation that applied
+        if command.broker_id not in self._brokers:
+            return _not_found(f"broker {command.broker_id} is not registered")
+        if not 1 <= command.count <= PRODUCER_ID_BLOCK_MAX:
+            return _invalid(f"a producer id block holds 1..{PRODUCER_ID_BLOCK_MAX} ids")
+        if command.expected_next != self._next_producer_id:
+            return _conflict(f"the next producer id is {self._next_producer_id}")
+        self._producer_id_blocks[command.broker_id] = block
+        self._next_producer_id = block[1]
+        return _APPLIED
+
     @staticmethod
     def _check_topic(record: TopicRecord) -> None:
         for index, part in enumerate(record.partitions):
@@ -323,6 +345,11 @@ class MetadataMachine:
         for broker_id, broker in self._brokers.items():
             assert broker.broker_id == broker_id
             assert broker.broker_epoch <= self.applied_index
+        blocks = sorted(self._producer_id_blocks.values())
+        for (_, end), (start, _) in zip(blocks, blocks[1:]):
+            assert end <= start, "two brokers hold overlapping producer ids"
+        assert all(FIRST_CLUSTER_PRODUCER_ID <= start < end <= self._next_producer_id
+                   for start, end in blocks), "a producer id block beyond the next free id"
 
     # -- snapshots ---------------------------------------------------------------------------
 
@@ -331,11 +358,15 @@ class MetadataMachine:
         topics = [[t.name, t.topic_id, {k: t.configs[k] for k in sorted(t.configs)},
                    t.config_version, [attrs.astuple(p) for p in t.partitions]]
                   for t in (self._topics[n] for n in sorted(self._topics))]
-        return msgpack.packb([SNAPSHOT_VERSION, self.applied_index, brokers, topics])
+        blocks = [[b, *self._producer_id_blocks[b]] for b in sorted(self._producer_id_blocks)]
+        return msgpack.packb([SNAPSHOT_VERSION, self.applied_index, brokers, topics,
+                              self._next_producer_id, blocks])
 
     @classmethod
     def restore(cls, data: bytes) -> MetadataMachine:
-        version, applied, brokers, topics = msgpack.unpackb(data, raw=False)
+        """From ``snapshot()`` (a snapshot written before producer ids were the cluster's has
+        four fields: its cluster never allocated any)."""
+        version, applied, brokers, topics, *producer_ids = msgpack.unpackb(data, raw=False)
         if version != SNAPSHOT_VERSION:
             raise ValueError(f"metadata snapshot version {version} is not {SNAPSHOT_VERSION}")
         machine = cls()
@@ -347,6 +378,9 @@ class MetadataMachine:
             machine._topics[name] = TopicRecord(
                 name=name, topic_id=topic_id, configs=configs, config_version=config_version,
                 partitions=tuple(_partition_record(p) for p in parts))
+        if producer_ids:
+            machine._next_producer_id, blocks = producer_ids
+            machine._producer_id_blocks = {b: (start, end) for b, start, end in blocks}
         machine.check_invariants()
         return machine
 

@@ -13,6 +13,11 @@ Epochs, as Kafka names them (KIP-101, KIP-631, KIP-497):
   fetch and truncation);
 - ``partition_epoch`` grows at every change of the partition's record (leader, ISR,
   replicas): the version an ISR update compares against.
+
+Producer ids are the cluster's too: ``next_producer_id`` is the first id no broker has been
+given, and ``producer_id_blocks`` the last block each broker got (so a retried allocation
+finds its own block). They start at ``FIRST_CLUSTER_PRODUCER_ID``, 2**32, above every id a
+broker could have handed out on its own before it joined a cluster.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import attrs
 
 __all__ = [
     "NO_LEADER",
+    "FIRST_CLUSTER_PRODUCER_ID",
     "BrokerRecord",
     "PartitionRecord",
     "TopicRecord",
@@ -32,6 +38,7 @@ __all__ = [
 ]
 
 NO_LEADER = -1
+FIRST_CLUSTER_PRODUCER_ID = 1 << 32
 
 
 @attrs.frozen
@@ -95,6 +102,8 @@ class MetadataImage:
     applied_index: int
     brokers: Mapping[int, BrokerRecord]
     topics: Mapping[str, TopicRecord]
+    next_producer_id: int = FIRST_CLUSTER_PRODUCER_ID
+    producer_id_blocks: Mapping[int, tuple[int, int]] = MappingProxyType({})
 
     def broker(self, broker_id: int) -> BrokerRecord | None:
         return self.brokers.get(broker_id)

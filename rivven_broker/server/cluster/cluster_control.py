@@ -75,6 +75,7 @@ from rivven_broker.storage.errors import StorageError, TopicExistsError
 from rivven_broker.storage.topic_config import TopicConfig
 from rivven_cluster.membership import KeyRing, Member, MemberState
 from rivven_cluster.metadata import (
+    AllocateProducerIds,
     AlterTopicConfigs,
     Command,
     CreatePartitions,
@@ -339,6 +340,25 @@ class ClusterControl:
                                               offsets_topic_config(), False)
             if answer[0] not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
                 log.warning("could not create %s: %s", OFFSETS_TOPIC, answer[1])
+
+    async def allocate_producer_ids(self, count: int) -> tuple[int, int] | None:
+        """``count`` producer ids no other broker holds, as ``(start, end)``, from the
+        controller's log (compare-and-set on the next free id; a race is retried), or None
+        when the controller cannot commit one now."""
+        for _ in range(_CONFLICT_RETRIES * 3):
+            expected = self.image().next_producer_id
+            command = AllocateProducerIds(self.node_id, expected, count)
+            try:
+                outcome = await self.propose(command)
+            except ControllerUnavailable as exc:
+                log.warning("no producer ids from the controller: %s", exc)
+                return None
+            if outcome.ok:
+                return expected, expected + count
+            if outcome.status is not Status.CONFLICT:
+                log.warning("no producer ids from the controller: %s", outcome.message)
+                return None
+        return None
 
     def _coordinate(self, image: MetadataImage) -> None:
         """Give the group coordinator the ``__consumer_offsets`` partitions this broker

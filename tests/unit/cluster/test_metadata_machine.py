@@ -7,7 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rivven_cluster.metadata import (
+    FIRST_CLUSTER_PRODUCER_ID,
     NO_LEADER,
+    AllocateProducerIds,
     AlterTopicConfigs,
     CommandError,
     CreatePartitions,
@@ -205,6 +207,39 @@ def test_decode_refuses_wrong_field_types():
         decode_command(msgpack.packb({"op": "fence_broker", "broker_id": 1}))
 
 
+def test_producer_id_blocks_are_disjoint_and_a_retry_finds_its_own():
+    log = _three_brokers()
+    first = FIRST_CLUSTER_PRODUCER_ID
+    assert log.apply(AllocateProducerIds(1, first, 1000)).status is Status.APPLIED
+    assert log.apply(AllocateProducerIds(2, first, 1000)).status is Status.CONFLICT  # raced
+    assert log.apply(AllocateProducerIds(2, first + 1000, 1000)).status is Status.APPLIED
+    assert log.apply(AllocateProducerIds(1, first, 1000)).status is Status.UNCHANGED  # retry
+    image = log.machine.image()
+    assert image.next_producer_id == first + 2000
+    assert dict(image.producer_id_blocks) == {1: (first, first + 1000),
+                                              2: (first + 1000, first + 2000)}
+    restored = MetadataMachine.restore(log.machine.snapshot())
+    assert restored.image() == image
+
+
+def test_producer_id_allocation_refusals():
+    log = _three_brokers()
+    first = FIRST_CLUSTER_PRODUCER_ID
+    assert log.apply(AllocateProducerIds(9, first, 10)).status is Status.NOT_FOUND
+    assert log.apply(AllocateProducerIds(1, first, 0)).status is Status.INVALID
+    assert log.apply(AllocateProducerIds(1, first - 5, 10)).status is Status.CONFLICT
+    assert log.machine.image().next_producer_id == first
+
+
+def test_a_snapshot_from_before_producer_ids_restores():
+    import msgpack
+    log = _three_brokers()
+    version, applied, brokers, topics, *_ = msgpack.unpackb(log.machine.snapshot(), raw=False)
+    old = MetadataMachine.restore(msgpack.packb([version, applied, brokers, topics]))
+    assert old.image().next_producer_id == FIRST_CLUSTER_PRODUCER_ID
+    assert old.image().brokers == log.machine.image().brokers
+
+
 # -- properties: any command sequence, with retries, keeps the invariants -------------------
 
 BROKERS = st.integers(1, 4)
@@ -229,6 +264,9 @@ COMMANDS = st.one_of(
               st.lists(BROKERS, max_size=3, unique=True).map(tuple)),
     st.builds(UpdateIsr, TOPICS, st.integers(0, 2), EPOCH, EPOCH,
               st.lists(BROKERS, min_size=1, max_size=3, unique=True).map(tuple)),
+    st.builds(AllocateProducerIds, BROKERS,
+              st.sampled_from([FIRST_CLUSTER_PRODUCER_ID + n for n in (0, 10, 20, 30)]),
+              st.sampled_from([0, 10])),
 )
 
 

@@ -23,6 +23,8 @@ from rivven_broker.coordinator.transaction_coordinator import (
 from rivven_broker.coordinator.txn_events import (
     AppendTxnLog,
     MarkersWritten,
+    ProducerIdsGranted,
+    RequestProducerIds,
     TxnLogAppended,
     TxnLogAppendFailed,
     TxnReply,
@@ -194,6 +196,28 @@ def test_parked_requests_are_bounded(monkeypatch):
     assert driver.replies[tokens[2]].error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
     driver.settle()
     assert {driver.replies[t].producer_id for t in tokens[:2]} == {1, 2}
+
+
+def test_a_clustered_coordinator_takes_its_blocks_from_the_controller():
+    """``producer_ids_from_controller``: no block record in the log; ``RequestProducerIds``,
+    answered with ids anywhere (the controller's), also after a restart; a refusal fails the
+    parked requests."""
+    coordinator = TransactionCoordinator(producer_id_block_size=2,
+                                         producer_ids_from_controller=True)
+    meta = TxnMetadata("old", (1 << 32) + 5, 0, TxnState.EMPTY, 60_000, -1, 0)
+    assert coordinator.load([encode_txn_metadata(meta)]) == []  # no block record needed
+    out = coordinator.handle(TxnRequestReceived(1, InitProducerId()), 0)
+    (ask,) = out
+    assert isinstance(ask, RequestProducerIds) and ask.count == 2
+    assert coordinator.handle(TxnRequestReceived(2, InitProducerId()), 0) == []  # parked
+    granted = coordinator.handle(ProducerIdsGranted(ask.append_id, 7_000, 7_002), 0)
+    assert sorted(r.response.producer_id for r in granted) == [7_000, 7_001]
+    coordinator.check_invariants()
+    (ask,) = coordinator.handle(TxnRequestReceived(3, InitProducerId()), 0)
+    assert isinstance(ask, RequestProducerIds)
+    (refused,) = coordinator.handle(TxnLogAppendFailed(ask.append_id), 0)
+    assert refused.response.error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
+    coordinator.check_invariants()
 
 
 # --- InitProducerId with a transactional id --------------------------------------------------

@@ -19,7 +19,7 @@ EXPECTED = {
     "rivven_broker.coordinator.transaction_coordinator": "FIRST_PRODUCER_ID TransactionCoordinator",
     "rivven_broker.coordinator.txn_events": """TxnRequest TxnRequestReceived TxnLogAppended
         TxnLogAppendFailed MarkersWritten TxnTick TxnEvent TxnReply AppendTxnLog WriteMarkers
-        TxnInstruction""",
+        TxnInstruction ProducerIdsGranted RequestProducerIds""",
     "rivven_broker.coordinator.txn_requests": "error_response add_partitions add_group "
     "commit_offsets",
     "rivven_broker.coordinator.txn_log_codec": """TRANSACTION_STATE_TOPIC TxnState PendingOffset
