@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 A link is one TCP connection. Each side opens it with a *hello*: its node id, boot id, a
-fresh 16-byte nonce, the channel (the Raft link or a replica fetcher's link) and the Raft
+fresh 16-byte nonce, the channel (the Raft link, a replica fetcher's link or a broker-to-broker
+call link) and the Raft
 voters it knows, MACed under the ring's signing key. After both hellos every frame is
 
     u32 length | key id (4) | u64 sequence | payload | tag (16)
@@ -38,6 +39,7 @@ __all__ = [
     "NONCE_BYTES",
     "CHANNEL_RAFT",
     "CHANNEL_REPLICA",
+    "CHANNEL_CALL",
     "LinkFault",
     "LinkError",
     "Hello",
@@ -59,6 +61,7 @@ _VOTER = struct.Struct(">i")
 VOTERS_MAX = 64
 CHANNEL_RAFT = 0
 CHANNEL_REPLICA = 1
+CHANNEL_CALL = 2
 _HELLO_LABEL = b"rivven link hello"
 
 
@@ -85,7 +88,7 @@ class Hello:
     boot_id: int
     nonce: bytes
     voters: tuple[int, ...] = ()
-    #: What the connection is for: ``CHANNEL_RAFT`` or ``CHANNEL_REPLICA``.
+    #: What the connection is for: ``CHANNEL_RAFT``, ``CHANNEL_REPLICA`` or ``CHANNEL_CALL``.
     channel: int = 0
 
 

@@ -72,6 +72,14 @@ class ClusterIO:
             return None
         return address
 
+    def dial(self, address: Address) -> Address | None:
+        """``address``, connected or being dialled now, or None (it waits out a backoff, or
+        the dial failed at once)."""
+        if not self.net.is_connected(address) and not self.net.connect(address):
+            self._last_error = self.net.last_error(address)
+            return None
+        return address
+
     def node_retry_ms(self, node_id: int, now_ms: int) -> int | None:
         """When node ``node_id`` may be dialled again, if it waits out a backoff now."""
         with self.lock:

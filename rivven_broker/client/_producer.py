@@ -58,7 +58,7 @@ from rivven_broker.client.errors import (
     UnknownTopicOrPartitionError,
     error_for,
 )
-from rivven_broker.client.metadata import MetadataCache, parse_bootstrap
+from rivven_broker.client.metadata import Address, MetadataCache, parse_bootstrap
 from rivven_broker.client.producer_core import BatchOutcome, ProducerCore
 from rivven_broker.client.transaction_manager import (
     CoordinatorCall,
@@ -468,14 +468,18 @@ class Producer:
         return True
 
     def _send_call(self, call: CoordinatorCall, now: int) -> None:
-        """Send a coordinator request to any broker; its answer goes back to the core."""
+        """Send a coordinator request to its broker (any, unless the core names one); its
+        answer goes back to the core."""
 
         def on_answer(response: Any, error: RivvenError | None) -> None:
             with self._cond:
                 self._core.on_coordinator_answer(call, response, error, monotonic_ms())
                 self._cond.notify_all()
 
-        address = self._cluster.any_address(now)
+        if call.address is not None:  # the transactional id's coordinator
+            address = self._cluster.dial(Address(*call.address))
+        else:
+            address = self._cluster.any_address(now)
         if address is None:
             reason = self._cluster.connect_error()
             on_answer(None, ConnectionFailedError(

@@ -327,10 +327,14 @@ class TrioProducer:
             await self._wake.wait(max(0, min(wait_ms, _IDLE_WAIT_MS)))
 
     async def _send_call(self, call: CoordinatorCall) -> None:
-        """One coordinator request to any broker; the answer goes back to the core."""
+        """One coordinator request to its broker (any, unless the core names one); the
+        answer goes back to the core."""
         response, error = None, None
         try:
-            conn = await self._cluster.any_connection()
+            if call.address is not None:  # the transactional id's coordinator
+                conn = await self._cluster.connect(Address(*call.address))
+            else:
+                conn = await self._cluster.any_connection()
             if conn is None:
                 raise ConnectionFailedError("no broker reachable for the coordinator")
             response = await conn.request(call.request, self._request_timeout_ms)

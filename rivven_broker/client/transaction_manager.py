@@ -47,7 +47,11 @@ backoff; ``PRODUCER_FENCED`` (a newer instance exists, or the coordinator aborte
 
 Operations the user waits for return a ``TxnResult``; the driver waits until ``done`` and
 raises its ``error``. At most one coordinator request is in flight (``next_call`` /
-``on_call_done``).
+``on_call_done``). A transactional producer sends them to its id's coordinator, found with
+``FindCoordinator`` (key type 1) before the first and again after any retriable failure
+other than CONCURRENT_TRANSACTIONS (in a cluster the coordinator moves with the leadership
+of its ``__transaction_state`` partition); an idempotent producer's InitProducerId goes to any
+broker.
 
 Pure: no I/O, no clocks (``now_ms`` is an argument), not thread-safe (drivers lock).
 """
@@ -67,7 +71,11 @@ from rivven_broker.client.errors import (
 from rivven_broker.client.types import TopicPartition
 from rivven_broker.protocol import limits
 from rivven_broker.protocol.errors import ErrorCode
-from rivven_broker.protocol.group_messages import NO_GENERATION
+from rivven_broker.protocol.group_messages import (
+    COORDINATOR_KEY_TRANSACTION,
+    NO_GENERATION,
+    FindCoordinator,
+)
 from rivven_broker.protocol.txn_messages import (
     AddOffsetsToTxn,
     AddOffsetsToTxnResponse,
@@ -133,10 +141,12 @@ class TxnResult:
 
 
 class CoordinatorCall(NamedTuple):
-    """A request the driver sends to any broker, then reports with ``on_call_done``."""
+    """A request the driver sends to ``address`` (None: any broker), then reports with
+    ``on_call_done``."""
 
     call_id: int
     request: Any
+    address: tuple[str, int] | None = None
 
 
 class _Op:
@@ -146,7 +156,7 @@ class _Op:
                  "group_instance_id", "offsets", "committed")
 
     def __init__(self, kind: str, result: TxnResult | None = None, **fields: Any) -> None:
-        self.kind = kind  # init | add_offsets | commit_offsets | end
+        self.kind = kind  # init | add_offsets | commit_offsets | end | find
         self.result = result
         self.group_id: str = fields.get("group_id", "")
         self.generation_id: int = fields.get("generation_id", NO_GENERATION)
@@ -188,6 +198,8 @@ class TransactionManager:
         self._wanted: set[tuple[str, int]] = set()
         self._added: set[tuple[str, int]] = set()
         self._started = False  # the coordinator knows the current transaction
+        #: Where the transactional id's coordinator is (FindCoordinator; None: find it).
+        self.coordinator: tuple[str, int] | None = None
         if transactional_id is None:
             self._queue_init(None)
 
@@ -402,6 +414,10 @@ class TransactionManager:
         if self._reset_wanted and self.in_flight_batches == 0:
             self._reset_wanted = False
             self._ops.appendleft(_Op("init"))
+        if self.transactional and self.coordinator is None and (self._ops or self._wanted):
+            key = COORDINATOR_KEY_TRANSACTION
+            return self._send(_Op("find"), FindCoordinator(self.transactional_id, key),
+                              frozenset())
         op = self._ops[0] if self._ops else None
         if op is not None and op.kind == "init":
             return self._send(op, self._init_request(), frozenset())
@@ -426,7 +442,8 @@ class TransactionManager:
         call_id = self._next_call_id
         self._next_call_id += 1
         self._call = (call_id, op, partitions)
-        return CoordinatorCall(call_id, request)
+        routed = self.transactional and (op is None or op.kind != "find")
+        return CoordinatorCall(call_id, request, self.coordinator if routed else None)
 
     def _init_request(self) -> InitProducerId:
         if not self.transactional:
@@ -465,6 +482,12 @@ class TransactionManager:
         assert self._call is not None and self._call[0] == call_id
         _, op, partitions = self._call
         self._call = None
+        if op is not None and op.kind == "find":
+            if error is None and response.error_code == ErrorCode.NONE:
+                self.coordinator = (response.host, response.port)
+            else:  # not there yet (or no broker answered): ask again after a backoff
+                self.retry_at_ms = now_ms + self.retry_backoff_ms
+            return
         if error is None:
             code = _code_of(response)
             if code != ErrorCode.NONE:
@@ -475,6 +498,8 @@ class TransactionManager:
         if error.retriable:
             if partitions:
                 self._wanted |= partitions
+            if error.error_code != ErrorCode.CONCURRENT_TRANSACTIONS:
+                self.coordinator = None  # it may have moved (or died): find it again
             delay = (_CONCURRENT_RETRY_MS if error.error_code == ErrorCode.CONCURRENT_TRANSACTIONS
                      else self.retry_backoff_ms)
             self.retry_at_ms = now_ms + delay

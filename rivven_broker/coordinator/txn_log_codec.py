@@ -37,6 +37,7 @@ import attrs
 import msgpack
 
 from rivven_broker.protocol import limits
+from rivven_broker.records.murmur2 import murmur2
 
 __all__ = [
     "TRANSACTION_STATE_TOPIC",
@@ -51,6 +52,7 @@ __all__ = [
     "encode_txn_tombstone",
     "encode_producer_id_block",
     "decode_txn_record",
+    "transaction_partition_for",
 ]
 
 #: The internal compacted topic holding the coordinator's records. One partition: producer-id
@@ -266,3 +268,10 @@ def _decode_metadata(transactional_id: str, body: dict[str, Any]) -> TxnMetadata
     if problem is not None:
         raise CorruptTxnRecordError(problem)
     return metadata
+
+
+def transaction_partition_for(transactional_id: str, partition_count: int) -> int:
+    """The ``__transaction_state`` partition holding ``transactional_id``'s records (a
+    clustered broker's; a single node keeps one partition). Pure."""
+    assert partition_count > 0
+    return (murmur2(transactional_id.encode("utf-8")) & 0x7FFFFFFF) % partition_count

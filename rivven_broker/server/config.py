@@ -147,6 +147,8 @@ class BrokerConfig:
     transaction_marker_delay_ms: int = 0
     #: Partitions of ``__consumer_offsets`` when the broker creates it.
     offsets_topic_partitions: int = 4
+    #: Partitions of a cluster's ``__transaction_state`` (a single node keeps one).
+    transaction_state_partitions: int = 4
     #: How long a rebalance that starts from an empty group waits for more members.
     group_initial_rebalance_delay_ms: int = limits.initial_rebalance_delay_ms_default
     #: Committed offsets of an empty group expire this long after its last commit.
@@ -432,6 +434,9 @@ _OPTIONS: tuple[_Option, ...] = (
             "commit/abort decision (default 0)"),
     _Option("offsets_topic_partitions", "N", _int_in(1, limits.partitions_per_topic_max),
             "partitions of __consumer_offsets when the broker creates it (default 4)"),
+    _Option("transaction_state_partitions", "N", _int_in(1, limits.partitions_per_topic_max),
+            "partitions of __transaction_state when a cluster creates it (default 4; a "
+            "single broker keeps one)"),
     _Option("group_initial_rebalance_delay_ms", "MS",
             _int_in(0, limits.rebalance_timeout_ms_max),
             "a rebalance of an empty group waits this long for more members "

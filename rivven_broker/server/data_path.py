@@ -139,9 +139,20 @@ class DataPath:
 
     # --- produce ---------------------------------------------------------------------------
 
-    def produce(self, request: Produce, now_ms: int) -> ProduceResponse | Pending | None:
-        """Append every partition's batches (see the module docstring). Never blocks."""
+    def produce(self, request: Produce, now_ms: int,
+                txn_refused: dict[tuple[str, int], ErrorCode] | None = None
+                ) -> ProduceResponse | Pending | None:
+        """Append every partition's batches (see the module docstring). Never blocks.
+        ``txn_refused``: partitions answered with that code without appending (a remote
+        coordinator's verification said no)."""
         context = self._context
+        txn = context.txn
+        if txn_refused is None and request.transactional_id is not None and txn is not None:
+            unverified = txn.to_verify(request.transactional_id, (
+                (topic.name, part.partition, part.records)
+                for topic in request.topics for part in topic.partitions))
+            if unverified:
+                return self._verify_then_produce(request, unverified)
         waits: list[tuple[str, int, PartitionLog, int]] = []
         outcome: dict[tuple[str, int], ProducePartitionResponse] = {}
         records_in = 0
@@ -154,6 +165,10 @@ class DataPath:
                 key = (topic.name, part.partition)
                 if topic_error is not None:
                     outcome[key] = _produce_error(part.partition, topic_error)
+                    continue
+                if txn_refused and key in txn_refused:
+                    code = txn_refused[key]
+                    outcome[key] = _produce_error(part.partition, (code, code.description))
                     continue
                 if replicas is not None:  # only the partition's leader appends
                     refused = replicas.produce_error(key, replicated)
@@ -238,6 +253,24 @@ class DataPath:
             return _produce_response(request, outcome)
 
         return Pending(wait, ready=ready)
+
+    def _verify_then_produce(self, request: Produce,
+                             unverified: list[tuple[str, int, int, int]]) -> Pending:
+        """The first batches of a transaction in partitions led here, whose coordinator is
+        another broker: ask it (KIP-890; docs/adr/0003), then produce. Serial: this
+        connection's next requests wait (their batches must follow these), others do not."""
+        txn = self._context.txn
+        assert txn is not None and request.transactional_id is not None
+        transactional_id = request.transactional_id
+
+        async def verify_and_produce() -> ProduceResponse:
+            refused = await txn.verify_remote(transactional_id, unverified)
+            answer = self.produce(request, self._context.env.clock.wall_ms(), refused)
+            if isinstance(answer, Pending):
+                return await answer.wait()
+            assert answer is not None  # (a transactional producer uses acks=all)
+            return answer
+        return Pending(verify_and_produce, serial=True)
 
     def _txn_check(self, request: Produce, topic: str, partition: int) -> TxnCheck:
         """The coordinator's check of a transactional batch for this partition."""

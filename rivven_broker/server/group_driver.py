@@ -424,14 +424,20 @@ class GroupDriver:
     def find_coordinator(self, request: FindCoordinator,
                          call: RequestContext) -> FindCoordinatorResponse:
         """A single node coordinates every group and transactional id; in a cluster a group's
-        coordinator is the leader of its ``__consumer_offsets`` partition."""
+        coordinator is the leader of its ``__consumer_offsets`` partition, a transactional
+        id's the leader of its ``__transaction_state`` partition."""
         if request.key_type == COORDINATOR_KEY_GROUP and group_id_error(request.key) is not None:
             return FindCoordinatorResponse(ErrorCode.INVALID_GROUP_ID)
         context = self._context
-        if request.key_type == COORDINATOR_KEY_GROUP and self.clustered:
+        if self.clustered:
             assert context.cluster is not None
-            partition = offsets_partition_for(request.key, self.partitions)
-            where = context.cluster.leader_address(OFFSETS_TOPIC, partition)
+            if request.key_type == COORDINATOR_KEY_GROUP:
+                partition = offsets_partition_for(request.key, self.partitions)
+                where = context.cluster.leader_address(OFFSETS_TOPIC, partition)
+            elif context.txn is not None:
+                where = context.txn.coordinator_address(request.key)
+            else:  # pragma: no cover - a broker always has a transaction driver
+                where = None
             if where is None:
                 return FindCoordinatorResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE)
             return FindCoordinatorResponse(ErrorCode.NONE, *where)
@@ -439,6 +445,10 @@ class GroupDriver:
             ErrorCode.NONE, context.config.node_id, context.advertised_host,
             context.advertised_port,
         )
+
+    def coordinates(self, group_id: str) -> bool:
+        """Whether ``group_id``'s coordinator is a loaded shard of this broker. Never blocks."""
+        return not isinstance(self._shard_of(group_id), ErrorCode)
 
     def check_txn_member(self, group_id: str, generation_id: int, member_id: str,
                          group_instance_id: str | None) -> ErrorCode | None:

@@ -6,35 +6,60 @@ Theory of operation
 and carries out its instructions (the contract is in ``coordinator/txn_events``); it keeps no
 transaction state of its own.
 
-- *Loading* (``run``, before the client listener opens): every record of the internal topic
-  ``__transaction_state`` (one partition, ``cleanup.policy=compact``; created at the first
-  append) is replayed through ``coordinator.load``; the markers of in-doubt transactions
-  (PrepareCommit / PrepareAbort: the decision is durable, the markers may not be) are written
-  again. Until then requests are answered ``COORDINATOR_LOAD_IN_PROGRESS``.
+- *Shards*: each partition of ``__transaction_state`` coordinated here has its own
+  coordinator, tick loop and tasks (``_Shard``); a transactional id belongs to partition
+  ``transaction_partition_for(id, partitions)``. A single node has one partition (local,
+  ``cleanup.policy=compact``, created at the first append), loaded in ``run`` before the
+  client listener opens. A clustered broker's ``__transaction_state`` is a replicated topic of
+  the metadata and it coordinates exactly the partitions it leads (``own``, after every
+  applied change), as the group driver does: a partition gained is loaded from its replicated
+  log in a task (COORDINATOR_LOAD_IN_PROGRESS meanwhile), a partition lost drops its shard
+  (NOT_COORDINATOR for what it held; its marker tasks stop; the new leader re-issues the
+  markers of in-doubt transactions from the log). InitProducerId without a transactional id
+  goes, on a clustered broker, to the *id desk*: a coordinator with no log that only hands
+  out producer ids, so every broker serves idempotent producers.
+- *Loading*: every record of the shard's partition is replayed through ``coordinator.load``;
+  the markers of in-doubt transactions (PrepareCommit / PrepareAbort: the decision is
+  durable, the markers may not be) are written again.
 - *Requests* (InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit, EndTxn):
-  ``begin`` feeds ``TxnRequestReceived``; a reply emitted at once is returned, otherwise a
-  ``Pending`` waits for it (a reply that depends on an append is released once the append is
-  durable).
+  ``begin`` feeds ``TxnRequestReceived`` to the shard of the request's id; a reply emitted at
+  once is returned, otherwise a ``Pending`` waits for it (a reply that depends on an append is
+  released once the append is durable).
 - *Group membership* (KIP-447): a TxnOffsetCommit carrying a generation or member id (the
   consumer's ``group_metadata()``) from the transaction's current producer is first checked
-  against the group coordinator (``context.groups``, same trio thread, so the answer is the
-  group's state now): a member that left that generation is answered UNKNOWN_MEMBER_ID /
-  ILLEGAL_GENERATION / FENCED_INSTANCE_ID for every partition and its offsets never enter the
-  transaction. A stale producer skips the check: the coordinator answers it PRODUCER_FENCED.
-- ``AppendTxnLog``: appended at once, in emission order, through the partition's
-  ``PartitionTxnState``; a task waits until it is durable (under ``sync=always``; the other
-  policies acknowledge on append, as they do for data) and feeds ``TxnLogAppended``. A
-  storage error feeds ``TxnLogAppendFailed`` (the requester gets COORDINATOR_NOT_AVAILABLE).
+  against the group's coordinator: here (``context.groups``, same trio thread, so the answer
+  is the group's state now) or, in a cluster, on the broker leading the group's partition
+  (a ``check_txn_member`` call). A member that left that generation is answered
+  UNKNOWN_MEMBER_ID / ILLEGAL_GENERATION / FENCED_INSTANCE_ID for every partition and its
+  offsets never enter the transaction. A stale producer skips the check: the coordinator
+  answers it PRODUCER_FENCED.
+- ``AppendTxnLog``: appended at once, in emission order, to the shard's partition through
+  its ``PartitionTxnState``; a task waits until it is durable (under ``sync=always``; the
+  other policies acknowledge on append, as they do for data) and, in a cluster, until the
+  partition's high watermark passes it, and feeds ``TxnLogAppended``. A storage error, or a
+  leadership lost, feeds ``TxnLogAppendFailed`` (the requester gets COORDINATOR_NOT_AVAILABLE).
 - ``RequestProducerIds`` (a clustered broker): a task asks the controller for a block
   (``ClusterControl.allocate_producer_ids``) and feeds ``ProducerIdsGranted``, or
   ``TxnLogAppendFailed`` when the controller cannot answer (the parked InitProducerId requests
   get COORDINATOR_NOT_AVAILABLE, which clients retry).
 - ``WriteMarkers``: a task appends a COMMIT or ABORT control batch to every partition of the
-  transaction (each check-append-update without a checkpoint; a partition whose topic is gone
-  is skipped; a storage error is retried with a doubling delay), pokes long-polling fetches,
-  waits until every marker is durable, on commit hands the offsets to the group side
-  (``offsets_sink``), and only then feeds ``MarkersWritten``: the coordinator's CompleteCommit
-  record must never precede durable markers.
+  transaction - here, for the partitions this broker leads (a single node: all), else by a
+  ``write_markers`` call to each partition's leader - (a partition whose topic is gone is
+  skipped; a failure is retried with a doubling delay), waits until every marker is durable
+  (in a cluster: below its partition's high watermark), on commit hands the offsets to the
+  group side (here, ``offsets_sink``, or the group's coordinator by a ``commit_txn_offsets``
+  call), and only then feeds ``MarkersWritten``: the coordinator's CompleteCommit record must
+  never precede durable markers.
+- *Produce checks*: a partition leader checks a transactional batch against the coordinator
+  of its id (``check_produce``). Here: the pure check, synchronously. Remote (a cluster):
+  the produce path must not wait on another broker for every batch, so it follows KIP-890
+  (docs/adr/0003): a batch whose producer already has a transaction open in the partition at
+  its epoch is appended at once; the first batch of a transaction in a partition is verified
+  first by a ``verify_txn`` call (the data path holds that request, and only that
+  connection's requests, until the answer), the verification is remembered for that
+  partition, producer id and epoch, consumed by the append, and dropped by any marker for the
+  producer there - so a batch verified before its transaction ended can never open a new,
+  hanging one.
 - ``TxnTick`` is fed when ``next_deadline_ms`` comes, at least once a second (timeouts).
 
 Events are fed through one queue, so the instructions of one event are all carried out, in
@@ -50,10 +75,11 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Hashable, Iterator
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
 
 import trio
 
+from rivven_broker.coordinator.offsets_codec import OFFSETS_TOPIC, offsets_partition_for
 from rivven_broker.coordinator.transaction_coordinator import TransactionCoordinator
 from rivven_broker.coordinator.txn_events import (
     AppendTxnLog,
@@ -69,7 +95,11 @@ from rivven_broker.coordinator.txn_events import (
     TxnTick,
     WriteMarkers,
 )
-from rivven_broker.coordinator.txn_log_codec import TRANSACTION_STATE_TOPIC, PendingOffset
+from rivven_broker.coordinator.txn_log_codec import (
+    TRANSACTION_STATE_TOPIC,
+    PendingOffset,
+    transaction_partition_for,
+)
 from rivven_broker.coordinator.txn_requests import error_response
 from rivven_broker.protocol import limits
 from rivven_broker.protocol.errors import ErrorCode
@@ -83,8 +113,9 @@ from rivven_broker.protocol.txn_messages import (
 )
 from rivven_broker.records.builder import BatchBuilder
 from rivven_broker.records.control import ControlType
-from rivven_broker.records.header import BatchError, BatchHeader
+from rivven_broker.records.header import HEADER_BYTES, BatchError, BatchHeader, parse_header
 from rivven_broker.records.reader import decode_records
+from rivven_broker.server.cluster.broker_calls import BrokerCallFailed
 from rivven_broker.server.context import Pending, RequestContext
 from rivven_broker.storage.errors import (
     StorageError,
@@ -111,16 +142,20 @@ _TICK_MS_MAX = 1_000
 _TICK_MS_MIN = 10
 _READ_BYTES = 1 << 20
 _MARKER_RETRY_MS = 100
+#: Verifications remembered at most (dropped by markers; cleared whole past this bound).
+_VERIFIED_MAX = 100_000
+_DESK = -1
 
 
 class _Slot:
-    """Where a request's reply lands."""
+    """Where a request's reply lands (and what to refuse it with if its shard goes)."""
 
-    __slots__ = ("event", "response")
+    __slots__ = ("event", "response", "request")
 
-    def __init__(self) -> None:
+    def __init__(self, request: Any) -> None:
         self.event = trio.Event()
         self.response: Response | None = None
+        self.request = request
 
     async def wait(self) -> Response:
         await self.event.wait()
@@ -128,8 +163,24 @@ class _Slot:
         return self.response
 
 
+class _Shard:
+    """The transactional ids of one ``__transaction_state`` partition coordinated here (or,
+    partition -1, a clustered broker's id desk)."""
+
+    def __init__(self, partition: int, epoch: int, coordinator: TransactionCoordinator) -> None:
+        self.partition = partition
+        self.epoch = epoch  # the partition's leader epoch it was loaded at (-1: not replicated)
+        self.coordinator = coordinator
+        self.loaded = False
+        self.scope = trio.CancelScope()
+        self.nursery: trio.Nursery | None = None
+        self.tick = trio.Event()
+        self.tokens: set[int] = set()
+        self.gone = False
+
+
 class TxnDriver:
-    """Runs the transaction coordinator of one broker. See the module docstring."""
+    """Runs the transaction coordinators of one broker. See the module docstring."""
 
     def __init__(
         self, context: ServerContext, states: ProducerStates, *, marker_delay_ms: int = 0,
@@ -139,22 +190,34 @@ class TxnDriver:
         self._context = context
         self._states = states
         self._marker_delay_ms = marker_delay_ms
-        self.coordinator = TransactionCoordinator(producer_ids_from_controller=clustered)
-        #: Set by the group side once it runs (H11's group driver); None: offsets are dropped
-        #: with a warning.
+        self.clustered = clustered
+        #: Partitions of ``__transaction_state`` (a cluster's: as the metadata says).
+        self.partitions = 1
+        self._shards: dict[int, _Shard] = {}
+        if clustered:
+            self._desk = _Shard(_DESK, -1, TransactionCoordinator(
+                producer_ids_from_controller=True))
+        else:
+            self._desk = self._shards[0] = _Shard(0, -1, TransactionCoordinator())
+        #: Set by the group side once it runs; None: offsets are dropped with a warning.
         self.offsets_sink: OffsetsSink | None = None
-        self._slots: dict[Hashable, _Slot] = {}
+        self._slots: dict[int, _Slot] = {}
         self._tokens = itertools.count(1)
-        self._events: deque[TxnEvent] = deque()
+        self._events: deque[tuple[_Shard, TxnEvent]] = deque()
         self._feeding = False
-        self._loaded = False
         self._nursery: trio.Nursery | None = None
-        self._tick = trio.Event()
+        #: ``(topic, partition, producer id, epoch)`` a remote coordinator verified (KIP-890).
+        self._verified: set[tuple[str, int, int, int]] = set()
+
+    @property
+    def coordinator(self) -> TransactionCoordinator:
+        """A single node's coordinator (a clustered broker's id desk)."""
+        return self._desk.coordinator
 
     # --- running ---------------------------------------------------------------------------
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Load ``__transaction_state``, then tick until cancelled. Blocks.
+        """Load (a single node: ``__transaction_state``), then tick until cancelled.
 
         Raises:
             CorruptTxnRecordError: a record of ``__transaction_state`` is malformed.
@@ -162,42 +225,103 @@ class TxnDriver:
         """
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            instructions = self.coordinator.load(self._read_log())
-            self._loaded = True
-            if instructions:
-                log.info("completing %d in-doubt transactions", len(instructions))
-            self._carry_out(instructions)
-            self._drain_events()
+            await nursery.start(self._serve, self._desk)
+            for shard in list(self._shards.values()):
+                if shard is not self._desk:
+                    nursery.start_soon(self._serve, shard)
             task_status.started()
-            await self._tick_loop()
 
-    def _read_log(self) -> Iterator[tuple[bytes, bytes | None]]:
+    async def _serve(self, shard: _Shard, *, task_status: Any = trio.TASK_STATUS_IGNORED
+                     ) -> None:
+        with shard.scope:
+            async with trio.open_nursery() as nursery:
+                shard.nursery = nursery
+                records = [] if shard.partition == _DESK else await self._read_log(shard)
+                instructions = shard.coordinator.load(records)
+                shard.loaded = True
+                if instructions:
+                    log.info("%s-%d: completing %d in-doubt transactions",
+                             TRANSACTION_STATE_TOPIC, shard.partition, len(instructions))
+                if shard.epoch >= 0:
+                    log.info("%s-%d: coordinating its transactions at leader epoch %d",
+                             TRANSACTION_STATE_TOPIC, shard.partition, shard.epoch)
+                self._carry_out(shard, instructions)
+                self._drain_events()
+                task_status.started()
+                await self._tick_loop(shard)
+
+    async def _read_log(self, shard: _Shard) -> list[tuple[bytes, bytes | None]]:
+        """The shard's partition, record by record, a chunk at a time."""
         logs = self._context.logs
-        if TRANSACTION_STATE_TOPIC not in logs.topics():
-            return
-        plog = logs.get_log(TRANSACTION_STATE_TOPIC, 0)
+        info = logs.topics().get(TRANSACTION_STATE_TOPIC)
+        if info is None or shard.partition >= info.partitions:
+            return []
+        plog = logs.get_log(TRANSACTION_STATE_TOPIC, shard.partition)
+        records = []
         offset = plog.log_start_offset
         while offset < plog.log_end_offset:
             result = plog.read(offset, _READ_BYTES)
             for record in decode_records(result.records, min_offset=offset):
                 assert record.key is not None, "a __transaction_state record without a key"
-                yield record.key, record.value
+                records.append((record.key, record.value))
             offset = result.next_offset
+            await trio.lowlevel.checkpoint()
+        return records
 
-    async def _tick_loop(self) -> None:
+    async def _tick_loop(self, shard: _Shard) -> None:
         """Feed ``TxnTick`` at the coordinator's next deadline (at least once a second);
         every other event re-arms the timer (it may bring the deadline forward)."""
         clock = self._context.env.clock
         while True:
-            deadline = self.coordinator.next_deadline_ms()
+            deadline = shard.coordinator.next_deadline_ms()
             wait_ms = _TICK_MS_MAX
             if deadline is not None:
                 wait_ms = min(max(deadline - clock.wall_ms(), _TICK_MS_MIN), _TICK_MS_MAX)
-            self._tick = trio.Event()
+            shard.tick = trio.Event()
             with trio.move_on_after(wait_ms / 1000):
-                await self._tick.wait()
-            if not self._tick.is_set():
-                self._feed(TxnTick())
+                await shard.tick.wait()
+            if not shard.tick.is_set():
+                self._feed(shard, TxnTick())
+
+    # --- ownership (clustered) ---------------------------------------------------------------
+
+    def own(self, partitions: int, leading: dict[int, int]) -> None:
+        """Coordinate the transactional ids of exactly the ``__transaction_state`` partitions
+        this broker leads (``leading``: partition -> leader epoch). Never blocks."""
+        assert self.clustered
+        self.partitions = partitions
+        for partition, shard in list(self._shards.items()):
+            if leading.get(partition) != shard.epoch:
+                self._unload(shard)
+        for partition, epoch in sorted(leading.items()):
+            if partition not in self._shards:
+                shard = self._shards[partition] = _Shard(partition, epoch, TransactionCoordinator(
+                    producer_ids_from_controller=True))
+                if self._nursery is not None:  # (else run() starts it)
+                    self._nursery.start_soon(self._serve, shard)
+
+    def _unload(self, shard: _Shard) -> None:
+        del self._shards[shard.partition]
+        shard.gone = True
+        shard.scope.cancel()
+        for token in shard.tokens:
+            slot = self._slots.pop(token, None)
+            if slot is not None:
+                slot.response = error_response(slot.request, ErrorCode.NOT_COORDINATOR)
+                slot.event.set()
+        log.info("%s-%d: no longer coordinating its transactions", TRANSACTION_STATE_TOPIC,
+                 shard.partition)
+
+    def coordinator_address(self, transactional_id: str) -> tuple[int, str, int] | None:
+        """Where a clustered broker finds ``transactional_id``'s coordinator (None: no live
+        leader of its partition, or the topic is not created yet)."""
+        cluster = self._context.cluster
+        assert self.clustered and cluster is not None
+        record = cluster.image().topic(TRANSACTION_STATE_TOPIC)
+        if record is None:
+            return None
+        partition = transaction_partition_for(transactional_id, len(record.partitions))
+        return cluster.leader_address(TRANSACTION_STATE_TOPIC, partition)
 
     # --- requests --------------------------------------------------------------------------
 
@@ -205,26 +329,67 @@ class TxnDriver:
         """The request handlers this driver serves, for the broker's dispatch table."""
         return {cls: self.begin for cls in TXN_REQUEST_TYPES}
 
+    def _shard_for(self, transactional_id: str | None) -> _Shard | ErrorCode:
+        """The loaded shard coordinating ``transactional_id`` here, or why there is none."""
+        if transactional_id is None or not self.clustered:
+            shard: _Shard | None = self._desk
+        else:
+            shard = self._shards.get(transaction_partition_for(transactional_id,
+                                                               self.partitions))
+        if shard is None:
+            return ErrorCode.NOT_COORDINATOR
+        if not shard.loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        return shard
+
     def begin(self, request: Any, call: RequestContext) -> Response | Pending:
-        """Hand a transaction request to the coordinator. Never blocks."""
-        if not self._loaded or self._nursery is None:
-            return error_response(request, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        """Hand a transaction request to the coordinator of its id. Never blocks."""
+        shard = self._shard_for(request.transactional_id)
+        if isinstance(shard, ErrorCode):
+            return error_response(request, shard)
         if isinstance(request, TxnOffsetCommit):
             refused = self._membership_error(request)
+            if refused is _REMOTE:
+                return Pending(lambda: self._begin_after_remote_check(shard, request))
             if refused is not None:
-                return error_response(request, refused)
-        token = next(self._tokens)
-        slot = self._slots[token] = _Slot()
-        self._feed(TxnRequestReceived(token, request))
-        if slot.response is not None:
-            return slot.response
-        return Pending(slot.wait)
+                return error_response(request, refused)  # type: ignore[arg-type]
+        return self._hand_over(shard, request)
 
-    def _membership_error(self, request: TxnOffsetCommit) -> ErrorCode | None:
-        """Why the group refuses this commit's membership (module docstring), or None."""
+    def _hand_over(self, shard: _Shard, request: Any) -> Response | Pending:
+        token = next(self._tokens)
+        slot = self._slots[token] = _Slot(request)
+        shard.tokens.add(token)
+        self._feed(shard, TxnRequestReceived(token, request))
+        if slot.response is not None:
+            shard.tokens.discard(token)
+            return slot.response
+
+        async def wait() -> Response:
+            try:
+                return await slot.wait()
+            finally:
+                shard.tokens.discard(token)
+                self._slots.pop(token, None)
+        return Pending(wait)
+
+    async def _begin_after_remote_check(self, shard: _Shard,
+                                        request: TxnOffsetCommit) -> Response:
+        code = await self._remote_member_check(request)
+        if code is not None:
+            return error_response(request, code)
+        if shard.gone:
+            return error_response(request, ErrorCode.NOT_COORDINATOR)
+        answer = self._hand_over(shard, request)
+        return await answer.wait() if isinstance(answer, Pending) else answer
+
+    def _membership_error(self, request: TxnOffsetCommit) -> ErrorCode | object | None:
+        """Why the group refuses this commit's membership (module docstring), None, or
+        ``_REMOTE`` when the group's coordinator is another broker."""
         if request.generation_id == -1 and not request.member_id:
             return None
-        meta = self.coordinator.metadata(request.transactional_id)
+        shard = self._shard_for(request.transactional_id)
+        assert not isinstance(shard, ErrorCode)
+        meta = shard.coordinator.metadata(request.transactional_id)
         if meta is None or (meta.producer_id, meta.producer_epoch) != (
             request.producer_id, request.producer_epoch
         ):
@@ -232,27 +397,170 @@ class TxnDriver:
         groups = self._context.groups
         if groups is None:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        return groups.check_txn_member(
+        code = groups.check_txn_member(
             request.group_id, request.generation_id, request.member_id,
             request.group_instance_id,
         )
+        if code == ErrorCode.NOT_COORDINATOR and self.clustered:
+            return _REMOTE
+        return code
+
+    async def _remote_member_check(self, request: TxnOffsetCommit) -> ErrorCode | None:
+        body = {"group": request.group_id, "generation": request.generation_id,
+                "member": request.member_id, "instance": request.group_instance_id}
+        try:
+            code = await self._call_group_coordinator(request.group_id, "check_txn_member", body)
+        except BrokerCallFailed as exc:
+            log.info("checking %s's membership failed: %s", request.group_id, exc)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        return None if code is None else ErrorCode(code)
+
+    # --- the produce path's check ------------------------------------------------------------
 
     def check_produce(
         self, transactional_id: str | None, header: BatchHeader, topic: str, partition: int
     ) -> ErrorCode:
-        """May this transactional batch be appended now? Pure; never blocks."""
+        """May this transactional batch be appended now? Never blocks. A remote coordinator's
+        answer is the verification the data path obtained first (``verify_remote``), or a
+        transaction the producer already has open here at this epoch."""
         if transactional_id is None:
             return ErrorCode.INVALID_REQUEST
-        if not self._loaded:
-            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
-        return self.coordinator.check_produce(
-            transactional_id, header.producer_id, header.producer_epoch, topic, partition
-        )
+        shard = self._shard_for(transactional_id)
+        if isinstance(shard, _Shard):
+            return shard.coordinator.check_produce(
+                transactional_id, header.producer_id, header.producer_epoch, topic, partition
+            )
+        if not self.clustered or shard != ErrorCode.NOT_COORDINATOR:
+            return shard
+        key = (topic, partition, header.producer_id, header.producer_epoch)
+        if key in self._verified:
+            self._verified.discard(key)
+            return ErrorCode.NONE
+        if self._open_here(topic, partition, header.producer_id, header.producer_epoch):
+            return ErrorCode.NONE
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE  # (verified, then a marker ended it: retry)
+
+    def _open_here(self, topic: str, partition: int, producer_id: int, epoch: int) -> bool:
+        state = self._states.find(topic, partition)
+        return state is not None and producer_id in state.state.ongoing_transactions() and (
+            state.state.producer_epoch(producer_id) == epoch)
+
+    def to_verify(self, transactional_id: str | None,
+                  batches: Iterable[tuple[str, int, bytes]]) -> list[tuple[str, int, int, int]]:
+        """Of a Produce's ``(topic, partition, records)``, the transactional batches whose
+        coordinator is another broker and which would open a transaction in their partition:
+        ``(topic, partition, producer id, epoch)`` to verify first. Never blocks."""
+        if not self.clustered or transactional_id is None:
+            return []
+        if not isinstance(self._shard_for(transactional_id), ErrorCode):
+            return []  # coordinated here: checked synchronously
+        needed = []
+        for topic, partition, records in batches:
+            if len(records) < HEADER_BYTES:
+                continue
+            try:
+                header = parse_header(records)
+            except BatchError:
+                continue  # the append refuses it
+            if not header.is_transactional or header.producer_id < 0:
+                continue
+            key = (topic, partition, header.producer_id, header.producer_epoch)
+            if key not in self._verified and not self._open_here(*key):
+                needed.append(key)
+        return needed
+
+    async def verify_remote(self, transactional_id: str,
+                            keys: list[tuple[str, int, int, int]]) -> dict[tuple[str, int],
+                                                                           ErrorCode]:
+        """Ask the id's coordinator whether these batches may open a transaction in their
+        partitions; remember the ones it allows (``check_produce`` consumes them). Returns
+        the refusals by partition. Bounded by the call timeout."""
+        where = self.coordinator_address(transactional_id)
+        refused = {(t, p): ErrorCode.COORDINATOR_NOT_AVAILABLE for t, p, _, _ in keys}
+        if where is None:
+            return refused
+        calls = self._context.cluster.calls  # type: ignore[union-attr]
+        body = {"id": transactional_id, "batches": [list(k) for k in keys]}
+        try:
+            codes = await calls.call(where[0], "verify_txn", body)
+        except BrokerCallFailed as exc:
+            log.info("verifying %r's batches failed: %s", transactional_id, exc)
+            return refused
+        for key, code in zip(keys, codes):
+            code = ErrorCode(code)
+            if code == ErrorCode.NONE:
+                if len(self._verified) >= _VERIFIED_MAX:
+                    self._verified.clear()
+                self._verified.add(key)
+                refused.pop((key[0], key[1]), None)
+            else:
+                refused[(key[0], key[1])] = code
+        return refused
+
+    # --- answering other brokers' calls -------------------------------------------------------
+
+    def call_handlers(self) -> dict[str, Callable[[int, Any], Awaitable[Any]]]:
+        """What other brokers may ask this one (``BrokerCalls.handlers``)."""
+        return {"verify_txn": self._serve_verify, "write_markers": self._serve_markers,
+                "check_txn_member": self._serve_member_check,
+                "commit_txn_offsets": self._serve_offsets}
+
+    async def _serve_verify(self, caller: int, body: Any) -> list[int]:
+        transactional_id = str(body["id"])
+        shard = self._shard_for(transactional_id)
+        codes = []
+        for topic, partition, producer_id, epoch in body["batches"]:
+            if isinstance(shard, ErrorCode):
+                codes.append(int(shard))
+            else:
+                codes.append(int(shard.coordinator.check_produce(
+                    transactional_id, int(producer_id), int(epoch), str(topic), int(partition))))
+        return codes
+
+    async def _serve_markers(self, caller: int, body: Any) -> list[int]:
+        """Markers a coordinator asks this partition leader to write: a code per partition,
+        NONE once the marker is below the partition's high watermark."""
+        kind = ControlType.COMMIT if body["committed"] else ControlType.ABORT
+        producer_id, epoch = int(body["producer_id"]), int(body["epoch"])
+        written: list[tuple[PartitionLog, int]] = []
+        codes, positions = [], {}
+        for topic, partition in body["partitions"]:
+            before = len(written)
+            codes.append(self._append_marker(str(topic), int(partition), kind, producer_id,
+                                             epoch, written))
+            if len(written) > before:
+                positions[before] = len(codes) - 1
+        for index, ok in (await self._committed(written)).items():
+            if not ok:
+                codes[positions[index]] = ErrorCode.NOT_LEADER
+        return [int(code) for code in codes]
+
+    async def _serve_member_check(self, caller: int, body: Any) -> int | None:
+        groups = self._context.groups
+        if groups is None:
+            return int(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        code = groups.check_txn_member(str(body["group"]), int(body["generation"]),
+                                       str(body["member"]), body["instance"])
+        return None if code is None else int(code)
+
+    async def _serve_offsets(self, caller: int, body: Any) -> int:
+        groups = self._context.groups
+        if groups is None:
+            return int(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        group = str(body["group"])
+        offsets = tuple(PendingOffset(group, str(t), int(p), int(o), m)
+                        for t, p, o, m in body["offsets"])
+        try:
+            await groups.commit_txn_offsets(group, offsets, int(body["timestamp"]))
+        except StorageError as exc:
+            log.info("transactional offsets of %s for broker %d: %s", group, caller, exc)
+            return int(ErrorCode.NOT_COORDINATOR)
+        return 0
 
     # --- events and instructions -----------------------------------------------------------
 
-    def _feed(self, event: TxnEvent) -> None:
-        self._events.append(event)
+    def _feed(self, shard: _Shard, event: TxnEvent) -> None:
+        self._events.append((shard, event))
         if not self._feeding:
             self._drain_events()
 
@@ -260,16 +568,19 @@ class TxnDriver:
         self._feeding = True
         try:
             while self._events:
-                event = self._events.popleft()
+                shard, event = self._events.popleft()
+                if shard.gone or not shard.loaded:
+                    continue
                 now_ms = self._context.env.clock.wall_ms()
-                self._carry_out(self.coordinator.handle(event, now_ms))
+                self._carry_out(shard, shard.coordinator.handle(event, now_ms))
                 if not isinstance(event, TxnTick):
-                    self._tick.set()  # re-arm the timer: the next deadline may have moved
+                    shard.tick.set()  # re-arm the timer: the next deadline may have moved
         finally:
             self._feeding = False
 
-    def _carry_out(self, instructions: list[TxnInstruction]) -> None:
-        assert self._nursery is not None
+    def _carry_out(self, shard: _Shard, instructions: list[TxnInstruction]) -> None:
+        nursery = shard.nursery
+        assert nursery is not None
         for instruction in instructions:
             if isinstance(instruction, TxnReply):
                 slot = self._slots.pop(instruction.token, None)
@@ -277,48 +588,57 @@ class TxnDriver:
                     slot.response = instruction.response
                     slot.event.set()
             elif isinstance(instruction, AppendTxnLog):
-                self._append_txn_log(instruction)
+                self._append_txn_log(shard, instruction)
             elif isinstance(instruction, RequestProducerIds):
-                self._nursery.start_soon(self._request_producer_ids, instruction)
+                nursery.start_soon(self._request_producer_ids, shard, instruction)
             else:
                 assert isinstance(instruction, WriteMarkers), instruction
-                self._nursery.start_soon(self._write_markers, instruction)
+                nursery.start_soon(self._write_markers, shard, instruction)
 
-    def _append_txn_log(self, instruction: AppendTxnLog) -> None:
+    def _append_txn_log(self, shard: _Shard, instruction: AppendTxnLog) -> None:
         context = self._context
         now_ms = context.env.clock.wall_ms()
         try:
-            plog = self._txn_log(now_ms)
+            plog = self._txn_log(shard, now_ms)
             builder = BatchBuilder(batch_bytes_max=limits.max_message_bytes_default)
             builder.append(now_ms, instruction.key, instruction.value)
-            state = self._states.get(TRANSACTION_STATE_TOPIC, 0, plog)
+            state = self._states.get(TRANSACTION_STATE_TOPIC, shard.partition, plog)
             outcome = state.append(builder.build(), now_ms, _no_transactions)
             assert outcome.info is not None, outcome
             context.sync_worker.mark_dirty(plog)
         except SyncFailedError:
             raise
         except (StorageError, BatchError, OSError) as exc:
-            log.error("appending to %s failed: %s", TRANSACTION_STATE_TOPIC, exc)
-            self._events.append(TxnLogAppendFailed(instruction.append_id))
+            log.error("appending to %s-%d failed: %s", TRANSACTION_STATE_TOPIC,
+                      shard.partition, exc)
+            self._events.append((shard, TxnLogAppendFailed(instruction.append_id)))
             return
-        assert self._nursery is not None
-        self._nursery.start_soon(
-            self._when_durable, plog, outcome.info.last_offset, instruction.append_id
+        assert shard.nursery is not None
+        shard.nursery.start_soon(
+            self._when_durable, shard, plog, outcome.info.last_offset, instruction.append_id
         )
 
-    async def _request_producer_ids(self, instruction: RequestProducerIds) -> None:
+    async def _request_producer_ids(self, shard: _Shard, instruction: RequestProducerIds
+                                    ) -> None:
         """A block of producer ids from the controller (bounded by its propose timeout)."""
         cluster = self._context.cluster
         block = None
         if cluster is not None:
             block = await cluster.allocate_producer_ids(instruction.count)
         if block is None:
-            self._feed(TxnLogAppendFailed(instruction.append_id))
+            self._feed(shard, TxnLogAppendFailed(instruction.append_id))
         else:
-            self._feed(ProducerIdsGranted(instruction.append_id, *block))
+            self._feed(shard, ProducerIdsGranted(instruction.append_id, *block))
 
-    def _txn_log(self, now_ms: int) -> PartitionLog:
+    def _txn_log(self, shard: _Shard, now_ms: int) -> PartitionLog:
         logs = self._context.logs
+        if self.clustered:  # the metadata's topic; only its leader appends
+            plog = logs.get_log(TRANSACTION_STATE_TOPIC, shard.partition)
+            replicas = self._context.replicas
+            if replicas is None or not replicas.leads(plog):
+                raise StorageError(f"{TRANSACTION_STATE_TOPIC}-{shard.partition} is not led "
+                                   f"here any more")
+            return plog
         if TRANSACTION_STATE_TOPIC not in logs.topics():
             try:
                 logs.create_topic(
@@ -329,70 +649,138 @@ class TxnDriver:
                 pass
         return logs.get_log(TRANSACTION_STATE_TOPIC, 0)
 
-    async def _when_durable(self, plog: PartitionLog, last_offset: int, append_id: int) -> None:
-        await self._context.sync_worker.wait_durable(plog, last_offset)
-        self._feed(TxnLogAppended(append_id))
+    async def _when_durable(self, shard: _Shard, plog: PartitionLog, last_offset: int,
+                            append_id: int) -> None:
+        done = await self._committed([(plog, last_offset)])
+        event = TxnLogAppended(append_id) if done[0] else TxnLogAppendFailed(append_id)
+        self._feed(shard, event)
+
+    async def _committed(self, written: list[tuple[PartitionLog, int]]) -> dict[int, bool]:
+        """Wait until each ``(log, offset)`` is durable and, in a cluster, below its
+        partition's high watermark; which made it (False: leadership lost, or cut)."""
+        context = self._context
+        replicas = context.replicas if self.clustered else None
+        done = {}
+        for index, (plog, offset) in enumerate(written):
+            if offset < plog.log_end_offset:
+                await context.sync_worker.wait_durable(plog, offset)
+            if replicas is not None:
+                await replicas.wait_committed(plog, offset)
+                done[index] = replicas.committed(plog, offset)
+            else:
+                done[index] = offset < plog.log_end_offset
+        return done
 
     # --- markers ---------------------------------------------------------------------------
 
-    async def _write_markers(self, instruction: WriteMarkers) -> None:
+    async def _write_markers(self, shard: _Shard, instruction: WriteMarkers) -> None:
         context = self._context
         if self._marker_delay_ms:
             await context.env.clock.sleep_ms(self._marker_delay_ms)
         kind = ControlType.COMMIT if instruction.committed else ControlType.ABORT
         remaining = list(instruction.partitions)
-        written: list[tuple[PartitionLog, int]] = []
         delay_ms = _MARKER_RETRY_MS
         while remaining:
-            remaining = self._append_markers(instruction, kind, remaining, written)
+            remaining = await self._markers_round(instruction, kind, remaining)
             if remaining:
                 await context.env.clock.sleep_ms(delay_ms)
                 delay_ms = min(delay_ms * 2, limits.transaction_marker_retry_ms_max)
-        for plog, offset in written:
-            await context.sync_worker.wait_durable(plog, offset)
         if instruction.committed and instruction.offsets:
             await self._commit_offsets(instruction.offsets)
-        self._feed(
-            MarkersWritten(
-                instruction.transactional_id,
-                instruction.producer_id,
-                instruction.producer_epoch,
-                instruction.committed,
-            )
-        )
+        self._feed(shard, MarkersWritten(
+            instruction.transactional_id,
+            instruction.producer_id,
+            instruction.producer_epoch,
+            instruction.committed,
+        ))
 
-    def _append_markers(
-        self,
-        instruction: WriteMarkers,
-        kind: ControlType,
-        partitions: list[tuple[str, int]],
-        written: list[tuple[PartitionLog, int]],
-    ) -> list[tuple[str, int]]:
-        """Append the marker to each partition now (no checkpoint); return those that failed."""
-        context = self._context
-        now_ms = context.env.clock.wall_ms()
-        failed = []
+    async def _markers_round(self, instruction: WriteMarkers, kind: ControlType,
+                             partitions: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Write the marker to every partition once (here, or by a call to its leader);
+        return those still to do."""
+        local: list[tuple[str, int]] = []
+        remote: dict[int, list[tuple[str, int]]] = {}
+        failed: list[tuple[str, int]] = []
+        cluster = self._context.cluster if self.clustered else None
         for topic, partition in partitions:
-            try:
-                plog = context.logs.get_log(topic, partition)
-            except UnknownTopicOrPartitionError:
-                continue  # deleted: nothing to end there
-            try:
-                offset = self._states.get(topic, partition, plog).append_marker(
-                    kind, instruction.producer_id, instruction.producer_epoch, now_ms
-                )
-            except SyncFailedError:
-                raise
-            except (StorageError, OSError) as exc:
-                log.error("writing a %s marker to %s-%d failed: %s", kind.name, topic,
-                          partition, exc)
-                failed.append((topic, partition))
+            if cluster is None or self._leads_here(topic, partition):
+                local.append((topic, partition))
                 continue
-            if offset is not None:
-                context.sync_worker.mark_dirty(plog)
-                context.waker.poke((topic, partition))
-                written.append((plog, offset))
+            where = cluster.leader_address(topic, partition)
+            if where is None:
+                if cluster.image().topic(topic) is None:
+                    continue  # deleted: nothing to end there
+                failed.append((topic, partition))  # offline: later
+            else:
+                remote.setdefault(where[0], []).append((topic, partition))
+        written: list[tuple[PartitionLog, int]] = []
+        owners: list[tuple[str, int]] = []  # the partition of each written marker
+        for topic, partition in local:
+            before = len(written)
+            code = self._append_marker(topic, partition, kind, instruction.producer_id,
+                                       instruction.producer_epoch, written)
+            if code not in (ErrorCode.NONE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION):
+                failed.append((topic, partition))
+            elif len(written) > before:
+                owners.append((topic, partition))
+        if remote:
+            async with trio.open_nursery() as nursery:
+                for node, parts in remote.items():
+                    nursery.start_soon(self._remote_markers, node, parts, instruction, failed)
+        done = await self._committed(written)
+        failed += [owners[i] for i, ok in done.items() if not ok]
         return failed
+
+    def _leads_here(self, topic: str, partition: int) -> bool:
+        replicas = self._context.replicas
+        return replicas is not None and replicas.leads_partition((topic, partition))
+
+    def _append_marker(self, topic: str, partition: int, kind: ControlType, producer_id: int,
+                       epoch: int, written: list[tuple[PartitionLog, int]]) -> ErrorCode:
+        """Append the marker here now (no checkpoint); NONE when appended (``written`` gets
+        it) or obsolete, else why not. Drops the producer's verifications there."""
+        context = self._context
+        try:
+            plog = context.logs.get_log(topic, partition)
+        except UnknownTopicOrPartitionError:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        replicas = context.replicas
+        if self.clustered and (replicas is None or not replicas.leads(plog)):
+            return ErrorCode.NOT_LEADER
+        try:
+            offset = self._states.get(topic, partition, plog).append_marker(
+                kind, producer_id, epoch, context.env.clock.wall_ms()
+            )
+        except SyncFailedError:
+            raise
+        except (StorageError, OSError) as exc:
+            log.error("writing a %s marker to %s-%d failed: %s", kind.name, topic, partition,
+                      exc)
+            return getattr(exc, "code", ErrorCode.KAFKA_STORAGE_ERROR) or (
+                ErrorCode.KAFKA_STORAGE_ERROR)
+        if self._verified:
+            self._verified = {k for k in self._verified
+                              if (k[0], k[1], k[2]) != (topic, partition, producer_id)}
+        if offset is not None:
+            context.sync_worker.mark_dirty(plog)
+            context.waker.poke((topic, partition))
+            written.append((plog, offset))
+        return ErrorCode.NONE
+
+    async def _remote_markers(self, node: int, partitions: list[tuple[str, int]],
+                              instruction: WriteMarkers, failed: list[tuple[str, int]]) -> None:
+        calls = self._context.cluster.calls  # type: ignore[union-attr]
+        body = {"producer_id": instruction.producer_id, "epoch": instruction.producer_epoch,
+                "committed": instruction.committed, "partitions": [list(p) for p in partitions]}
+        try:
+            codes = await calls.call(node, "write_markers", body)
+        except BrokerCallFailed as exc:
+            log.info("markers of %r at broker %d: %s", instruction.transactional_id, node, exc)
+            failed.extend(partitions)
+            return
+        for part, code in zip(partitions, codes):
+            if code not in (0, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION):
+                failed.append(part)
 
     async def _commit_offsets(self, offsets: tuple[PendingOffset, ...]) -> None:
         by_group: dict[str, list[PendingOffset]] = {}
@@ -408,22 +796,57 @@ class TxnDriver:
             delay_ms = _MARKER_RETRY_MS
             while True:  # the commit is decided: the offsets must land, however long it takes
                 try:
-                    await sink(group_id, tuple(group_offsets), now_ms)
+                    await self._commit_group_offsets(sink, group_id, group_offsets, now_ms)
                     break
                 except SyncFailedError:
                     raise
-                except (StorageError, OSError) as exc:
+                except (StorageError, OSError, BrokerCallFailed) as exc:
                     log.error("committing the offsets of %s failed: %s; retrying", group_id, exc)
                 await self._context.env.clock.sleep_ms(delay_ms)
                 delay_ms = min(delay_ms * 2, limits.transaction_marker_retry_ms_max)
 
+    async def _commit_group_offsets(self, sink: OffsetsSink, group_id: str,
+                                    offsets: list[PendingOffset], now_ms: int) -> None:
+        groups = self._context.groups
+        if not self.clustered or groups is None or groups.coordinates(group_id):
+            await sink(group_id, tuple(offsets), now_ms)  # coordinated here
+            return
+        body = {"group": group_id, "timestamp": now_ms,
+                "offsets": [[o.topic, o.partition, o.offset, o.metadata] for o in offsets]}
+        code = await self._call_group_coordinator(group_id, "commit_txn_offsets", body)
+        if code:
+            raise StorageError(f"the coordinator of {group_id} answered {ErrorCode(code).name}")
+
+    async def _call_group_coordinator(self, group_id: str, op: str, body: Any) -> Any:
+        cluster, groups = self._context.cluster, self._context.groups
+        assert cluster is not None and groups is not None
+        where = cluster.leader_address(OFFSETS_TOPIC,
+                                       offsets_partition_for(group_id, groups.partitions))
+        if where is None:
+            raise BrokerCallFailed(f"the coordinator of {group_id} is not available")
+        return await cluster.calls.call(where[0], op, body)
+
     # --- statistics --------------------------------------------------------------------------
 
     def statistics(self) -> dict[str, int]:
-        """The coordinator's counts plus replies still awaited."""
-        stats = self.coordinator.statistics()
-        stats["replies_waiting"] = len(self._slots)
-        return stats
+        """The coordinators' counts (summed over the shards) plus replies still awaited."""
+        totals: dict[str, int] = {}
+        shards = {id(s): s for s in (self._desk, *self._shards.values())}
+        for shard in shards.values():
+            for name, value in shard.coordinator.statistics().items():
+                if name in ("next_producer_id", "producer_id_block_end"):
+                    if shard is self._desk:
+                        totals[name] = value
+                else:
+                    totals[name] = totals.get(name, 0) + value
+        totals["replies_waiting"] = len(self._slots)
+        totals["verified_batches"] = len(self._verified)
+        totals["shards"] = len(self._shards)
+        return totals
+
+
+#: ``_membership_error``'s answer when the group's coordinator is another broker.
+_REMOTE = object()
 
 
 def _no_transactions(header: BatchHeader) -> ErrorCode:

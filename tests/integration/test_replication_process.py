@@ -22,6 +22,7 @@ import urllib.request
 from rivven_broker.client import Admin, Consumer, Producer, TopicPartition
 from rivven_broker.client.errors import RivvenError
 from rivven_broker.coordinator.offsets_codec import OFFSETS_TOPIC, offsets_partition_for
+from rivven_broker.coordinator.txn_log_codec import TRANSACTION_STATE_TOPIC
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.group_messages import FindCoordinator
 from rivven_broker.protocol.messages import (
@@ -170,8 +171,11 @@ def test_acks_all_refused_below_min_insync(broker_process, tmp_path) -> None:
     leader = processes[info.leader]
     _wait(lambda: len(_partition(leader).isr) == 2, "the dead follower out of the ISR")
 
-    def led_and_under() -> tuple[float, float]:  # the topic's and __consumer_offsets' (RF 3)
-        parts = [_partition(leader)] + [_internal(leader, p) for p in range(4)]
+    def led_and_under() -> tuple[float, float]:  # the topic's and the internal topics' (RF 3)
+        parts = [_partition(leader)] + [_internal(leader, p, topic) for p in range(4)
+                                        for topic in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC)]
+        if None in parts:
+            return -1.0, -1.0  # (an internal topic is not created yet)
         led = [p for p in parts if p.leader == info.leader]
         return float(len(led)), float(sum(len(p.isr) < 3 for p in led))
     _wait(lambda: (lambda m: (m["rivven_partitions_led"], m["rivven_under_replicated_partitions"])
@@ -191,12 +195,13 @@ def test_acks_all_refused_below_min_insync(broker_process, tmp_path) -> None:
         producer.send(TOPIC, b"y", partition=0).result(timeout=10)
 
 
-def _coordinator_of(process, group_id: str) -> int:
-    """The node FindCoordinator names for ``group_id`` (-1: none now)."""
+def _coordinator_of(process, key: str, key_type: int = 0) -> int:
+    """The node FindCoordinator names for a group (``key_type`` 0) or a transactional id (1);
+    -1: none now."""
     sock = socket.create_connection(("127.0.0.1", process.port), timeout=10)
     client = BlockingRawClient(sock)
     try:
-        answer = client.call(FindCoordinator(group_id, 0))
+        answer = client.call(FindCoordinator(key, key_type))
         return answer.node_id if answer.error_code == ErrorCode.NONE else -1
     finally:
         client.close()
@@ -258,9 +263,9 @@ def test_group_coordinator_moves_with_its_partition(broker_process, tmp_path) ->
     assert sorted(first | set(rest)) == list(range(100))
 
 
-def _internal(process, partition: int):
+def _internal(process, partition: int, topic: str = OFFSETS_TOPIC):
     with Admin(process.address) as admin:
-        for info in admin.describe_topic(OFFSETS_TOPIC).partition_info:
+        for info in admin.describe_topic(topic).partition_info:
             if info.partition == partition:
                 return info
     return None
@@ -292,3 +297,56 @@ def test_idempotent_producers_on_different_brokers_get_distinct_ids(broker_proce
         while len(seen) < 90 and time.monotonic() < deadline:
             seen.extend(r.value.decode() for r in consumer.poll(timeout_ms=500))
     assert sorted(seen) == sorted(f"{i}-{v}" for i in range(3) for v in range(30))
+
+
+def test_transactions_survive_their_coordinators_broker(broker_process, tmp_path) -> None:
+    """The transaction coordinator is the leader of the id's replicated
+    ``__transaction_state`` partition. An open transaction whose coordinator's broker is
+    killed (SIGKILL) is committed through the new one, which loaded it from its replica of
+    the log; markers reach partitions led by other brokers; ``read_committed`` readers see
+    committed transactions exactly once and aborted ones never."""
+    processes, _ = _cluster(broker_process, tmp_path)
+    with Admin(processes[1].address) as admin:
+        _wait(lambda: len(admin.cluster_status().brokers) == 3, "three live brokers")
+        admin.create_topic(TOPIC, partitions=3, replication_factor=3)
+    _wait(lambda: _partition(processes[1]), "the topic's metadata")
+    tid = "moving-transactions"
+    coordinator = _wait(lambda: (lambda named: named.pop() if len(named) == 1 and -1 not in named
+                                 else None)({_coordinator_of(p, tid, 1)
+                                             for p in processes.values()}),
+                        "one transaction coordinator, named by every broker")
+
+    def send_all(producer, label: str) -> None:
+        for value in range(12):
+            producer.send(TOPIC, f"{label}-{value}".encode(), partition=value % 3)
+        producer.flush(timeout=30)
+
+    with Producer(_bootstrap(processes), transactional_id=tid, acks="all") as producer:
+        producer.init_transactions(timeout=30)
+        producer.begin_transaction()
+        send_all(producer, "first")
+        producer.commit_transaction(timeout=30)
+        producer.begin_transaction()
+        send_all(producer, "aborted")
+        producer.abort_transaction(timeout=30)
+        producer.begin_transaction()
+        send_all(producer, "second")  # open: its partitions are added, durably
+        processes[coordinator].popen.send_signal(signal.SIGKILL)
+        processes[coordinator].popen.wait()
+        producer.commit_transaction(timeout=60)  # through the new coordinator
+        producer.begin_transaction()
+        send_all(producer, "third")
+        producer.commit_transaction(timeout=60)
+    survivor = next(p for n, p in processes.items() if n != coordinator)
+    assert _coordinator_of(survivor, tid, 1) not in (-1, coordinator)
+
+    seen = []
+    with Consumer(_bootstrap(processes), auto_offset_reset="earliest",
+                  isolation_level="read_committed") as consumer:
+        consumer.assign([TopicPartition(TOPIC, p) for p in range(3)])
+        deadline = time.monotonic() + 30
+        while len(seen) < 36 and time.monotonic() < deadline:
+            seen.extend(r.value.decode() for r in consumer.poll(timeout_ms=500))
+        seen.extend(r.value.decode() for r in consumer.poll(timeout_ms=1000))
+    assert sorted(seen) == sorted(f"{label}-{v}" for label in ("first", "second", "third")
+                                  for v in range(12))

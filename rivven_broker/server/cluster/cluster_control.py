@@ -18,11 +18,13 @@ replica of it and answers from what it has applied. This module is the server's 
   applied command (and once at start, when the log has been applied up to the commit index the
   leader announced), local logs are created for topics the metadata has and deleted for topics
   it does not — nothing else creates or deletes topics on a clustered broker;
-- *group coordinators*: the Raft leader creates ``__consumer_offsets`` in the metadata once
+- *coordinators*: the Raft leader creates ``__consumer_offsets`` (and ``__transaction_state``)
+  in the metadata once
   min(3, voters) brokers are live (``_internal_topics_loop``); after every applied change the
   group driver is told which of its partitions this broker leads (``_coordinate``), and
-  coordinates exactly their groups. ``__transaction_state`` is still local to each broker
-  (reconciliation leaves local internal topics the metadata does not list alone);
+  coordinates exactly their groups; ``__transaction_state`` and the transaction coordinator
+  likewise. ``calls`` carries what one broker asks of another (``broker_calls.py``:
+  transaction markers, transactional offsets, membership and produce checks);
 - *metadata*: ``metadata()`` answers the Metadata api from the applied image: live brokers
   (registered, not fenced, and alive to SWIM), the controller (the Raft leader), and per
   partition its leader, leader epoch, replicas and ISR.
@@ -39,6 +41,7 @@ from typing import Any, Callable
 import trio
 
 from rivven_broker.coordinator.offsets_codec import OFFSETS_TOPIC
+from rivven_broker.coordinator.txn_log_codec import TRANSACTION_STATE_TOPIC
 from rivven_broker.protocol import limits
 from rivven_broker.protocol.messages import (
     AlterTopicConfig,
@@ -57,6 +60,7 @@ from rivven_broker.protocol.messages import (
 )
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.names import topic_name_error
+from rivven_broker.server.cluster.broker_calls import BrokerCalls
 from rivven_broker.server.cluster.controller_host import (
     ControllerHost,
     ControllerObserver,
@@ -149,6 +153,8 @@ class ClusterControl:
         self._replication = replication
         #: This broker's replicas (leader and follower roles), once ``run`` started them.
         self.replicas: ReplicaManager | None = None
+        #: Calls to and from other brokers (transaction markers, offsets, checks).
+        self.calls: BrokerCalls | None = None
 
     # -- running -----------------------------------------------------------------------------
 
@@ -181,6 +187,11 @@ class ClusterControl:
                 config=self._replication)
             self._context.replicas = self.replicas
             self.host.links.replica_handler = self.replicas.serve
+        self.calls = BrokerCalls(self._env, node_id=self.node_id, boot_id=boot_id,
+                                 ring=self._ring, address_of=self._cluster_address)
+        if self._context is not None and self._context.txn is not None:
+            self.calls.handlers.update(self._context.txn.call_handlers())
+        self.host.links.call_handler = self.calls.serve
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             if self.replicas is not None:
@@ -320,26 +331,31 @@ class ClusterControl:
                                  name, index, list(command.isr))
 
     async def _internal_topics_loop(self) -> None:
-        """On the Raft leader: create ``__consumer_offsets`` in the metadata once enough
-        brokers are live for its replication factor, min(3, voters) (Kafka waits for
-        ``offsets.topic.replication.factor`` brokers the same way; until then FindCoordinator
-        answers COORDINATOR_NOT_AVAILABLE)."""
-        groups = self._context.groups if self._context is not None else None
-        if groups is None:
+        """On the Raft leader: create ``__consumer_offsets`` and ``__transaction_state`` in
+        the metadata once enough brokers are live for their replication factor, min(3,
+        voters) (Kafka waits for ``offsets.topic.replication.factor`` brokers the same way;
+        until then FindCoordinator answers COORDINATOR_NOT_AVAILABLE)."""
+        context = self._context
+        if context is None or context.groups is None:
             return
+        wanted = {OFFSETS_TOPIC: (context.groups.settings.offsets_topic_partitions,
+                                  offsets_topic_config()),
+                  TRANSACTION_STATE_TOPIC: (context.config.transaction_state_partitions,
+                                            {"cleanup.policy": "compact"})}
         while True:
             await trio.sleep(_INTERNAL_CHECK_S)
-            if (not self.running or self.status().state != "leader"
-                    or not self.reconciled.is_set() or self.image().topic(OFFSETS_TOPIC)):
+            missing = [name for name in sorted(wanted) if self.image().topic(name) is None]
+            if (not missing or not self.running or self.status().state != "leader"
+                    or not self.reconciled.is_set()):
                 continue
             factor = min(3, len(self.voters))
             if len(self.live_brokers()) < factor:
                 continue
-            partitions = groups.settings.offsets_topic_partitions
-            answer = await self.propose_topic(OFFSETS_TOPIC, partitions, factor,
-                                              offsets_topic_config(), False)
-            if answer[0] not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
-                log.warning("could not create %s: %s", OFFSETS_TOPIC, answer[1])
+            for name in missing:
+                partitions, configs = wanted[name]
+                answer = await self.propose_topic(name, partitions, factor, configs, False)
+                if answer[0] not in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
+                    log.warning("could not create %s: %s", name, answer[1])
 
     async def allocate_producer_ids(self, count: int) -> tuple[int, int] | None:
         """``count`` producer ids no other broker holds, as ``(start, end)``, from the
@@ -361,16 +377,20 @@ class ClusterControl:
         return None
 
     def _coordinate(self, image: MetadataImage) -> None:
-        """Give the group coordinator the ``__consumer_offsets`` partitions this broker
-        leads now."""
-        groups = self._context.groups if self._context is not None else None
-        record = image.topic(OFFSETS_TOPIC)
-        if groups is None or self.replicas is None or record is None:
+        """Give the group and transaction coordinators the partitions of their internal
+        topics this broker leads now."""
+        context = self._context
+        if context is None or self.replicas is None:
             return
-        leading = {partition: state.leader_epoch
-                   for (name, partition), state in self.replicas.leading().items()
-                   if name == OFFSETS_TOPIC}
-        groups.own(len(record.partitions), leading)
+        leading = self.replicas.leading()
+        for name, driver in ((OFFSETS_TOPIC, context.groups),
+                             (TRANSACTION_STATE_TOPIC, context.txn)):
+            record = image.topic(name)
+            if driver is None or record is None:
+                continue
+            driver.own(len(record.partitions), {
+                partition: state.leader_epoch
+                for (topic, partition), state in leading.items() if topic == name})
 
     async def _reconcile_loop(self) -> None:
         assert self.host is not None
@@ -394,7 +414,7 @@ class ClusterControl:
         for name, info in sorted(local.items()):
             wanted = image.topic(name)
             if wanted is None and is_internal_topic(name):
-                continue  # a broker-local internal topic (__transaction_state for now)
+                continue  # an internal topic the metadata does not have yet
             if wanted is None or wanted.topic_id != info.topic_id:
                 log.info("deleting local topic %s: the cluster metadata %s", name,
                          "has another topic of that name" if wanted else "does not list it")

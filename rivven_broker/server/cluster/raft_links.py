@@ -10,7 +10,9 @@ sequence per direction). Any frame that fails — bad MAC, unknown key, a sequen
 oversized frame — closes the connection and is counted by reason; PySyncObj is told the peer
 disconnected, which is the only way it ever loses a message (its Raft is only safe on such a
 channel). A connection whose hello names the replica channel is a follower's replica link
-(``replica_link.py``): it is handed to ``replica_handler`` and never reaches PySyncObj.
+(``replica_link.py``): it is handed to ``replica_handler`` and never reaches PySyncObj; one
+naming the call channel carries broker-to-broker calls (``broker_calls.py``) and is handed to
+``call_handler``.
 Payloads are unpickled only after their tag verifies, and with an unpickler that
 refuses every class (Raft messages are dicts, lists, tuples, bytes and numbers).
 
@@ -40,6 +42,7 @@ from pysyncobj.transport import Transport
 from rivven_broker.server.cluster.replica_link import ReplicaLink
 from rivven_broker.server.env import Env
 from rivven_cluster.link_frame import (
+    CHANNEL_CALL,
     CHANNEL_REPLICA,
     NONCE_BYTES,
     Hello,
@@ -148,6 +151,8 @@ class RaftLinks:
         self.transport: RaftTransport | None = None
         #: Serves accepted replica links (``CHANNEL_REPLICA`` hellos): the replica manager.
         self.replica_handler: Callable[[Any], Awaitable[None]] | None = None
+        #: Serves accepted call links (``CHANNEL_CALL`` hellos): ``BrokerCalls.serve``.
+        self.call_handler: Callable[[Any], Awaitable[None]] | None = None
         #: Links closed or refused, by reason (``LinkFault`` values, handshake_failed,
         #: unexpected_peer, idle_timeout, bad_payload, observer_message_refused): a metric.
         self.faults: dict[str, int] = {}
@@ -218,11 +223,13 @@ class RaftLinks:
             self._fault(exc)
             return
         peer_id = hello.node_id
-        if hello.channel == CHANNEL_REPLICA:  # a follower fetching: not a Raft link
-            if expected is not None or self.replica_handler is None or peer_id == self._node_id:
+        if hello.channel in (CHANNEL_REPLICA, CHANNEL_CALL):  # not a Raft link
+            handler = (self.replica_handler if hello.channel == CHANNEL_REPLICA
+                       else self.call_handler)
+            if expected is not None or handler is None or peer_id == self._node_id:
                 self._count("unexpected_peer")
                 return
-            await self.replica_handler(ReplicaLink(
+            await handler(ReplicaLink(
                 stream, reader, LinkSealer(self._ring, nonce, hello.nonce), hello, early))
             return
         observer = False

@@ -79,8 +79,10 @@ class ReplicaLink:
 
 
 async def open_replica_link(env: Env, address: tuple[str, int], *, node_id: int, boot_id: int,
-                            ring: Callable[[], KeyRing], timeout_s: float) -> ReplicaLink:
-    """Dial ``address`` and exchange hellos; raises ``LinkClosed`` on any failure."""
+                            ring: Callable[[], KeyRing], timeout_s: float,
+                            channel: int = CHANNEL_REPLICA) -> ReplicaLink:
+    """Dial ``address`` and exchange hellos; raises ``LinkClosed`` on any failure. (The same
+    link carries broker-to-broker calls with ``channel=CHANNEL_CALL``: ``broker_calls.py``.)"""
     rng = env.rng("replica-link")
     nonce = rng.randbytes(NONCE_BYTES)
     reader = LinkReader(ring, nonce)
@@ -89,7 +91,7 @@ async def open_replica_link(env: Env, address: tuple[str, int], *, node_id: int,
         with trio.fail_after(timeout_s):
             stream = await env.net.open_tcp_stream(*address)
             await stream.send_all(seal_hello(ring(), Hello(node_id, boot_id, nonce,
-                                                           channel=CHANNEL_REPLICA)))
+                                                           channel=channel)))
             early: list[bytes] = []
             while reader.hello is None:
                 data = await stream.receive_some(_RECEIVE_BYTES)

@@ -309,6 +309,9 @@ class ReplicaManager:
     def leads(self, plog: PartitionLog) -> bool:
         return id(plog) in self._by_log
 
+    def leads_partition(self, key: Key) -> bool:
+        return key in self._leading
+
     def produce_error(self, key: Key, acks_all: bool) -> _Refusal | None:
         """Why this broker may not append to ``key`` now (None: go ahead)."""
         leading = self._leading.get(key)

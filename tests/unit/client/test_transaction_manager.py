@@ -43,6 +43,8 @@ from rivven_broker.protocol.txn_messages import (
 from rivven_broker.records import BatchBuilder, decode_records
 from rivven_broker.records.header import parse_header, validate
 
+COORDINATOR = ("coordinator-host", 9092)
+
 
 def batch_of(n: int, partition: int = 0) -> ProducerBatch:
     builder = BatchBuilder(batch_bytes_max=4096)
@@ -170,6 +172,7 @@ def test_a_sequence_gap_makes_an_idempotent_producer_take_a_new_id():
 
 def test_a_transaction_adds_partitions_offsets_and_commits():
     txn = TransactionManager(transactional_id="app", transaction_timeout_ms=5_000)
+    txn.coordinator = COORDINATOR  # found (test_a_transactional_producer_finds_its_coordinator)
     assert txn.next_call(0) is None  # a transactional producer waits for init_transactions
     with pytest.raises(InvalidTxnStateError):
         txn.check_send()
@@ -211,6 +214,7 @@ def test_a_transaction_adds_partitions_offsets_and_commits():
 
 def test_an_abort_bumps_the_epoch_so_sequences_restart():
     txn = TransactionManager(transactional_id="app")
+    txn.coordinator = COORDINATOR  # found (test_a_transactional_producer_finds_its_coordinator)
     txn.init_transactions()
     init(txn, pid=3, epoch=1)
     txn.begin_transaction()
@@ -245,6 +249,7 @@ def test_an_abort_bumps_the_epoch_so_sequences_restart():
 
 def test_fencing_is_fatal_for_the_producer():
     txn = TransactionManager(transactional_id="app")
+    txn.coordinator = COORDINATOR  # found (test_a_transactional_producer_finds_its_coordinator)
     txn.init_transactions()
     init(txn)
     txn.begin_transaction()
@@ -262,6 +267,7 @@ def test_fencing_is_fatal_for_the_producer():
 
 def test_an_empty_transaction_ends_without_the_coordinator():
     txn = TransactionManager(transactional_id="app")
+    txn.coordinator = COORDINATOR  # found (test_a_transactional_producer_finds_its_coordinator)
     txn.init_transactions()
     init(txn)
     txn.begin_transaction()
@@ -285,3 +291,37 @@ def test_a_broker_without_init_producer_id_turns_default_idempotence_off():
     strict.on_call_done(call.call_id, m.ErrorResponse(ErrorCode.UNSUPPORTED_VERSION, "old"),
                         None, 0)
     assert not strict.disabled and not strict.can_drain(("t", 0))
+
+
+def test_a_transactional_producer_finds_its_coordinator_and_finds_it_again():
+    """FindCoordinator (key type 1, to any broker) before the first coordinator request; the
+    requests then go to that address; a retriable failure (it moved) asks again."""
+    from rivven_broker.client.errors import error_for
+    from rivven_broker.protocol.group_messages import FindCoordinator, FindCoordinatorResponse
+
+    txn = TransactionManager(transactional_id="app")
+    txn.init_transactions()
+    find = txn.next_call(0)
+    assert find.request == FindCoordinator("app", 1) and find.address is None
+    txn.on_call_done(find.call_id, FindCoordinatorResponse(ErrorCode.COORDINATOR_NOT_AVAILABLE),
+                     None, 0)
+    assert txn.next_call(0) is None  # a backoff first
+    find = txn.next_call(txn.retry_at_ms)
+    txn.on_call_done(find.call_id, FindCoordinatorResponse(ErrorCode.NONE, 2, "b2", 9002),
+                     None, txn.retry_at_ms)
+    call = txn.next_call(txn.retry_at_ms)
+    assert isinstance(call.request, InitProducerId) and call.address == ("b2", 9002)
+    moved = error_for(ErrorCode.NOT_COORDINATOR, "moved")
+    txn.on_call_done(call.call_id, None, moved, 0)
+    again = txn.next_call(txn.retry_at_ms)
+    assert isinstance(again.request, FindCoordinator)
+    txn.on_call_done(again.call_id, FindCoordinatorResponse(ErrorCode.NONE, 3, "b3", 9003),
+                     None, txn.retry_at_ms)
+    call = txn.next_call(txn.retry_at_ms)
+    assert isinstance(call.request, InitProducerId) and call.address == ("b3", 9003)
+
+
+def test_an_idempotent_producer_asks_any_broker():
+    txn = TransactionManager(transactional_id=None)
+    call = txn.next_call(0)
+    assert isinstance(call.request, InitProducerId) and call.address is None

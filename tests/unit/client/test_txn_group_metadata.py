@@ -31,9 +31,12 @@ from rivven_broker.protocol.txn_messages import (
 MEMBERSHIP = (ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.ILLEGAL_GENERATION,
               ErrorCode.FENCED_INSTANCE_ID)
 
+COORDINATOR = ("coordinator-host", 9092)
+
 
 def _open(pid: int = 3, epoch: int = 1) -> TransactionManager:
     txn = TransactionManager(transactional_id="app")
+    txn.coordinator = COORDINATOR  # found (test_a_transactional_producer_finds_its_coordinator)
     txn.init_transactions()
     call = txn.next_call(0)
     assert isinstance(call.request, InitProducerId)

@@ -24,7 +24,8 @@ EXPECTED = {
     "commit_offsets",
     "rivven_broker.coordinator.txn_log_codec": """TRANSACTION_STATE_TOPIC TxnState PendingOffset
         TxnMetadata ProducerIdBlock TxnTombstone CorruptTxnRecordError encode_txn_key
-        encode_txn_metadata encode_txn_tombstone encode_producer_id_block decode_txn_record""",
+        encode_txn_metadata encode_txn_tombstone encode_producer_id_block decode_txn_record
+        transaction_partition_for""",
     "rivven_broker.storage.txn_index": """TXN_INDEX_FILE ENTRY_BYTES FILE_HEADER_BYTES AbortedTxn
         AbortedTxnIndex TxnIndexFile encode_entry decode_index""",
     "rivven_broker.protocol.txn_messages": """NO_PRODUCER_ID NO_PRODUCER_EPOCH InitProducerId
