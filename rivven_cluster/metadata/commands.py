@@ -157,6 +157,9 @@ class AllocateProducerIds:
 
     op: ClassVar[str] = "allocate_producer_ids"
     broker_id: int = _integer()
+    #: Chosen by the proposer, new per allocation (a retry carries the same one): two
+    #: allocations of one broker racing at the same ``expected_next`` are told apart.
+    request_id: int = _integer()
     expected_next: int = _integer()
     count: int = _integer()
 

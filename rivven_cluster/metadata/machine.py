@@ -107,7 +107,7 @@ class MetadataMachine:
         self._brokers: dict[int, BrokerRecord] = {}
         self._topics: dict[str, TopicRecord] = {}
         self._next_producer_id = FIRST_CLUSTER_PRODUCER_ID
-        self._producer_id_blocks: dict[int, tuple[int, int]] = {}
+        self._producer_id_blocks: dict[int, tuple[int, int, int]] = {}
         self._image: MetadataImage | None = None
 
     # -- reading -----------------------------------------------------------------------------
@@ -314,7 +314,8 @@ class MetadataMachine:
     # -- invariants --------------------------------------------------------------------------
 
     def _allocate_producer_ids(self, command: AllocateProducerIds, index: int) -> Outcome:
-        block = (command.expected_next, command.expected_next + command.count)
+        block = (command.request_id, command.expected_next,
+                 command.expected_next + command.count)
         if self._producer_id_blocks.get(command.broker_id) == block:
             return _unchanged("allocated")  # a retry of the allocation that applied
         if command.broker_id not in self._brokers:
@@ -324,7 +325,7 @@ class MetadataMachine:
         if command.expected_next != self._next_producer_id:
             return _conflict(f"the next producer id is {self._next_producer_id}")
         self._producer_id_blocks[command.broker_id] = block
-        self._next_producer_id = block[1]
+        self._next_producer_id = block[2]
         return _APPLIED
 
     @staticmethod
@@ -345,7 +346,7 @@ class MetadataMachine:
         for broker_id, broker in self._brokers.items():
             assert broker.broker_id == broker_id
             assert broker.broker_epoch <= self.applied_index
-        blocks = sorted(self._producer_id_blocks.values())
+        blocks = sorted((start, end) for _, start, end in self._producer_id_blocks.values())
         for (_, end), (start, _) in zip(blocks, blocks[1:]):
             assert end <= start, "two brokers hold overlapping producer ids"
         assert all(FIRST_CLUSTER_PRODUCER_ID <= start < end <= self._next_producer_id
@@ -380,7 +381,7 @@ class MetadataMachine:
                 partitions=tuple(_partition_record(p) for p in parts))
         if producer_ids:
             machine._next_producer_id, blocks = producer_ids
-            machine._producer_id_blocks = {b: (start, end) for b, start, end in blocks}
+            machine._producer_id_blocks = {b: (r, start, end) for b, r, start, end in blocks}
         machine.check_invariants()
         return machine
 

@@ -15,8 +15,8 @@ Epochs, as Kafka names them (KIP-101, KIP-631, KIP-497):
   replicas): the version an ISR update compares against.
 
 Producer ids are the cluster's too: ``next_producer_id`` is the first id no broker has been
-given, and ``producer_id_blocks`` the last block each broker got (so a retried allocation
-finds its own block). They start at ``FIRST_CLUSTER_PRODUCER_ID``, 2**32, above every id a
+given, and ``producer_id_blocks`` the last block each broker got, ``(request id, start,
+end)`` (so a retried allocation finds its own block). They start at ``FIRST_CLUSTER_PRODUCER_ID``, 2**32, above every id a
 broker could have handed out on its own before it joined a cluster.
 """
 
@@ -103,7 +103,7 @@ class MetadataImage:
     brokers: Mapping[int, BrokerRecord]
     topics: Mapping[str, TopicRecord]
     next_producer_id: int = FIRST_CLUSTER_PRODUCER_ID
-    producer_id_blocks: Mapping[int, tuple[int, int]] = MappingProxyType({})
+    producer_id_blocks: Mapping[int, tuple[int, int, int]] = MappingProxyType({})
 
     def broker(self, broker_id: int) -> BrokerRecord | None:
         return self.brokers.get(broker_id)

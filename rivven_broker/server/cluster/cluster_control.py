@@ -155,6 +155,7 @@ class ClusterControl:
         self.replicas: ReplicaManager | None = None
         #: Calls to and from other brokers (transaction markers, offsets, checks).
         self.calls: BrokerCalls | None = None
+        self._allocating = trio.Lock()
 
     # -- running -----------------------------------------------------------------------------
 
@@ -358,22 +359,25 @@ class ClusterControl:
                     log.warning("could not create %s: %s", name, answer[1])
 
     async def allocate_producer_ids(self, count: int) -> tuple[int, int] | None:
-        """``count`` producer ids no other broker holds, as ``(start, end)``, from the
-        controller's log (compare-and-set on the next free id; a race is retried), or None
-        when the controller cannot commit one now."""
-        for _ in range(_CONFLICT_RETRIES * 3):
-            expected = self.image().next_producer_id
-            command = AllocateProducerIds(self.node_id, expected, count)
-            try:
-                outcome = await self.propose(command)
-            except ControllerUnavailable as exc:
-                log.warning("no producer ids from the controller: %s", exc)
-                return None
-            if outcome.ok:
-                return expected, expected + count
-            if outcome.status is not Status.CONFLICT:
-                log.warning("no producer ids from the controller: %s", outcome.message)
-                return None
+        """``count`` producer ids no other allocation holds, as ``(start, end)``, from the
+        controller's log (compare-and-set on the next free id, one allocation of this broker
+        at a time, each with its own request id; a race is retried), or None when the
+        controller cannot commit one now."""
+        async with self._allocating:
+            for _ in range(_CONFLICT_RETRIES * 3):
+                expected = self.image().next_producer_id
+                request_id = self._ids.getrandbits(63)
+                command = AllocateProducerIds(self.node_id, request_id, expected, count)
+                try:
+                    outcome = await self.propose(command)
+                except ControllerUnavailable as exc:
+                    log.warning("no producer ids from the controller: %s", exc)
+                    return None
+                if outcome.ok:
+                    return expected, expected + count
+                if outcome.status is not Status.CONFLICT:
+                    log.warning("no producer ids from the controller: %s", outcome.message)
+                    return None
         return None
 
     def _coordinate(self, image: MetadataImage) -> None:

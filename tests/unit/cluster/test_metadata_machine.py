@@ -210,24 +210,33 @@ def test_decode_refuses_wrong_field_types():
 def test_producer_id_blocks_are_disjoint_and_a_retry_finds_its_own():
     log = _three_brokers()
     first = FIRST_CLUSTER_PRODUCER_ID
-    assert log.apply(AllocateProducerIds(1, first, 1000)).status is Status.APPLIED
-    assert log.apply(AllocateProducerIds(2, first, 1000)).status is Status.CONFLICT  # raced
-    assert log.apply(AllocateProducerIds(2, first + 1000, 1000)).status is Status.APPLIED
-    assert log.apply(AllocateProducerIds(1, first, 1000)).status is Status.UNCHANGED  # retry
+    assert log.apply(AllocateProducerIds(1, 7, first, 1000)).status is Status.APPLIED
+    assert log.apply(AllocateProducerIds(2, 8, first, 1000)).status is Status.CONFLICT  # raced
+    assert log.apply(AllocateProducerIds(2, 8, first + 1000, 1000)).status is Status.APPLIED
+    assert log.apply(AllocateProducerIds(1, 7, first, 1000)).status is Status.UNCHANGED  # retry
     image = log.machine.image()
     assert image.next_producer_id == first + 2000
-    assert dict(image.producer_id_blocks) == {1: (first, first + 1000),
-                                              2: (first + 1000, first + 2000)}
+    assert dict(image.producer_id_blocks) == {1: (7, first, first + 1000),
+                                              2: (8, first + 1000, first + 2000)}
     restored = MetadataMachine.restore(log.machine.snapshot())
     assert restored.image() == image
+
+
+def test_two_allocations_of_one_broker_at_the_same_id_are_not_one():
+    """The desk and a transaction shard of one broker racing: the second is a conflict, not
+    a retry of the first (which would hand both the same ids)."""
+    log = _three_brokers()
+    first = FIRST_CLUSTER_PRODUCER_ID
+    assert log.apply(AllocateProducerIds(1, 100, first, 10)).status is Status.APPLIED
+    assert log.apply(AllocateProducerIds(1, 200, first, 10)).status is Status.CONFLICT
 
 
 def test_producer_id_allocation_refusals():
     log = _three_brokers()
     first = FIRST_CLUSTER_PRODUCER_ID
-    assert log.apply(AllocateProducerIds(9, first, 10)).status is Status.NOT_FOUND
-    assert log.apply(AllocateProducerIds(1, first, 0)).status is Status.INVALID
-    assert log.apply(AllocateProducerIds(1, first - 5, 10)).status is Status.CONFLICT
+    assert log.apply(AllocateProducerIds(9, 1, first, 10)).status is Status.NOT_FOUND
+    assert log.apply(AllocateProducerIds(1, 1, first, 0)).status is Status.INVALID
+    assert log.apply(AllocateProducerIds(1, 1, first - 5, 10)).status is Status.CONFLICT
     assert log.machine.image().next_producer_id == first
 
 
@@ -264,7 +273,7 @@ COMMANDS = st.one_of(
               st.lists(BROKERS, max_size=3, unique=True).map(tuple)),
     st.builds(UpdateIsr, TOPICS, st.integers(0, 2), EPOCH, EPOCH,
               st.lists(BROKERS, min_size=1, max_size=3, unique=True).map(tuple)),
-    st.builds(AllocateProducerIds, BROKERS,
+    st.builds(AllocateProducerIds, BROKERS, st.integers(1, 3),
               st.sampled_from([FIRST_CLUSTER_PRODUCER_ID + n for n in (0, 10, 20, 30)]),
               st.sampled_from([0, 10])),
 )
