@@ -294,11 +294,11 @@ class TrioConsumer:
         group = self._group
         await trio.lowlevel.checkpoint()
         try:
-            with trio.move_on_after(max(timeout_ms, 0) / 1000):
+            with trio.move_on_after(max(timeout_ms, 0) / 1000) as poll_scope:
                 while not out:
                     if group is not None:
                         self._check_open()
-                        await group.maintain()
+                        await group.maintain(poll_scope)
                     arrived = self._arrived.current()
                     self._fill(out, limit)
                     if not out and not (group is not None and group.wants_attention()):

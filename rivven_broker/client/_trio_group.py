@@ -18,6 +18,7 @@ never run one at once.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from typing import Any, Iterable, Mapping
 
@@ -96,9 +97,10 @@ class TrioGroupMember:
     def wants_attention(self) -> bool:
         return self.core.needs_attention()
 
-    async def maintain(self) -> None:
+    async def maintain(self, poll_scope: trio.CancelScope | None = None) -> None:
         """Rebalance if needed, auto-commit when due, re-check metadata when due. Raises the
-        membership's fatal error."""
+        membership's fatal error. ``poll_scope``: the caller's timeout, held off while a
+        rebalance runs."""
         now = self._clock.monotonic_ms()
         self.core.on_poll(now)
         if self.core.subscribed:
@@ -106,14 +108,21 @@ class TrioGroupMember:
                 self._next_check_ms = now + self.conn_config.metadata_max_age_ms
                 await self._check_metadata()
             if self.core.needs_attention():
-                # Shielded from the caller's deadline (poll's timeout_ms), as the blocking
-                # consumer's rebalance is: cut short, a rebalance starts over at the next poll,
-                # and when its JoinGroup waits longer than one poll (the coordinator holds it
-                # until every member rejoined) it never finishes. Each step is bounded by its
-                # own request timeout.
-                with trio.CancelScope(shield=True):
+                # Not cut by the caller's deadline (poll's timeout_ms), as the blocking
+                # consumer's rebalance is not: cut short, a rebalance starts over at the next
+                # poll, and when its JoinGroup waits longer than one poll (the coordinator
+                # holds it until every member rejoined) it never finishes. Each step is
+                # bounded by its own request timeout. Only the poll's deadline is held off (not
+                # a shield): closing the consumer still cancels a rebalance at once.
+                held = None if poll_scope is None else poll_scope.deadline
+                if poll_scope is not None:
+                    poll_scope.deadline = math.inf
+                try:
                     async with self._rebalancing:
                         await self._rebalance()
+                finally:
+                    if poll_scope is not None and held is not None:
+                        poll_scope.deadline = held
         if self.config.enable_auto_commit and now >= self._next_auto_commit_ms:
             self._next_auto_commit_ms = now + self.config.auto_commit_interval_ms
             try:
