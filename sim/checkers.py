@@ -25,6 +25,11 @@ Invariants (names as in ``docs/invariants.md`` and ``[checks] disabled``):
 - ``batches_intact``: no fetch ever returned a malformed or CRC-failing batch.
 - ``group_offsets_within_log``: a committed group offset never exceeds the partition's final
   high watermark (hook: no history has ``commit_offsets`` until consumer groups exist).
+- ``group_commits_durable``: an acknowledged commit survives coordinator crashes and moves:
+  a member given a partition starts reading at or after every commit of it acknowledged
+  before that read began (else the group re-reads what it had committed), and every
+  group's committed offset read from its coordinator after the run is at least the highest
+  acknowledged commit.
 - ``transactions_atomic``: a ``read_committed`` poll never returns a value of an aborted or
   unfinished transaction, and a committed transaction's values are all in the final log (hook:
   transactional sends carry ``transactional_id``; ``commit``/``abort`` ops close them).
@@ -73,6 +78,8 @@ class RunFacts:
     read_error: str | None = None
     #: The run was cut short (a livelock): only the online findings mean anything.
     stopped: bool = False
+    #: Every group's committed offsets after the run (``{"topic/partition": offset}``).
+    group_offsets: Mapping[str, Mapping[str, int]] | None = None
 
 
 def check(scenario: Scenario, history: History, facts: RunFacts) -> list[Violation]:
@@ -98,6 +105,7 @@ def check(scenario: Scenario, history: History, facts: RunFacts) -> list[Violati
         ("monotonic_gapless", lambda: _gapless(sends, polls, final)),
         ("batches_intact", lambda: _intact(history, final)),
         ("group_offsets_within_log", lambda: _group_offsets(history, final)),
+        ("group_commits_durable", lambda: _group_commits(history, facts.group_offsets)),
         ("transactions_atomic", lambda: _transactions(history, sends, polls, final)),
         ("liveness", lambda: _liveness(scenario, history, facts)),
     ]
@@ -300,6 +308,41 @@ def _group_offsets(history: History,
                 problems.append((f"group {done.value['group']} committed {key}@{offset} beyond "
                                  f"the log end {log.high_watermark}", (done.index,)))
     return _limited("group_offsets_within_log", problems)
+
+
+def _group_commits(history: History,
+                   group_offsets: Mapping[str, Mapping[str, int]] | None) -> list[Violation]:
+    if group_offsets is None:
+        return []
+    acked: dict[tuple[str, str], tuple[int, int]] = {}  # (group, key) -> (offset, entry)
+    for _, done in history.completions("commit_offsets", OK):
+        for key, offset in done.value["offsets"].items():
+            best = acked.get((done.value["group"], key))
+            if best is None or offset > best[0]:
+                acked[(done.value["group"], key)] = (offset, done.index)
+    problems = []
+    commits = sorted(  # (acknowledged at, group, key, offset, entry)
+        (done.time_ms, done.value["group"], key, offset, done.index)
+        for _, done in history.completions("commit_offsets", OK)
+        for key, offset in done.value["offsets"].items())
+    for start, poll in history.completions("poll", OK):
+        if not poll.value.get("assigned"):
+            continue
+        key = f"{poll.value['topic']}/{poll.value['partition']}"
+        first = poll.value["records"][0][0]
+        before = [(offset, index) for at, group, k, offset, index in commits
+                  if at < start.time_ms and group == poll.value["group"] and k == key]
+        if before and max(before)[0] > first:
+            offset, index = max(before)
+            problems.append((f"group {poll.value['group']}: {poll.process} was given {key} and "
+                             f"read from {first}, below the acknowledged commit {offset}",
+                             (index, poll.index)))
+    for (group, key), (offset, index) in sorted(acked.items()):
+        now = group_offsets.get(group, {}).get(key)
+        if now is None or now < offset:
+            problems.append((f"group {group} acknowledged a commit of {key}@{offset}; after the "
+                             f"run its offset is {now}", (index,)))
+    return _limited("group_commits_durable", problems)
 
 
 def _transactions(history: History, sends: list[_Send], polls: list[tuple[Entry, Entry]],

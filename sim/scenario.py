@@ -76,6 +76,7 @@ INVARIANTS = (
     "reads_durable",
     "batches_intact",
     "group_offsets_within_log",
+    "group_commits_durable",
     "transactions_atomic",
     "node_stops_after_fsync_failure",
     "storage_invariants",
@@ -151,7 +152,8 @@ class TopicSpec:
 
 
 CLIENTS = ("thin", "rivven")
-REPLICATION_BUGS = ("hw_ignores_followers", "truncate_to_hw", "elect_outside_isr")
+REPLICATION_BUGS = ("hw_ignores_followers", "truncate_to_hw", "elect_outside_isr",
+                    "coordinator_skips_load")
 
 
 @attrs.frozen
@@ -165,6 +167,11 @@ class ProducerSpec:
     in_flight: int = 2
     records_per_send_max: int = 3
     request_timeout_ms: int = 5_000
+    #: The real client only: sends in transactions of 1..``transaction_sends_max`` sends,
+    #: each ended by a commit, or by an abort with ``abort_probability``.
+    transactional: bool = False
+    transaction_sends_max: int = 4
+    abort_probability: float = 0.25
 
 
 @attrs.frozen
@@ -176,6 +183,12 @@ class ConsumerSpec:
     isolation: str = "read_uncommitted"
     max_wait_ms: int = 500
     request_timeout_ms: int = 5_000
+    #: The real client only: the consumers subscribe as members of this group and commit
+    #: after every poll that returned records.
+    group: str | None = None
+    #: The real client only: close the consumer and start a new one about this often (0:
+    #: never) - a group member leaves and joins again, so partitions move between members.
+    restart_every_ms: int = 0
 
 
 @attrs.frozen
@@ -225,8 +238,8 @@ class TestSwitches:
     #: The disk reports fsyncs of the controller's Raft journal it never did.
     raft_lying_fsync_probability: float = 0.0
     #: A replication bug (``REPLICATION_BUGS``): the high watermark ignores the followers,
-    #: followers truncate to the high watermark instead of by epoch, or the controller
-    #: elects leaders outside the ISR.
+    #: followers truncate to the high watermark instead of by epoch, the controller elects
+    #: leaders outside the ISR, or a new group coordinator does not load its groups.
     replication_bug: str = ""
 
     @property
@@ -484,6 +497,9 @@ def _workload(table: _Table) -> tuple[tuple[TopicSpec, ...], tuple[ProducerSpec,
             in_flight=p.take("in_flight", 2, int),
             records_per_send_max=p.take("records_per_send_max", 3, int),
             request_timeout_ms=p.duration("request_timeout", 5_000),
+            transactional=p.take("transactional", False, bool),
+            transaction_sends_max=p.take("transaction_sends_max", 4, int),
+            abort_probability=float(p.take("abort_probability", 0.25, (int, float))),
         ))
         p.done()
     consumers = []
@@ -498,6 +514,8 @@ def _workload(table: _Table) -> tuple[tuple[TopicSpec, ...], tuple[ProducerSpec,
             isolation=c.take("isolation", "read_uncommitted", str),
             max_wait_ms=c.duration("max_wait", 500),
             request_timeout_ms=c.duration("request_timeout", 5_000),
+            group=c.take("group", None, str),
+            restart_every_ms=c.duration("restart_every", 0),
         ))
         c.done()
         if consumers[-1].isolation not in ISOLATIONS:
@@ -601,7 +619,19 @@ def _validate(scenario: Scenario) -> None:
         if spec.count < 0 or (isinstance(spec, ProducerSpec) and (
                 spec.rate_per_s <= 0 or spec.in_flight < 1 or spec.records_per_send_max < 1)):
             raise ScenarioError("workload: counts >= 0, rate > 0, in_flight and records >= 1")
+    for spec in scenario.producers:
+        if spec.transactional and (spec.client != "rivven" or spec.acks != -1
+                                   or spec.transaction_sends_max < 1
+                                   or not 0 <= spec.abort_probability <= 1):
+            raise ScenarioError("workload.producers: a transactional producer needs "
+                                "client = \"rivven\", acks = \"all\", transaction_sends_max "
+                                ">= 1 and abort_probability in [0, 1]")
     for spec in scenario.consumers:
+        if spec.restart_every_ms and spec.client != "rivven":
+            raise ScenarioError("workload.consumers: restart_every needs client = \"rivven\"")
+        if spec.group is not None and (spec.client != "rivven" or spec.partitions is not None):
+            raise ScenarioError("workload.consumers: a group consumer needs client = "
+                                "\"rivven\" and subscribes to every partition")
         for p in spec.partitions or ():
             if not 0 <= p < topics[spec.topic].partitions:
                 raise ScenarioError(f"workload.consumers: no partition {p} in {spec.topic}")

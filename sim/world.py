@@ -48,13 +48,14 @@ import attrs
 import trio
 import trio.testing
 
+from rivven_broker.client.errors import RivvenError
 from rivven_broker.server.broker import Broker, BrokerState
 from rivven_broker.server.cluster.replica_manager import ReplicationFaults
 from rivven_broker.server.config import BrokerConfig, HostPort, Peer
 from rivven_broker.storage.errors import LogFailedError, StorageError, SyncFailedError
 from rivven_cluster.membership import KeyRing
 from sim.checkers import RunFacts, Violation, check
-from sim.clients import ClientConsumerProcess, ClientProducerProcess
+from sim.clients import ClientConsumerProcess, ClientProducerProcess, read_group_offsets
 from sim.clock import SimClock
 from sim.disk import SimDisk
 from sim.env import SimEnv
@@ -255,7 +256,8 @@ class NodeHost:
         bug = self.world.scenario.test.replication_bug
         faults = ReplicationFaults(high_watermark_ignores_followers=bug == "hw_ignores_followers",
                                    truncate_to_high_watermark=bug == "truncate_to_hw",
-                                   elect_outside_isr=bug == "elect_outside_isr")
+                                   elect_outside_isr=bug == "elect_outside_isr",
+                                   coordinator_skips_load=bug == "coordinator_skips_load")
         broker = self.broker = Broker(env, self.config(), key_ring=self.key_ring(),
                                       controller_observer=self.world.controller_monitor,
                                       replication_faults=faults)
@@ -416,6 +418,7 @@ class World:
                                   self.trace, random.Random(f"{self.seed}/sim/udp"))
         self.nemesis = Nemesis(self, list(self.schedule), self.history)
         final: dict[tuple[str, int], PartitionLog] | None = None
+        group_offsets: dict[str, dict[str, int]] | None = None
         read_error = None
         end_ms = 0.0
         async with trio.open_nursery() as nursery:
@@ -455,6 +458,15 @@ class World:
                                         scenario.topics, trio.current_time() + _FINAL_READ_TIMEOUT_S)
             except ReadFailed as exc:
                 read_error = str(exc)
+            groups = sorted({c.group for c in scenario.consumers if c.group is not None})
+            if groups and final is not None:
+                try:
+                    group_offsets = await read_group_offsets(
+                        self.network.endpoint("audit-groups"), self._target(), groups,
+                        self.seed, trio.current_time() + _FINAL_READ_TIMEOUT_S)
+                except (RivvenError, trio.TooSlowError) as exc:
+                    read_error = f"the groups' committed offsets: {type(exc).__name__} {exc}"
+                    final = None
             for host in self.nodes.values():
                 host.check_storage()
             end_ms = trio.current_time() * 1000
@@ -464,7 +476,7 @@ class World:
             end_ms = trio.current_time() * 1000
         facts = RunFacts(final, self.producer_names, self.consumer_names, self.nemesis.last_heal_ms,
                          scenario.duration_ms, tuple(self._online), read_error,
-                         stopped=self.guard.report is not None)
+                         stopped=self.guard.report is not None, group_offsets=group_offsets)
         violations = check(scenario, self.history, facts)
         return RunResult(scenario, self.seed, self.trace.digest(), tuple(violations), self.history,
                          tuple(self.schedule), self._stats(end_ms))

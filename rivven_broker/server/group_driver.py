@@ -345,6 +345,9 @@ class GroupDriver:
         plog = self._context.logs.get_log(OFFSETS_TOPIC, shard.partition)
         records: list[tuple[bytes, bytes | None]] = []
         offset = plog.log_start_offset
+        replicas = self._context.replicas
+        if replicas is not None and replicas.config.faults.coordinator_skips_load:
+            offset = plog.log_end_offset  # (the simulator's planted bug: nothing is loaded)
         while offset < plog.log_end_offset:
             result = plog.read(offset, _READ_BYTES)
             for record in decode_records(result.records, min_offset=offset):

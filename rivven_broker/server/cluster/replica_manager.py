@@ -98,6 +98,9 @@ class ReplicationFaults:
     truncate_to_high_watermark: bool = False
     #: The controller elects any live replica, in sync or not.
     elect_outside_isr: bool = False
+    #: A new leader of a ``__consumer_offsets`` partition coordinates its groups without
+    #: loading them from the log (committed offsets start over).
+    coordinator_skips_load: bool = False
 
 
 @attrs.frozen
