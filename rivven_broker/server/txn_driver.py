@@ -115,7 +115,7 @@ from rivven_broker.records.builder import BatchBuilder
 from rivven_broker.records.control import ControlType
 from rivven_broker.records.header import HEADER_BYTES, BatchError, BatchHeader, parse_header
 from rivven_broker.records.reader import decode_records
-from rivven_broker.server.cluster.broker_calls import BrokerCallFailed
+from rivven_broker.server.cluster.broker_calls import BrokerCallFailed, BrokerCalls
 from rivven_broker.server.context import Pending, RequestContext
 from rivven_broker.storage.errors import (
     StorageError,
@@ -479,7 +479,9 @@ class TxnDriver:
         refused = {(t, p): ErrorCode.COORDINATOR_NOT_AVAILABLE for t, p, _, _ in keys}
         if where is None:
             return refused
-        calls = self._context.cluster.calls  # type: ignore[union-attr]
+        calls = self._calls()
+        if calls is None:
+            return refused
         body = {"id": transactional_id, "batches": [list(k) for k in keys]}
         try:
             codes = await calls.call(where[0], "verify_txn", body)
@@ -769,7 +771,10 @@ class TxnDriver:
 
     async def _remote_markers(self, node: int, partitions: list[tuple[str, int]],
                               instruction: WriteMarkers, failed: list[tuple[str, int]]) -> None:
-        calls = self._context.cluster.calls  # type: ignore[union-attr]
+        calls = self._calls()
+        if calls is None:
+            failed.extend(partitions)
+            return
         body = {"producer_id": instruction.producer_id, "epoch": instruction.producer_epoch,
                 "committed": instruction.committed, "partitions": [list(p) for p in partitions]}
         try:
@@ -822,9 +827,15 @@ class TxnDriver:
         assert cluster is not None and groups is not None
         where = cluster.leader_address(OFFSETS_TOPIC,
                                        offsets_partition_for(group_id, groups.partitions))
-        if where is None:
+        calls = self._calls()
+        if where is None or calls is None:
             raise BrokerCallFailed(f"the coordinator of {group_id} is not available")
-        return await cluster.calls.call(where[0], op, body)
+        return await calls.call(where[0], op, body)
+
+    def _calls(self) -> BrokerCalls | None:
+        """The broker-to-broker calls (None until the cluster control runs)."""
+        cluster = self._context.cluster
+        return None if cluster is None else cluster.calls
 
     # --- statistics --------------------------------------------------------------------------
 
