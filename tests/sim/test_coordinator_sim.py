@@ -19,6 +19,7 @@ import pytest
 from sim.history import OK
 from sim.scenario import ScenarioError, loads
 from sim.world import run_scenario
+from tests.sim.pool import first_caught
 
 SCENARIO = pathlib.Path(__file__).resolve().parents[2] / "sim" / "scenarios" / \
     "coordinators-crash.toml"
@@ -37,13 +38,9 @@ def test_groups_and_transactions_are_exercised_across_the_crashes() -> None:
 def test_a_coordinator_that_forgets_its_groups_is_caught() -> None:
     text = SCENARIO.read_text().replace(
         "[checks]", '[test]\nreplication_bug = "coordinator_skips_load"\n\n[checks]')
-    scenario = loads(text.encode(), name="bite-coordinator")
-    for seed in range(1, 21):
-        found = {v.invariant for v in run_scenario(scenario, seed).violations}
-        if found:
-            assert "group_commits_durable" in found, (seed, found)
-            return
-    raise AssertionError("a coordinator that skips loading was not caught in 20 seeds")
+    caught = first_caught(loads(text.encode(), name="bite-coordinator"), range(1, 21))
+    assert caught is not None, "a coordinator that skips loading was not caught in 20 seeds"
+    assert "group_commits_durable" in caught[1], caught
 
 
 @pytest.mark.parametrize("table", [

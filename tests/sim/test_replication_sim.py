@@ -16,7 +16,7 @@ import pathlib
 import pytest
 
 from sim.scenario import REPLICATION_BUGS, loads
-from sim.world import run_scenario
+from tests.sim.pool import first_caught
 
 SCENARIO = pathlib.Path(__file__).resolve().parents[2] / "sim" / "scenarios" / \
     "replication-nemesis.toml"
@@ -26,11 +26,6 @@ SCENARIO = pathlib.Path(__file__).resolve().parents[2] / "sim" / "scenarios" / \
 @pytest.mark.parametrize("bug", [b for b in REPLICATION_BUGS if b != "coordinator_skips_load"])
 def test_each_replication_bug_is_caught_within_20_seeds(bug: str) -> None:
     text = SCENARIO.read_text().replace("[checks]", f'[test]\nreplication_bug = "{bug}"\n\n[checks]')
-    scenario = loads(text.encode(), name=f"bite-{bug}")
-    for seed in range(1, 21):
-        result = run_scenario(scenario, seed)
-        found = {v.invariant for v in result.violations}
-        if found:
-            assert "no_lost_acked_writes" in found, (seed, found)
-            return
-    raise AssertionError(f"{bug} was not caught in 20 seeds")
+    caught = first_caught(loads(text.encode(), name=f"bite-{bug}"), range(1, 21))
+    assert caught is not None, f"{bug} was not caught in 20 seeds"
+    assert "no_lost_acked_writes" in caught[1], caught
