@@ -20,10 +20,9 @@ from rivven_broker.client._sync import SyncClient
 from rivven_broker.client.config import ConnectionConfig, build_configs
 from rivven_broker.client.errors import RivvenError, UnsupportedVersionError, error_for
 from rivven_broker.client.group_admin import (
-    COORDINATOR_WAIT_MS,
+    CoordinatorSearch,
     GroupDescription,
     GroupListing,
-    coordinator_code,
     group_description,
     group_listings,
     group_members,
@@ -31,7 +30,6 @@ from rivven_broker.client.group_admin import (
     parse_reset_target,
 )
 from rivven_broker.client.group_core import committed_offsets
-from rivven_broker.client.retry import RetryPolicy
 from rivven_broker.client.requests import (
     check_response,
     cluster_status,
@@ -57,7 +55,8 @@ from rivven_broker.protocol.errors import ErrorCode
 __all__ = ["Admin"]
 
 
-_RETRY = RetryPolicy()
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
 
 
 class Admin:
@@ -224,30 +223,21 @@ class Admin:
     def _coordinator_call(self, group_id: str, request: Any) -> Any:
         """``request`` answered by the group's coordinator, found again (with backoff, within
         ``COORDINATOR_WAIT_MS``) while it moves, loads or is not reachable."""
-        deadline = time.monotonic() + COORDINATOR_WAIT_MS / 1000
-        attempts = 0
+        search = CoordinatorSearch(group_id, _now_ms(), self._rng)
         while True:
             try:
                 answer = self._client.call(m.FindCoordinator(group_id, 0))
-                code = coordinator_code(answer)
-                if code is None:
-                    raise_for(answer.error_code, None, f"find the coordinator of {group_id!r}")
+                failure = search.answered(answer, "find")
+                if failure is None:
                     if self._client.metadata.address_of(answer.node_id) is None:
                         self._client.fetch_metadata([])
                     response = self._client.call(request, node_id=answer.node_id)
-                    code = coordinator_code(response)
-                    if code is None:
+                    failure = search.answered(response, "call")
+                    if failure is None:
                         return response
-                failure: RivvenError = error_for(code, f"the coordinator of {group_id!r}")
             except RivvenError as error:
-                if not error.retriable:
-                    raise
                 failure = error
-            attempts += 1
-            wait_ms = _RETRY.backoff_ms(attempts, self._rng)
-            if time.monotonic() + wait_ms / 1000 >= deadline:
-                raise failure
-            time.sleep(wait_ms / 1000)
+            time.sleep(search.retry_in_ms(failure, _now_ms()) / 1000)
 
     def list_groups(self) -> list[GroupListing]:
         """Every consumer group: (group_id, protocol_type, state), sorted. In a cluster every

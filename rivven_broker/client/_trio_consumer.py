@@ -76,10 +76,9 @@ from rivven_broker.client.types import (
     TopicPartition,
 )
 from rivven_broker.client.group_admin import (
-    COORDINATOR_WAIT_MS,
+    CoordinatorSearch,
     GroupDescription,
     GroupListing,
-    coordinator_code,
     group_description,
     group_listings,
     group_members,
@@ -87,14 +86,12 @@ from rivven_broker.client.group_admin import (
     parse_reset_target,
 )
 from rivven_broker.client.group_core import committed_offsets
-from rivven_broker.client.retry import RetryPolicy
 from rivven_broker.protocol import messages as m
 from rivven_broker.protocol.errors import ErrorCode
 
 __all__ = ["TrioConsumer", "TrioAdmin", "open_consumer", "open_admin"]
 
 _IDLE_WAIT_MS = 1000
-_ADMIN_RETRY = RetryPolicy()
 
 
 def _tp(item: Any) -> TopicPartition:
@@ -580,31 +577,22 @@ class TrioAdmin:
 
     async def _coordinator_call(self, group_id: str, request: Any) -> Any:
         """As the blocking ``Admin``'s: found again while the coordinator moves or loads."""
-        deadline = trio.current_time() + COORDINATOR_WAIT_MS / 1000
-        attempts = 0
+        search = CoordinatorSearch(group_id, self._cluster.now_ms(), self._rng)
         while True:
             try:
                 answer = await self._cluster.call(m.FindCoordinator(group_id, 0))
-                code = coordinator_code(answer)
-                if code is None:
-                    raise_for(answer.error_code, None, f"find the coordinator of {group_id!r}")
+                failure = search.answered(answer, "find")
+                if failure is None:
                     if self._cluster.metadata.address_of(answer.node_id) is None:
                         metadata = await self._cluster.call(metadata_request([], False))
                         self._cluster.metadata.on_update(metadata, self._cluster.now_ms())
                     response = await self._cluster.call(request, node_id=answer.node_id)
-                    code = coordinator_code(response)
-                    if code is None:
+                    failure = search.answered(response, "call")
+                    if failure is None:
                         return response
-                failure: RivvenError = error_for(code, f"the coordinator of {group_id!r}")
             except RivvenError as error:
-                if not error.retriable:
-                    raise
                 failure = error
-            attempts += 1
-            wait_s = _ADMIN_RETRY.backoff_ms(attempts, self._rng) / 1000
-            if trio.current_time() + wait_s >= deadline:
-                raise failure
-            await trio.sleep(wait_s)
+            await trio.sleep(search.retry_in_ms(failure, self._cluster.now_ms()) / 1000)
 
     async def list_groups(self) -> list[GroupListing]:
         metadata = await self._cluster.call(metadata_request([], False))

@@ -16,9 +16,12 @@ log end offsets (high watermarks), giving the lag per partition. Pure: no I/O.
 
 from __future__ import annotations
 
+import random
 from typing import Any, Iterable, Mapping, NamedTuple
 
-from rivven_broker.client.errors import error_for
+from rivven_broker.client.errors import RivvenError, error_for
+from rivven_broker.client.requests import raise_for
+from rivven_broker.client.retry import RetryPolicy
 from rivven_broker.client.types import TopicPartition
 from rivven_broker.protocol.consumer_protocol import Assignment, ConsumerProtocolError
 from rivven_broker.protocol.errors import ErrorCode
@@ -27,6 +30,7 @@ from rivven_broker.protocol.group_messages import CONSUMER_PROTOCOL_TYPE
 __all__ = [
     "COORDINATOR_WAIT_MS",
     "coordinator_code",
+    "CoordinatorSearch",
     "merged_listings",
     "GroupListing",
     "GroupMemberInfo",
@@ -98,6 +102,42 @@ COORDINATOR_WAIT_MS = 15_000
 
 _COORDINATOR_CODES = frozenset({ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.NOT_COORDINATOR,
                                 ErrorCode.COORDINATOR_LOAD_IN_PROGRESS})
+
+
+class CoordinatorSearch:
+    """When an Admin group call asks for its coordinator again: the decisions both drivers
+    follow (they only call and sleep). Pure: ``now_ms`` is passed in, the jitter comes from
+    the driver's ``rng``."""
+
+    def __init__(self, group_id: str, now_ms: int, rng: random.Random,
+                 policy: RetryPolicy = RetryPolicy()) -> None:
+        self.group_id = group_id
+        self._deadline_ms = now_ms + COORDINATOR_WAIT_MS
+        self._rng = rng
+        self._policy = policy
+        self._attempts = 0
+
+    def answered(self, response: Any, what: str) -> RivvenError | None:
+        """None when ``response`` (to FindCoordinator or the call) is final; the error to
+        retry on when it says the coordinator moved. Raises a final error answer of a
+        FindCoordinator."""
+        code = coordinator_code(response)
+        if code is not None:
+            return error_for(code, f"the coordinator of {self.group_id!r}")
+        if what == "find":
+            raise_for(response.error_code, None, f"find the coordinator of {self.group_id!r}")
+        return None
+
+    def retry_in_ms(self, failure: RivvenError, now_ms: int) -> int:
+        """How long to wait before trying again. Raises ``failure`` when it is not
+        retriable or the search is out of time."""
+        if not failure.retriable:
+            raise failure
+        self._attempts += 1
+        wait_ms = self._policy.backoff_ms(self._attempts, self._rng)
+        if now_ms + wait_ms >= self._deadline_ms:
+            raise failure
+        return wait_ms
 
 
 def coordinator_code(response: Any) -> ErrorCode | None:
@@ -192,3 +232,4 @@ def parse_reset_target(to: Any) -> ResetTarget:
             if value.lstrip("-").isdigit():
                 return ResetTarget("timestamp", int(value))
     raise ValueError(f"reset to earliest, latest, OFFSET or timestamp=MS, not {to!r}")
+

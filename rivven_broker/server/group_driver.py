@@ -55,7 +55,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple
 
 import attrs
 import trio
@@ -115,8 +115,8 @@ from rivven_broker.protocol.group_messages import (
 from rivven_broker.protocol.message_base import Request, Response
 from rivven_broker.protocol.names import group_id_error
 from rivven_broker.records.builder import BatchBuilder
-from rivven_broker.records.reader import decode_records
 from rivven_broker.server.context import Pending, RequestContext
+from rivven_broker.server.log_replay import keyed_records, replay
 from rivven_broker.storage.errors import StorageError, SyncFailedError, TopicExistsError
 
 if TYPE_CHECKING:
@@ -137,7 +137,6 @@ log = logging.getLogger(__name__)
 
 INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 _OFFSETS_SEGMENT_BYTES = 100 * 1024 * 1024
-_READ_BYTES = 1 << 20
 
 
 def is_internal_topic(name: str) -> bool:
@@ -287,7 +286,7 @@ class GroupDriver:
         replayed = 0
         for partition in range(self.partitions):
             shard = self._shards[partition] = _Shard(partition, -1)
-            records = list(self._stored_records(logs.get_log(OFFSETS_TOPIC, partition)))
+            records = _keyed(keyed_records(logs.get_log(OFFSETS_TOPIC, partition)))
             shard.coordinator = self._coordinator()
             shard.coordinator.load(records, now_ms)
             replayed += len(records)
@@ -295,16 +294,6 @@ class GroupDriver:
         log.info("group coordinator loaded %d records: %d groups, %d committed offsets",
                  replayed, stats["groups"], stats["committed_offsets"])
         return replayed
-
-    @staticmethod
-    def _stored_records(plog: PartitionLog) -> Iterator[tuple[bytes, bytes | None]]:
-        offset = plog.log_start_offset
-        while offset < plog.log_end_offset:
-            result = plog.read(offset, _READ_BYTES)
-            for record in decode_records(result.records, min_offset=offset):
-                if record.key is not None:
-                    yield record.key, record.value
-            offset = result.next_offset
 
     # --- ownership (clustered) ------------------------------------------------------------
 
@@ -343,18 +332,10 @@ class GroupDriver:
         """Replay the partition up to its log end, a chunk at a time (the loop stays
         responsive), into a fresh coordinator."""
         plog = self._context.logs.get_log(OFFSETS_TOPIC, shard.partition)
-        records: list[tuple[bytes, bytes | None]] = []
-        offset = plog.log_start_offset
+        records = _keyed(await replay(plog))
         replicas = self._context.replicas
         if replicas is not None and replicas.config.faults.coordinator_skips_load:
-            offset = plog.log_end_offset  # (the simulator's planted bug: nothing is loaded)
-        while offset < plog.log_end_offset:
-            result = plog.read(offset, _READ_BYTES)
-            for record in decode_records(result.records, min_offset=offset):
-                if record.key is not None:
-                    records.append((record.key, record.value))
-            offset = result.next_offset
-            await trio.lowlevel.checkpoint()
+            records = []  # (the simulator's planted bug: nothing is loaded)
         coordinator = self._coordinator()
         coordinator.load(records, self._context.env.clock.wall_ms())
         shard.coordinator = coordinator
@@ -778,6 +759,12 @@ class GroupLagCollector(Collector):
             committed.add_metric(values, row.committed_offset)
         yield lag
         yield committed
+
+
+def _keyed(records: list[tuple[bytes | None, bytes | None]]
+           ) -> list[tuple[bytes, bytes | None]]:
+    """The records of ``__consumer_offsets`` that mean something (they all have a key)."""
+    return [(key, value) for key, value in records if key is not None]
 
 
 class _TooLarge(Exception):

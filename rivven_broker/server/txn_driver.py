@@ -114,9 +114,9 @@ from rivven_broker.protocol.txn_messages import (
 from rivven_broker.records.builder import BatchBuilder
 from rivven_broker.records.control import ControlType
 from rivven_broker.records.header import HEADER_BYTES, BatchError, BatchHeader, parse_header
-from rivven_broker.records.reader import decode_records
 from rivven_broker.server.cluster.broker_calls import BrokerCallFailed, BrokerCalls
 from rivven_broker.server.context import Pending, RequestContext
+from rivven_broker.server.log_replay import replay
 from rivven_broker.storage.errors import (
     StorageError,
     SyncFailedError,
@@ -140,7 +140,6 @@ OffsetsSink = Callable[[str, tuple[PendingOffset, ...], int], Awaitable[None]]
 
 _TICK_MS_MAX = 1_000
 _TICK_MS_MIN = 10
-_READ_BYTES = 1 << 20
 _MARKER_RETRY_MS = 100
 #: Verifications remembered at most (dropped by markers; cleared whole past this bound).
 _VERIFIED_MAX = 100_000
@@ -256,17 +255,9 @@ class TxnDriver:
         info = logs.topics().get(TRANSACTION_STATE_TOPIC)
         if info is None or shard.partition >= info.partitions:
             return []
-        plog = logs.get_log(TRANSACTION_STATE_TOPIC, shard.partition)
-        records = []
-        offset = plog.log_start_offset
-        while offset < plog.log_end_offset:
-            result = plog.read(offset, _READ_BYTES)
-            for record in decode_records(result.records, min_offset=offset):
-                assert record.key is not None, "a __transaction_state record without a key"
-                records.append((record.key, record.value))
-            offset = result.next_offset
-            await trio.lowlevel.checkpoint()
-        return records
+        records = await replay(logs.get_log(TRANSACTION_STATE_TOPIC, shard.partition))
+        assert all(key is not None for key, _ in records), "a record without a key"
+        return records  # type: ignore[return-value]
 
     async def _tick_loop(self, shard: _Shard) -> None:
         """Feed ``TxnTick`` at the coordinator's next deadline (at least once a second);

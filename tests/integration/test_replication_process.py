@@ -222,10 +222,7 @@ def test_group_coordinator_moves_with_its_partition(broker_process, tmp_path) ->
         producer.flush(timeout=30)
 
     group = "moving-group"
-    coordinator = _wait(lambda: (lambda named: named.pop() if len(named) == 1 and -1 not in named
-                                 else None)({_coordinator_of(p, group)
-                                             for p in processes.values()}),
-                        "one coordinator for the group, named by every broker")
+    coordinator = _one_coordinator(processes, group)
     offsets = _wait(lambda: _internal(processes[1], offsets_partition_for(group, 4)),
                     "__consumer_offsets in the metadata")
     assert offsets.leader == coordinator and len(offsets.replicas) == 3
@@ -261,6 +258,14 @@ def test_group_coordinator_moves_with_its_partition(broker_process, tmp_path) ->
             rest.extend(int(r.value) for r in consumer.poll(timeout_ms=500))
     assert not set(rest) & first, "records below the committed offsets were read again"
     assert sorted(first | set(rest)) == list(range(100))
+
+
+def _one_coordinator(processes, key: str, key_type: int = 0) -> int:
+    """Wait until every broker names the same coordinator for ``key``; return it."""
+    def agreed():
+        named = {_coordinator_of(p, key, key_type) for p in processes.values()}
+        return named.pop() if len(named) == 1 and -1 not in named else None
+    return _wait(agreed, f"one coordinator for {key!r}, named by every broker")
 
 
 def _internal(process, partition: int, topic: str = OFFSETS_TOPIC):
@@ -311,10 +316,7 @@ def test_transactions_survive_their_coordinators_broker(broker_process, tmp_path
         admin.create_topic(TOPIC, partitions=3, replication_factor=3)
     _wait(lambda: _partition(processes[1]), "the topic's metadata")
     tid = "moving-transactions"
-    coordinator = _wait(lambda: (lambda named: named.pop() if len(named) == 1 and -1 not in named
-                                 else None)({_coordinator_of(p, tid, 1)
-                                             for p in processes.values()}),
-                        "one transaction coordinator, named by every broker")
+    coordinator = _one_coordinator(processes, tid, 1)
 
     def send_all(producer, label: str) -> None:
         for value in range(12):

@@ -41,3 +41,25 @@ def test_listings_of_every_broker_merge_once_each_sorted():
                                                  Listed("b", "consumer", "Stable")))
     assert merged_listings([first, second]) == [GroupListing("a", "", "Empty"),
                                                 GroupListing("b", "consumer", "Stable")]
+
+
+def test_the_search_retries_moves_with_backoff_until_its_deadline():
+    import random
+
+    import pytest
+
+    from rivven_broker.client.errors import RivvenError
+    from rivven_broker.client.group_admin import COORDINATOR_WAIT_MS, CoordinatorSearch
+
+    search = CoordinatorSearch("g", 0, random.Random(1))
+    moved = search.answered(DescribeGroupResponse("g", ErrorCode.NOT_COORDINATOR), "call")
+    assert moved is not None and moved.retriable
+    assert search.answered(DescribeGroupResponse("g", ErrorCode.NONE), "call") is None
+    with pytest.raises(RivvenError):  # a final FindCoordinator error is raised at once
+        search.answered(FindCoordinatorResponse(ErrorCode.INVALID_GROUP_ID), "find")
+    waits, now = [], 0
+    with pytest.raises(RivvenError):
+        while True:
+            waits.append(search.retry_in_ms(moved, now))
+            now += waits[-1]
+    assert waits and waits[-1] >= waits[0] and now < COORDINATOR_WAIT_MS
