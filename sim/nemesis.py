@@ -35,10 +35,15 @@ from sim.scenario import Fault, Scenario
 if TYPE_CHECKING:
     from sim.world import World
 
-__all__ = ["realise_schedule", "generate", "Nemesis"]
+__all__ = ["realise_schedule", "generate", "Nemesis", "is_role"]
 
 _CLOCK_STEP_MS_MAX = 5_000
 _CLOCK_RATE_DELTA_MAX = 0.01
+
+
+def is_role(name: object) -> bool:
+    """Whether a fault's node name is a role resolved when the fault happens."""
+    return name == "controller" or (isinstance(name, str) and name.startswith("leader:"))
 
 
 def realise_schedule(scenario: Scenario, seed: int, clients: tuple[str, ...]) -> list[Fault]:
@@ -154,7 +159,7 @@ class Nemesis:
     def apply(self, fault: Fault) -> None:
         """Do ``fault`` now. Never blocks."""
         world = self._world
-        fault = self._resolve_controller(fault)
+        fault = self._resolve_roles(fault)
         self.applied += 1
         self._history.note("nemesis", fault.kind, dict(fault.params))
         kind, node = fault.kind, fault.get("node")
@@ -202,21 +207,25 @@ class Nemesis:
         else:  # pragma: no cover - the scenario parser rejects unknown kinds
             raise AssertionError(kind)
 
-    def _resolve_controller(self, fault: Fault) -> Fault:
-        """``"controller"`` names the node leading the Raft controller now (resolved when the
-        fault happens; the first serving node when nobody leads). In ``groups`` it takes the
-        leader out of the other groups: ``[["controller"], ["n1", "n2", "n3"]]`` isolates it."""
+    def _resolve_roles(self, fault: Fault) -> Fault:
+        """A role names the node holding it when the fault happens: ``"controller"`` the node
+        leading the Raft controller, ``"leader:TOPIC/P"`` the node leading that partition (the
+        first serving node when nobody does). In ``groups`` a role takes its node out of the
+        other groups: ``[["controller"], ["n1", "n2", "n3"]]`` isolates the Raft leader."""
         mentions = [fault.get("node")] + [x for group in fault.get("groups") or () for x in group]
-        if "controller" not in mentions:
+        roles = {x: self._world.role_holder(x) for x in mentions if is_role(x)}
+        if not roles:
             return fault
-        leader = self._world.controller_leader()
         params = dict(fault.params)
-        if params.get("node") == "controller":
-            params["node"] = leader
-        if params.get("groups"):  # the leader joins the group naming it, and leaves the others
-            params["groups"] = [[leader] + [x for x in group if x not in (leader, "controller")]
-                                if "controller" in group else [x for x in group if x != leader]
-                                for group in params["groups"]]
+        if params.get("node") in roles:
+            params["node"] = roles[params["node"]]
+        if params.get("groups"):  # the holder joins the group naming it, and leaves the others
+            groups = []
+            for group in params["groups"]:
+                named = [roles[x] for x in group if x in roles]
+                rest = [x for x in group if x not in roles and x not in roles.values()]
+                groups.append(named + rest if named else rest)
+            params["groups"] = groups
         return attrs.evolve(fault, params=params)
 
     def _disk(self, fault: Fault) -> None:

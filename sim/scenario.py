@@ -90,6 +90,9 @@ INVARIANTS = (
     "controller_logs_agree",
     "controller_nothing_lost",
     "controller_applied_once",
+    "replication_replicas_agree",
+    "replication_one_leader_per_epoch",
+    "replication_epochs_grow",
 )
 
 
@@ -153,7 +156,7 @@ class TopicSpec:
 
 CLIENTS = ("thin", "rivven")
 REPLICATION_BUGS = ("hw_ignores_followers", "truncate_to_hw", "elect_outside_isr",
-                    "coordinator_skips_load")
+                    "coordinator_skips_load", "lead_same_epoch_again")
 
 
 @attrs.frozen
@@ -239,7 +242,8 @@ class TestSwitches:
     raft_lying_fsync_probability: float = 0.0
     #: A replication bug (``REPLICATION_BUGS``): the high watermark ignores the followers,
     #: followers truncate to the high watermark instead of by epoch, the controller elects
-    #: leaders outside the ISR, or a new group coordinator does not load its groups.
+    #: leaders outside the ISR, a new group coordinator does not load its groups, or a
+    #: restarted broker leads an epoch its log already holds.
     replication_bug: str = ""
 
     @property
@@ -638,12 +642,25 @@ def _validate(scenario: Scenario) -> None:
     for fault in scenario.faults:
         node = fault.get("node")
         if node is not None and node not in ("random", "controller") and fault.kind != "reset" \
-                and node not in names:
+                and node not in names and not _names_a_partition(node, topics):
             raise ScenarioError(f"faults: unknown node {node!r} at {fault.at_ms} ms")
         if fault.at_ms >= scenario.faults_end_ms:
             raise ScenarioError(f"faults: a fault at {fault.at_ms} ms is in the quiet period")
     if scenario.checks.liveness_within_ms > scenario.quiet_period_ms:
         raise ScenarioError("checks.liveness_within: must fit in run.quiet_period")
+
+
+def _names_a_partition(node: str, topics: dict[str, Any]) -> bool:
+    """``leader:TOPIC/P`` of a partition of the workload or of an internal topic
+    (``__consumer_offsets``, ``__transaction_state``): the node leading it at the time."""
+    if not node.startswith("leader:"):
+        return False
+    topic, _, partition = node.removeprefix("leader:").rpartition("/")
+    if not partition.isdigit():
+        return False
+    if topic in ("__consumer_offsets", "__transaction_state"):
+        return True
+    return topic in topics and int(partition) < topics[topic].partitions
 
 
 def _toml_value(value: Any) -> str:

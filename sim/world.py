@@ -64,6 +64,7 @@ from rivven_broker.server.cluster.controller_host import ControllerUnavailable
 from rivven_cluster.metadata import CreateTopic
 from sim.controller_check import ControllerMonitor, ControllerWorkload
 from sim.membership_check import MembershipMonitor
+from sim.replication_check import ReplicationMonitor
 from sim.nemesis import Nemesis, realise_schedule
 from sim.net import SimNetwork
 from sim.scenario import Fault, Scenario
@@ -257,7 +258,8 @@ class NodeHost:
         faults = ReplicationFaults(high_watermark_ignores_followers=bug == "hw_ignores_followers",
                                    truncate_to_high_watermark=bug == "truncate_to_hw",
                                    elect_outside_isr=bug == "elect_outside_isr",
-                                   coordinator_skips_load=bug == "coordinator_skips_load")
+                                   coordinator_skips_load=bug == "coordinator_skips_load",
+                                   lead_same_epoch_again=bug == "lead_same_epoch_again")
         broker = self.broker = Broker(env, self.config(), key_ring=self.key_ring(),
                                       controller_observer=self.world.controller_monitor,
                                       replication_faults=faults)
@@ -373,6 +375,8 @@ class World:
         self._monitor: MembershipMonitor | None = None
         #: Hears every controller of a cluster run (``controller_check.py``).
         self.controller_monitor = ControllerMonitor() if scenario.nodes.cluster else None
+        #: Samples every replica of a cluster run (``replication_check.py``).
+        self.replication_monitor = ReplicationMonitor(self) if scenario.nodes.cluster else None
         self.controller_workload: ControllerWorkload | None = None
         self.guard = LivelockGuard()
         producers = [f"p{i + 1}" for i in range(sum(p.count for p in scenario.producers))]
@@ -384,6 +388,28 @@ class World:
             self.schedule = realise_schedule(scenario, seed, self.clients)
         else:
             self.schedule = sorted(schedule, key=lambda fault: fault.at_ms)
+
+    def role_holder(self, role: str) -> str:
+        """The node holding a fault's role now: ``"controller"`` or ``"leader:TOPIC/P"``."""
+        if role == "controller":
+            return self.controller_leader()
+        topic, _, partition = role.removeprefix("leader:").rpartition("/")
+        return self.partition_leader(topic, int(partition))
+
+    def partition_leader(self, topic: str, partition: int) -> str:
+        """The serving node leading a partition at the highest epoch (or the first one up)."""
+        best: tuple[int, str] | None = None
+        for name, host in sorted(self.nodes.items()):
+            broker = host.broker
+            if host.up and broker is not None and broker.cluster is not None \
+                    and broker.cluster.replicas is not None:
+                view = broker.cluster.replicas.views().get((topic, partition))
+                if view is not None and view.leading and (best is None or view.leader_epoch > best[0]):
+                    best = (view.leader_epoch, name)
+        if best is not None:
+            return best[1]
+        up = [name for name, host in sorted(self.nodes.items()) if host.up]
+        return up[0] if up else sorted(self.nodes)[0]
 
     def controller_leader(self) -> str:
         """The serving node that leads the controller in the highest term (or the first one)."""
@@ -434,6 +460,8 @@ class World:
             if scenario.nodes.cluster:
                 monitor = self._monitor = MembershipMonitor(self)
                 nursery.start_soon(monitor.run)
+            if self.replication_monitor is not None:
+                nursery.start_soon(self.replication_monitor.run)
             await self._workload(scenario.duration_ms / 1000)
             self.history.close_open()
             if monitor is not None:  # judged at the end of the quiet period, before healing
@@ -469,6 +497,8 @@ class World:
                     final = None
             for host in self.nodes.values():
                 host.check_storage()
+            if self.replication_monitor is not None:
+                self.replication_monitor.sample()
             end_ms = trio.current_time() * 1000
             nursery.cancel_scope.cancel()
         if self.guard.report is not None:
@@ -606,6 +636,7 @@ class World:
             "datagrams": self.network.datagrams.sent,
             "membership_changes": 0 if self._monitor is None else len(self._monitor.changes),
             **self._controller_stats(),
+            **(self.replication_monitor.stats() if self.replication_monitor else {}),
             **dict(sorted(counts.items())),
         }
 

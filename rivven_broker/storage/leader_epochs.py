@@ -18,8 +18,14 @@ ended with keeps records the new leader never had (its second).
   epoch at most ``epoch`` this log knows, and the offset where it ended (the start of the next
   epoch, or the log end offset for the latest); ``(-1, -1)`` when every known epoch is newer.
 
-Persistence: ``leader-epoch.checkpoint`` in the partition directory, one ``epoch offset`` line
-per entry after a version line, rewritten whole (tmp, fsync, rename, fsync of the directory) at
+``highest_epoch`` is the newest epoch ever assigned to this log, kept through truncations: a
+crash can cut every record (and so every entry) of an epoch this broker led, and the broker
+must still know it led that epoch, never to lead it again (``ReplicaManager._lead``; the
+simulator's ``replication_one_leader_per_epoch`` found the hole).
+
+Persistence: ``leader-epoch.checkpoint`` in the partition directory: a version line, a
+``highest N`` line, then one ``epoch offset`` line per entry (version 1 files, without the
+``highest`` line, are read with the newest entry's epoch), rewritten whole (tmp, fsync, rename, fsync of the directory) at
 each change; changes are rare (once per leader change). ``open`` drops entries at or past the
 recovered log end offset (their data was lost in a crash), and a damaged file is rebuilt as
 empty with a warning: the next leader change assigns again, and a follower with no entry for
@@ -42,7 +48,8 @@ log = logging.getLogger(__name__)
 
 LEADER_EPOCH_FILE = "leader-epoch.checkpoint"
 UNDEFINED_EPOCH = -1
-_VERSION_LINE = "rivven-leader-epochs 1"
+_VERSION_LINE = "rivven-leader-epochs 2"
+_VERSION_1_LINE = "rivven-leader-epochs 1"
 _FILE_BYTES_MAX = 1 << 20
 
 
@@ -50,11 +57,13 @@ class LeaderEpochCache:
     """The epoch history of one partition. Not thread-safe: its partition's owner calls it."""
 
     def __init__(self, store: FileStore | None, directory: str,
-                 entries: list[tuple[int, int]] | None = None) -> None:
+                 entries: list[tuple[int, int]] | None = None,
+                 highest_epoch: int = UNDEFINED_EPOCH) -> None:
         """Internal: use ``open`` (``store=None``: in memory only, for tests)."""
         self._store = store
         self._directory = directory
         self._entries: list[tuple[int, int]] = list(entries or [])
+        self._highest = max(highest_epoch, self.latest_epoch)
         self._check()
 
     @classmethod
@@ -66,6 +75,7 @@ class LeaderEpochCache:
         """
         path = posixpath.join(directory, LEADER_EPOCH_FILE)
         entries: list[tuple[int, int]] = []
+        highest = UNDEFINED_EPOCH
         if store.exists(path):
             handle = store.open(path, create=False)
             try:
@@ -76,8 +86,8 @@ class LeaderEpochCache:
             if parsed is None:
                 log.warning("%s is damaged: starting an empty leader-epoch history", path)
             else:
-                entries = parsed
-        cache = cls(store, directory, entries)
+                highest, entries = parsed
+        cache = cls(store, directory, entries, highest)
         cache.truncate_from_end(log_end_offset)  # entries past a crash's cut
         return cache
 
@@ -90,6 +100,11 @@ class LeaderEpochCache:
     @property
     def latest_epoch(self) -> int:
         return self._entries[-1][0] if self._entries else UNDEFINED_EPOCH
+
+    @property
+    def highest_epoch(self) -> int:
+        """The newest epoch ever assigned, even if truncations have since cut all its data."""
+        return self._highest
 
     def epoch_at(self, offset: int) -> int:
         """The epoch that wrote ``offset`` (UNDEFINED_EPOCH before the first entry)."""
@@ -119,6 +134,7 @@ class LeaderEpochCache:
             return False
         entries = [(e, s) for e, s in self._entries if s < start_offset]
         entries.append((epoch, start_offset))
+        self._highest = max(self._highest, epoch)
         self._replace(entries)
         return True
 
@@ -143,19 +159,29 @@ class LeaderEpochCache:
         self._entries = entries
         self._check()
         if self._store is not None:
-            _write(self._store, self._directory, entries)
+            _write(self._store, self._directory, self._highest, entries)
 
     def _check(self) -> None:
         for (e1, s1), (e2, s2) in zip(self._entries, self._entries[1:]):
             assert e1 < e2 and s1 < s2, self._entries
+        assert self._highest >= self.latest_epoch, (self._highest, self._entries)
 
 
-def _parse(data: bytes) -> list[tuple[int, int]] | None:
+def _parse(data: bytes) -> tuple[int, list[tuple[int, int]]] | None:
+    """``(highest epoch, entries)`` of a checkpoint's text, or None if it is damaged."""
     try:
         lines = data.decode("ascii").splitlines()
     except UnicodeDecodeError:
         return None
-    if not lines or lines[0] != _VERSION_LINE:
+    highest = UNDEFINED_EPOCH
+    if lines and lines[0] == _VERSION_LINE:
+        highest_line = lines[1].split() if len(lines) > 1 else []
+        if len(highest_line) != 2 or highest_line[0] != "highest" \
+                or not highest_line[1].lstrip("-").isdigit():
+            return None
+        highest = int(highest_line[1])
+        lines = lines[1:]
+    elif not lines or lines[0] != _VERSION_1_LINE:
         return None
     entries = []
     for line in lines[1:]:
@@ -166,13 +192,15 @@ def _parse(data: bytes) -> list[tuple[int, int]] | None:
     for (e1, s1), (e2, s2) in zip(entries, entries[1:]):
         if not (e1 < e2 and s1 < s2):
             return None
-    return entries
+    return highest, entries
 
 
-def _write(store: FileStore, directory: str, entries: list[tuple[int, int]]) -> None:
+def _write(store: FileStore, directory: str, highest: int,
+           entries: list[tuple[int, int]]) -> None:
     path = posixpath.join(directory, LEADER_EPOCH_FILE)
     tmp = path + TMP_SUFFIX
-    body = "\n".join([_VERSION_LINE, *(f"{e} {s}" for e, s in entries)]) + "\n"
+    body = "\n".join([_VERSION_LINE, f"highest {highest}",
+                      *(f"{e} {s}" for e, s in entries)]) + "\n"
     handle = store.open(tmp)
     try:
         store.truncate(handle, 0)

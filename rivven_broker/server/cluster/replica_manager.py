@@ -15,8 +15,9 @@ partitions that name this broker among their replicas:
   Every ``isr_check_ms`` the leader proposes the ISR ``LeaderState.isr_change`` asks for
   (``UpdateIsr``, compare-and-set on the partition epoch): laggards out after
   ``replica.lag.time.max.ms``, caught-up replicas back in. A leadership at an epoch the log
-  already holds (a restarted broker that the controller had not replaced yet) is first
-  claimed again at epoch + 1 (``_claim_again``): the same epoch is never led twice.
+  was ever assigned (``highest_epoch``, kept even when a crash cut all the epoch's records:
+  a restarted broker that the controller had not replaced yet) is first claimed again at
+  epoch + 1 (``_claim_again``): the same epoch is never led twice.
 - **Follower**: one fetcher task per leader broker (``_fetch_loop``) sends a ``ReplicaFetch``
   for all the partitions it follows from that leader over an authenticated replica link
   (``replica_link.py``) and appends what comes back as the leader wrote it (offsets and epochs
@@ -33,7 +34,8 @@ partitions that name this broker among their replicas:
 
 Every ``checkpoint_ms`` the high watermarks known here go to ``replication-offset.checkpoint``
 (``storage/high_watermarks.py``), so a broker that leads after a restart starts from its last
-high watermark instead of from zero.
+high watermark instead of from zero. A full disk skips a round; any other failure (an fsync
+that failed) stops the broker, as every failed fsync does.
 
 Waits are bounded (a fetch long-polls at most ``fetch_wait_ms``; a link opens within
 ``connect_timeout_s`` and an answer comes within ``answer_timeout_s``), and a failed link is
@@ -43,6 +45,7 @@ is retried later; the fetcher goes on with the others.
 
 from __future__ import annotations
 
+import errno
 import logging
 from typing import Awaitable, Callable
 
@@ -79,7 +82,7 @@ from rivven_cluster.replication.messages import (
     encode,
 )
 
-__all__ = ["ReplicaConfig", "ReplicaManager", "ReplicationFaults"]
+__all__ = ["ReplicaConfig", "ReplicaManager", "ReplicaView", "ReplicationFaults"]
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +104,21 @@ class ReplicationFaults:
     #: A new leader of a ``__consumer_offsets`` partition coordinates its groups without
     #: loading them from the log (committed offsets start over).
     coordinator_skips_load: bool = False
+    #: A restarted broker decides whether it led an epoch before from the epochs its log
+    #: still holds, not from the highest it ever had: after a crash cut an epoch's every
+    #: record, two processes of one broker lead that epoch.
+    lead_same_epoch_again: bool = False
+
+
+@attrs.frozen
+class ReplicaView:
+    """What this broker knows of one of its replicas (reports and the simulator's checkers)."""
+
+    leading: bool
+    leader: int
+    leader_epoch: int
+    #: As this broker serves it (leader), or as the leader last told it (follower).
+    high_watermark: int
 
 
 @attrs.frozen
@@ -185,6 +203,8 @@ class ReplicaManager:
             try:
                 await self._env.run_sync(write_high_watermarks, self._env.disk, known)
             except OSError as exc:
+                if exc.errno != errno.ENOSPC:  # an fsync that failed: fail-stop, never retry
+                    raise SyncFailedError(f"the high-watermark checkpoint: {exc}") from exc
                 log.error("could not write the high-watermark checkpoint: %s", exc)
                 continue
             self._checkpointed = known
@@ -228,12 +248,17 @@ class ReplicaManager:
             return
         if current is not None:
             self._resign(key)
-        if epoch <= plog.epochs.latest_epoch:
+        known = (plog.epochs.latest_epoch if self.config.faults.lead_same_epoch_again
+                 else plog.epochs.highest_epoch)
+        if epoch <= known:
             self._claim_again(key, epoch, isr)
             return
         try:
             plog.become_leader(epoch)
         except StorageError as exc:
+            cause = exc.__cause__
+            if not (isinstance(cause, OSError) and cause.errno == errno.ENOSPC):
+                raise SyncFailedError(f"{key[0]}-{key[1]}: the epoch checkpoint: {exc}") from exc
             log.error("%s-%d: cannot lead epoch %d: %s", *key, epoch, exc)
             return
         state = LeaderState(
@@ -250,7 +275,7 @@ class ReplicaManager:
         self._committed(leading)
 
     def _claim_again(self, key: Key, epoch: int, isr: tuple[int, ...]) -> None:
-        """This broker's log already holds ``epoch``: an earlier process of it led (or
+        """This broker's log was assigned ``epoch`` before: an earlier process of it led (or
         followed in) that epoch, and what that process appended without an fsync may be gone
         while followers kept it. Leading the same epoch again could give those offsets other
         records, so ask the controller for the leadership at a new epoch first (Kafka's
@@ -650,6 +675,21 @@ class ReplicaManager:
 
     def following(self) -> dict[Key, int]:
         return {key: following.leader for key, following in self._following.items()}
+
+    def views(self) -> dict[Key, ReplicaView]:
+        """Every replica's role, epoch and high watermark; changes nothing."""
+        views = {key: ReplicaView(False, f.leader, f.leader_epoch, f.high_watermark)
+                 for key, f in self._following.items()}
+        for key, leading in self._leading.items():
+            state = leading.state
+            hw = state.high_watermark
+            if self.config.faults.high_watermark_ignores_followers:
+                try:
+                    hw = self._durable(self._context.logs.get_log(*key))
+                except UnknownTopicOrPartitionError:
+                    pass
+            views[key] = ReplicaView(True, self.node_id, state.leader_epoch, hw)
+        return views
 
 
 def _min_insync(configs: object) -> int:

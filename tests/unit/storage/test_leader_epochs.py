@@ -43,6 +43,33 @@ def test_the_checkpoint_survives_reopening_and_drops_entries_past_the_log_end() 
     assert LeaderEpochCache.open(store, "p", 30).entries == [(1, 0)]  # a crash cut the log
 
 
+def test_the_highest_epoch_outlives_a_cut_of_all_its_records() -> None:
+    """A broker that led epoch 2 and lost every record of it in a crash must still know it
+    led epoch 2 (it must not lead it again: ``ReplicaManager._lead``)."""
+    store = MemoryFileStore()
+    store.makedirs("p")
+    cache = LeaderEpochCache.open(store, "p", 0)
+    cache.assign(1, 0)
+    cache.assign(2, 30)
+    reopened = LeaderEpochCache.open(store, "p", 30)  # the crash cut epoch 2's records
+    assert reopened.entries == [(1, 0)] and reopened.latest_epoch == 1
+    assert reopened.highest_epoch == 2
+    assert LeaderEpochCache.open(store, "p", 0).highest_epoch == 2  # and everything else
+    empty = LeaderEpochCache.open(store, "p", 0)
+    assert empty.entries == [] and empty.assign(1, 0)  # a follower refetching epoch 1
+    assert empty.highest_epoch == 2
+
+
+def test_a_version_1_checkpoint_is_read() -> None:
+    store = MemoryFileStore()
+    store.makedirs("p")
+    handle = store.open(f"p/{LEADER_EPOCH_FILE}")
+    store.pwrite(handle, b"rivven-leader-epochs 1\n1 0\n4 12\n", 0)
+    store.close(handle)
+    cache = LeaderEpochCache.open(store, "p", 20)
+    assert cache.entries == [(1, 0), (4, 12)] and cache.highest_epoch == 4
+
+
 def test_a_damaged_checkpoint_starts_empty() -> None:
     store = MemoryFileStore()
     store.makedirs("p")

@@ -1,0 +1,184 @@
+"""Replication in the simulator: sample every replica, judge what the replicas hold.
+
+Theory of operation
+-------------------
+In a ``[nodes] cluster = true`` scenario every broker runs the real ``ReplicaManager``.
+``ReplicationMonitor`` samples, every ``sample_ms`` of virtual time, each serving node's
+replicas (``ReplicaManager.views()``: role, leader epoch, high watermark) and the batch headers
+of their logs, and keeps what it learns across crashes. It only reads (headers through the
+log's own ``iter_headers``, which draws no randomness and writes nothing), so a run with the
+monitor is the run without it. Three invariants of docs/invariants.md:
+
+- ``replication_replicas_agree``: below the high watermark every replica holds the same
+  batches. A replica's *committed view* ends at the smaller of the high watermark it knows
+  (a leader's own, a follower's from its leader's last answer) and its durable offset; every
+  batch below it is compared, by base offset, last offset, leader epoch and CRC, with the
+  first committed copy of that batch any replica showed, and no replica may later truncate
+  below what it once showed as committed.
+- ``replication_one_leader_per_epoch``: each leader epoch of a partition is led by one
+  process (node and incarnation) only — another broker, or the same broker after a restart,
+  leading an epoch already led is a split brain.
+- ``replication_epochs_grow``: the leader epoch a node knows for a partition never goes back
+  (within an incarnation; a leader's epoch also never below one that node led before), the
+  committed batches of a log carry epochs that never go back with the offset, and a
+  leader's high watermark never goes back within its epoch. A *new* leader may start below
+  its predecessor's high watermark (it learns the rest from its followers), as in Kafka;
+  that the data below stays is ``replication_replicas_agree``'s to judge.
+
+Sampling misses what lasts less than ``sample_ms``; the checkers are as strong as the
+samples, and the final sample is taken after the run has settled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from rivven_broker.server.broker import BrokerState
+from rivven_broker.storage.errors import StorageError, UnknownTopicOrPartitionError
+from sim.checkers import Violation
+
+__all__ = ["ReplicationMonitor", "REPLICATION_INVARIANTS"]
+
+REPLICATION_INVARIANTS = (
+    "replication_replicas_agree",
+    "replication_one_leader_per_epoch",
+    "replication_epochs_grow",
+)
+_SAMPLE_MS = 100
+#: Violations reported per invariant (the first ones say what happened; more are noise).
+_REPORT_MAX = 5
+
+Key = tuple[str, int]
+#: (last offset, partition leader epoch, CRC) of a batch, by base offset
+Batch = tuple[int, int, int]
+
+
+class ReplicationMonitor:
+    """Samples every replica of a cluster run (see the module docstring)."""
+
+    def __init__(self, world: Any, sample_ms: int = _SAMPLE_MS) -> None:
+        self._world = world
+        self.sample_ms = sample_ms
+        #: the first committed copy seen of each batch
+        self.committed: dict[Key, dict[int, Batch]] = {}
+        #: (node, key) -> the offset below which that node's log was compared, and the epoch
+        #: of the last batch compared there
+        self._verified: dict[tuple[str, Key], int] = {}
+        self._last_epoch: dict[tuple[str, Key], int] = {}
+        #: (key, epoch) -> (node, incarnation) seen leading it
+        self.leaders: dict[tuple[Key, int], tuple[str, int]] = {}
+        #: (node, incarnation, key) -> highest epoch known; (node, key) -> highest epoch led
+        self._epochs: dict[tuple[str, int, Key], int] = {}
+        self._led: dict[tuple[str, Key], int] = {}
+        #: (node, incarnation, key, epoch) -> the leader's high watermark last sampled
+        self._high_watermarks: dict[tuple[str, int, Key, int], int] = {}
+        self.violations: list[Violation] = []
+        self.samples = 0
+
+    async def run(self) -> None:
+        while True:
+            await trio.sleep(self.sample_ms / 1000)
+            self.sample()
+
+    def sample(self) -> None:
+        self.samples += 1
+        for name, host in sorted(self._world.nodes.items()):
+            broker = host.broker
+            if not host.up or broker is None or broker.state != BrokerState.SERVING \
+                    or broker.cluster is None or broker.cluster.replicas is None:
+                continue
+            views = broker.cluster.replicas.views()
+            logs = broker.context.logs
+            for key in sorted(views):
+                view = views[key]
+                self._judge_epochs(name, host.incarnation, key, view)
+                try:
+                    plog = logs.get_log(*key)
+                except UnknownTopicOrPartitionError:
+                    continue
+                limit = min(view.high_watermark, plog.durable_offset)
+                self._compare(name, key, plog, limit)
+
+    # -- the three invariants ----------------------------------------------------------------
+
+    def _judge_epochs(self, node: str, incarnation: int, key: Key, view: Any) -> None:
+        epoch = view.leader_epoch
+        known = self._epochs.get((node, incarnation, key), -1)
+        if epoch < known:
+            self._report("replication_epochs_grow",
+                         f"{node}#{incarnation} knew {_name(key)} at epoch {known}, now {epoch}")
+        self._epochs[(node, incarnation, key)] = max(known, epoch)
+        if not view.leading:
+            return
+        process = (node, incarnation)
+        first = self.leaders.setdefault((key, epoch), process)
+        if first != process:
+            self._report("replication_one_leader_per_epoch",
+                         f"{_name(key)} epoch {epoch} led by {first[0]}#{first[1]} and by "
+                         f"{node}#{incarnation}")
+        led = self._led.get((node, key), -1)
+        if epoch < led:
+            self._report("replication_epochs_grow",
+                         f"{node} led {_name(key)} at epoch {led}, later at {epoch}")
+        self._led[(node, key)] = max(led, epoch)
+        hw_key = (node, incarnation, key, epoch)
+        before = self._high_watermarks.get(hw_key, -1)
+        if view.high_watermark < before:
+            self._report("replication_epochs_grow",
+                         f"{node}#{incarnation}'s high watermark of {_name(key)} went from "
+                         f"{before} to {view.high_watermark} in epoch {epoch}")
+        self._high_watermarks[hw_key] = max(before, view.high_watermark)
+
+    def _compare(self, node: str, key: Key, plog: Any, limit: int) -> None:
+        verified = self._verified.get((node, key), 0)
+        if plog.log_end_offset < verified:
+            self._report("replication_replicas_agree",
+                         f"{node} cut {_name(key)} to {plog.log_end_offset}, below offset "
+                         f"{verified} it had shown as committed")
+            verified = plog.log_end_offset
+            self._last_epoch.pop((node, key), None)
+        if limit <= verified:
+            self._verified[(node, key)] = verified
+            return
+        committed = self.committed.setdefault(key, {})
+        try:
+            for header in plog.iter_headers(verified):
+                last = header.base_offset + header.last_offset_delta
+                if last >= limit:
+                    break
+                if last < verified:
+                    continue
+                mine = (last, header.partition_leader_epoch, header.crc)
+                before = self._last_epoch.get((node, key), -1)
+                if header.partition_leader_epoch < before:
+                    self._report("replication_epochs_grow",
+                                 f"{node}'s {_name(key)}@{header.base_offset} is of epoch "
+                                 f"{header.partition_leader_epoch}, after a batch of {before}")
+                self._last_epoch[(node, key)] = header.partition_leader_epoch
+                first = committed.setdefault(header.base_offset, mine)
+                if first != mine:
+                    self._report("replication_replicas_agree",
+                                 f"{node} holds {_name(key)}@{header.base_offset} as "
+                                 f"(last {mine[0]}, epoch {mine[1]}, crc {mine[2]:#x}); the "
+                                 f"committed batch was (last {first[0]}, epoch {first[1]}, "
+                                 f"crc {first[2]:#x})")
+                verified = last + 1
+        except StorageError:
+            pass  # a failing disk: the node stops; judged by node_stops_after_fsync_failure
+        self._verified[(node, key)] = verified
+
+    def _report(self, invariant: str, message: str) -> None:
+        if sum(v.invariant == invariant for v in self.violations) < _REPORT_MAX:
+            self.violations.append(Violation(invariant, message))
+            self._world.online(self.violations[-1])
+
+    def stats(self) -> dict[str, int]:
+        return {"replication_samples": self.samples,
+                "replication_epochs": len(self.leaders),
+                "replication_batches_compared": sum(len(b) for b in self.committed.values())}
+
+
+def _name(key: Key) -> str:
+    return f"{key[0]}/{key[1]}"
