@@ -10,6 +10,11 @@ exactly these faults; because fault generation draws from its own random streams
 is the original run again, and its trace digest must match. A shrunk schedule is the same
 file with fewer faults (its digest then differs, its invariant must not).
 
+A failing schedule worth keeping becomes a *regression*: the file copied to
+``sim/scenarios/regressions/`` with two more keys in ``[replay]``, ``about`` (what was wrong)
+and ``fixed_in`` (the commit that fixed it). ``make test`` replays every regression against
+its scenario (``tests/sim/test_regressions.py``) and requires it to pass.
+
 This module is pure: it formats and parses text.
 """
 
@@ -32,6 +37,9 @@ class ScheduleFile:
     invariants: tuple[str, ...]
     faults: tuple[Fault, ...]
     shrunk: bool = False
+    #: Regressions only: what was wrong, and the commit that fixed it.
+    about: str = ""
+    fixed_in: str = ""
 
 
 def dump_schedule(schedule: ScheduleFile) -> str:
@@ -47,10 +55,16 @@ def dump_schedule(schedule: ScheduleFile) -> str:
         f'trace_digest = "{schedule.trace_digest}"',
         f"invariants = [{invariants}]",
         f"shrunk = {'true' if schedule.shrunk else 'false'}",
+        *([f"about = {_quoted(schedule.about)}"] if schedule.about else []),
+        *([f"fixed_in = {_quoted(schedule.fixed_in)}"] if schedule.fixed_in else []),
         "",
     ]
     body = [fault.to_toml() + "\n" for fault in schedule.faults]
     return "\n".join(head + body)
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def load_schedule(data: bytes) -> ScheduleFile:
@@ -72,6 +86,8 @@ def load_schedule(data: bytes) -> ScheduleFile:
             invariants=tuple(str(name) for name in replay.get("invariants", [])),
             faults=faults,
             shrunk=bool(replay.get("shrunk", False)),
+            about=str(replay.get("about", "")),
+            fixed_in=str(replay.get("fixed_in", "")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, ScenarioError):

@@ -26,9 +26,15 @@ write), lands on top of the synced bytes (zero-filling any gap before it). That 
 inject a fault before the call has any effect. For calls on handles, ``path`` is the path the
 file was opened under.
 
-``fsync`` may run on a worker thread while the owner thread writes: it copies the live bytes in
-one step (atomic under the GIL) and records the write sequence number it covered first, so a
-racing write is at worst considered unsynced (the conservative direction).
+``fsync`` copies only the range that changed since the last one (segments are preallocated,
+and copying whole files on every fsync made it the simulator's most expensive call). Every
+change appends the range it touched to the inode's ``marks`` *after* changing the bytes;
+``fsync`` counts the marks present when it starts, then reads the file's length, sets the
+synced bytes to that length, copies the span the counted marks cover, and deletes exactly
+those marks. It may run on a worker thread while the owner thread writes: each step is one
+list or bytearray operation (atomic under the GIL), a change whose mark it did not count is
+copied again by the next fsync, and it records the write sequence number it covered first,
+so a racing write is at worst considered unsynced (the conservative direction).
 """
 
 from __future__ import annotations
@@ -46,12 +52,14 @@ FaultHook = Callable[[str, str], None]
 
 
 class _Inode:
-    __slots__ = ("data", "synced", "synced_sequence")
+    __slots__ = ("data", "synced", "synced_sequence", "marks")
 
     def __init__(self) -> None:
         self.data = bytearray()
-        self.synced = b""
+        self.synced = bytearray()
         self.synced_sequence = 0
+        #: ``(start, end)`` of each change since the last fsync counted its marks.
+        self.marks: list[tuple[int, int]] = []
 
 
 class _Dir:
@@ -136,9 +144,11 @@ class MemoryFileStore:
 
     def _write(self, inode: _Inode, data: bytes, position: int) -> None:
         end = position + len(data)
-        if position > len(inode.data):
-            inode.data.extend(bytes(position - len(inode.data)))
+        before = len(inode.data)
+        if position > before:
+            inode.data.extend(bytes(position - before))
         inode.data[position:end] = data
+        inode.marks.append((min(position, before), end))  # after the bytes: module docstring
         self._write_sequence += 1
         self._last_write = (inode, position, data, self._write_sequence)
         self.stats.writes += 1
@@ -188,7 +198,21 @@ class MemoryFileStore:
         self._hook("fsync", self._path_of(handle))
         inode = self._inode(handle)
         sequence = self._write_sequence  # read before the copy: see the module docstring
-        inode.synced = bytes(inode.data)
+        marks = inode.marks
+        counted = len(marks)
+        if counted:
+            length = len(inode.data)
+            synced = inode.synced
+            if len(synced) > length:
+                del synced[length:]
+            else:
+                synced.extend(bytes(length - len(synced)))
+            spans = marks[:counted]
+            start = min(span[0] for span in spans)
+            end = min(max(span[1] for span in spans), length)
+            if start < end:
+                synced[start:end] = inode.data[start:end]
+            del marks[:counted]
         inode.synced_sequence = sequence
         self.stats.fsyncs += 1
 
@@ -196,16 +220,20 @@ class MemoryFileStore:
         self._hook("truncate", self._path_of(handle))
         assert size >= 0
         inode = self._inode(handle)
-        if size <= len(inode.data):
+        before = len(inode.data)
+        if size <= before:
             del inode.data[size:]
         else:
-            inode.data.extend(bytes(size - len(inode.data)))
+            inode.data.extend(bytes(size - before))
+        inode.marks.append((min(size, before), size))
 
     def allocate(self, handle: int, size: int) -> None:
         self._hook("allocate", self._path_of(handle))
         inode = self._inode(handle)
-        if size > len(inode.data):
-            inode.data.extend(bytes(size - len(inode.data)))
+        before = len(inode.data)
+        if size > before:
+            inode.data.extend(bytes(size - before))
+            inode.marks.append((before, size))
 
     # --- names -------------------------------------------------------------------------------
 
@@ -290,13 +318,15 @@ class MemoryFileStore:
                     survivors[id(node)] = node
         for inode in survivors.values():
             inode.data = bytearray(inode.synced)
+            inode.marks.clear()
         last = self._last_write
         if tear_last_write and last is not None:
             inode, position, data, sequence = last
             if id(inode) in survivors and sequence > inode.synced_sequence and data:
                 keep = rng.randrange(len(data)) if rng is not None else len(data) // 2
                 self._write(inode, data[:keep], position)
-                inode.synced = bytes(inode.data)
+                inode.synced = bytearray(inode.data)
+                inode.marks.clear()
         self._handles.clear()
         self._last_write = None
         for inode in survivors.values():
@@ -309,9 +339,7 @@ class MemoryFileStore:
         inode = self._lookup(path)
         assert isinstance(inode, _Inode), path
         inode.data[position : position + len(data)] = data
-        synced = bytearray(inode.synced)
-        synced[position : position + len(data)] = data
-        inode.synced = bytes(synced)
+        inode.synced[position : position + len(data)] = data
 
     def open_handles(self) -> int:
         """How many handles are open (tests check for leaks). Never blocks."""

@@ -63,13 +63,22 @@ class ReplicaFetchAnswer:
     partitions: tuple[FetchedPartition, ...]
 
 
+_FIELD_NAMES = {cls: tuple(field.name for field in attrs.fields(cls))
+                for cls in (PartitionFetch, FetchedPartition)}
+
+
 def encode(message: ReplicaFetch | ReplicaFetchAnswer) -> bytes:
     if isinstance(message, ReplicaFetch):
         return msgpack.packb({
             "replica": message.replica_id, "wait": message.max_wait_ms,
             "bytes": message.max_bytes,
-            "partitions": [attrs.astuple(p) for p in message.partitions]})
-    return msgpack.packb({"answers": [attrs.astuple(p) for p in message.partitions]})
+            "partitions": [_fields(p) for p in message.partitions]})
+    return msgpack.packb({"answers": [_fields(p) for p in message.partitions]})
+
+
+def _fields(message: PartitionFetch | FetchedPartition) -> tuple[Any, ...]:
+    """The fields in declaration order (``attrs.astuple`` without its recursion: hot path)."""
+    return tuple(getattr(message, name) for name in _FIELD_NAMES[type(message)])
 
 
 def _document(data: bytes) -> dict[str, Any]:

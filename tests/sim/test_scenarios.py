@@ -28,9 +28,11 @@ SCENARIOS = sorted((pathlib.Path(__file__).resolve().parents[2] / "sim" / "scena
 SWEEP_SEEDS = (1, 2, 3)
 
 
-def test_the_three_scenarios_are_shipped() -> None:
+def test_the_named_scenarios_are_shipped() -> None:
     names = {path.stem for path in SCENARIOS}
     assert {"single-node-crash", "disk-faults", "client-partitions"} <= names
+    assert {"cluster-leader-crash", "cluster-partitions", "cluster-rolling-restart",
+            "cluster-disk-faults", "cluster-groups-txn"} <= names
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
