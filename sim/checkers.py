@@ -30,6 +30,8 @@ Invariants (names as in ``docs/invariants.md`` and ``[checks] disabled``):
   before that read began (else the group re-reads what it had committed), and every
   group's committed offset read from its coordinator after the run is at least the highest
   acknowledged commit.
+- ``group_once_per_generation``: within one generation of a group, each partition is read
+  by one member only (polls record the member's generation for the partitions it owns).
 - ``transactions_atomic``: a ``read_committed`` poll never returns a value of an aborted or
   unfinished transaction, and a committed transaction's values are all in the final log (hook:
   transactional sends carry ``transactional_id``; ``commit``/``abort`` ops close them).
@@ -106,6 +108,7 @@ def check(scenario: Scenario, history: History, facts: RunFacts) -> list[Violati
         ("batches_intact", lambda: _intact(history, final)),
         ("group_offsets_within_log", lambda: _group_offsets(history, final)),
         ("group_commits_durable", lambda: _group_commits(history, facts.group_offsets)),
+        ("group_once_per_generation", lambda: _once_per_generation(history)),
         ("transactions_atomic", lambda: _transactions(history, sends, polls, final)),
         ("liveness", lambda: _liveness(scenario, history, facts)),
     ]
@@ -343,6 +346,22 @@ def _group_commits(history: History,
             problems.append((f"group {group} acknowledged a commit of {key}@{offset}; after the "
                              f"run its offset is {now}", (index,)))
     return _limited("group_commits_durable", problems)
+
+
+def _once_per_generation(history: History) -> list[Violation]:
+    owners: dict[tuple[str, int, str, int], tuple[str, int]] = {}  # -> (member, entry)
+    problems = []
+    for _, poll in history.completions("poll", OK):
+        generation = poll.value.get("generation")
+        if generation is None:
+            continue
+        key = (poll.value["group"], generation, poll.value["topic"], poll.value["partition"])
+        first = owners.setdefault(key, (poll.process, poll.index))
+        if first[0] != poll.process:
+            problems.append((f"group {key[0]} generation {generation}: {first[0]} and "
+                             f"{poll.process} both read {key[2]}/{key[3]}",
+                             (first[1], poll.index)))
+    return _limited("group_once_per_generation", problems)
 
 
 def _transactions(history: History, sends: list[_Send], polls: list[tuple[Entry, Entry]],

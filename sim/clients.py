@@ -224,10 +224,12 @@ class ClientConsumerProcess(_ClientProcess):
             while True:
                 invoke_ms = trio.current_time() * 1000
                 records = await consumer.poll(timeout_ms=spec.max_wait_ms)
+                generation = -1
                 if spec.group is not None:
                     now_held = {tp.partition for tp in consumer.assignment()}
                     fresh = (fresh & now_held) | (now_held - held)
                     held = now_held
+                    generation = consumer.group_metadata().generation_id
                 by_partition: dict[int, list[list[Any]]] = {}
                 for record in records:
                     value = None if record.value is None else record.value.decode("utf-8", "replace")
@@ -238,7 +240,8 @@ class ClientConsumerProcess(_ClientProcess):
                         self.positions[partition] = by_partition[partition][0][0]
                         assigned = partition in fresh  # read from the group's committed offset
                         fresh.discard(partition)
-                    self._record(partition, by_partition[partition], invoke_ms, assigned)
+                    owned = generation if partition in held else -1
+                    self._record(partition, by_partition[partition], invoke_ms, assigned, owned)
                 if spec.group is not None and by_partition:
                     await self._commit(consumer, {p: self.positions[p] for p in by_partition})
 
@@ -259,7 +262,7 @@ class ClientConsumerProcess(_ClientProcess):
             self.history.complete(invocation, *outcome)
 
     def _record(self, partition: int, records: list[list[Any]], invoke_ms: float,
-                assigned: bool | None = None) -> None:
+                assigned: bool | None = None, generation: int = -1) -> None:
         expected = self.positions[partition]
         first = records[0][0]
         if first < expected:
@@ -275,6 +278,8 @@ class ClientConsumerProcess(_ClientProcess):
         }
         if assigned:  # the first records of a partition the group just gave this member
             value.update(group=self.spec.group, assigned=True)
+        if generation >= 0:  # a group member's read of a partition it owns in that generation
+            value.update(group=self.spec.group, generation=generation)
         _, done = self.history.record(self.name, "poll", value, invoke_ms=invoke_ms)
         self.positions[partition] = end
         if self.observer is not None:

@@ -25,7 +25,8 @@ monitor is the run without it. Three invariants of docs/invariants.md:
   its predecessor's high watermark (it learns the rest from its followers), as in Kafka;
   that the data below stays is ``replication_replicas_agree``'s to judge.
 
-Sampling misses what lasts less than ``sample_ms``; the checkers are as strong as the
+At the end of the run ``check_led`` adds a ``liveness`` judgement: every partition some serving
+node replicates has a serving leader. Sampling misses what lasts less than ``sample_ms``; the checkers are as strong as the
 samples, and the final sample is taken after the run has settled.
 """
 
@@ -100,6 +101,23 @@ class ReplicationMonitor:
                     continue
                 limit = min(view.high_watermark, plog.durable_offset)
                 self._compare(name, key, plog, limit)
+
+    def check_led(self) -> None:
+        """``liveness``, at the end of the run: every partition some node replicates is led by
+        a serving node (after the quiet period nothing may stay offline)."""
+        replicated: set[Key] = set()
+        led: set[Key] = set()
+        for host in self._world.nodes.values():
+            broker = host.broker
+            if not host.up or broker is None or broker.state != BrokerState.SERVING \
+                    or broker.cluster is None or broker.cluster.replicas is None:
+                continue
+            for key, view in broker.cluster.replicas.views().items():
+                replicated.add(key)
+                if view.leading:
+                    led.add(key)
+        for key in sorted(replicated - led):
+            self._report("liveness", f"{_name(key)} has no serving leader at the end of the run")
 
     # -- the three invariants ----------------------------------------------------------------
 

@@ -77,6 +77,7 @@ INVARIANTS = (
     "batches_intact",
     "group_offsets_within_log",
     "group_commits_durable",
+    "group_once_per_generation",
     "transactions_atomic",
     "node_stops_after_fsync_failure",
     "storage_invariants",

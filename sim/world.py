@@ -499,6 +499,7 @@ class World:
                 host.check_storage()
             if self.replication_monitor is not None:
                 self.replication_monitor.sample()
+                self.replication_monitor.check_led()
             end_ms = trio.current_time() * 1000
             nursery.cancel_scope.cancel()
         if self.guard.report is not None:

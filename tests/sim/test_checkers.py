@@ -175,3 +175,16 @@ async def test_online_violations_pass_through(autojump_clock: trio.testing.MockC
     found = check(SCENARIO, history, _facts(_final(BASE_LOG), online=online))
     assert {v.invariant for v in found} == {"node_stops_after_fsync_failure"}
     assert len(found) == 6  # five examples and a count of the rest
+
+
+async def test_two_members_reading_one_partition_in_one_generation(
+        autojump_clock: trio.testing.MockClock) -> None:
+    from sim.checkers import _once_per_generation
+    history = History(Trace())
+    for process, generation in (("c1", 3), ("c1", 4), ("c2", 4), ("c2", 5)):
+        history.record(process, "poll", {"topic": "t", "partition": 0, "from": 0, "to": 1,
+                                         "records": [[0, "a"]], "control": [], "group": "g",
+                                         "generation": generation})
+    found = _once_per_generation(history)
+    assert [v.invariant for v in found] == ["group_once_per_generation"]
+    assert "generation 4" in found[0].message

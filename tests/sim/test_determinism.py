@@ -126,3 +126,47 @@ def test_jobs_run_seeds_in_workers_with_the_same_traces(tmp_path: pathlib.Path) 
     refused = _cli([str(path), "--seeds", "1..2", "--jobs", "2", "--check-determinism"], "4",
                    tmp_path)
     assert refused.returncode == 2
+
+
+CLUSTER_TOML = b"""
+[run]
+duration = "14s"
+quiet_period = "6s"
+[nodes]
+count = 3
+cluster = true
+sync_policy = "always"
+[workload]
+topics = [{ name = "t", partitions = 2, replication_factor = 3, min_insync_replicas = 2 }]
+producers = [{ count = 1, client = "rivven", rate = 20, acks = "all" }]
+consumers = [{ count = 1, client = "rivven", max_wait = "300ms" }]
+[[faults]]
+at = "3s"
+kind = "crash"
+node = "leader:t/0"
+restart_after = "1s"
+[nemesis]
+interval = { min = "1s", max = "3s" }
+fault_for = { min = "200ms", max = "1s" }
+weights = { crash = 1, partition = 1, reset = 1 }
+[checks]
+liveness_within = "6s"
+disabled = ["membership_detects_crashes", "membership_no_false_dead"]
+"""
+
+
+@pytest.mark.slow
+def test_a_cluster_run_is_the_same_under_hash_seeds_and_jobs(tmp_path: pathlib.Path) -> None:
+    """A replicating cluster (membership, controller, replication, the replication monitor,
+    role-resolved faults): the same digests under two ``PYTHONHASHSEED`` values, with
+    ``--jobs 1`` and ``--jobs 2``."""
+    path = tmp_path / "cluster.toml"
+    path.write_bytes(CLUSTER_TOML)
+    runs = [(["--seeds", "1..2"], "1"), (["--seeds", "1..2", "--jobs", "2"], "2")]
+    printed = []
+    for args, hash_seed in runs:
+        done = _cli([str(path), *args], hash_seed, tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        printed.append(re.findall(r"seed (\d+) ok \(trace ([0-9a-f]{16})", done.stdout))
+    assert printed[0] == printed[1] and len(printed[0]) == 2
+    assert printed[0][0][1] != printed[0][1][1]

@@ -84,3 +84,23 @@ def test_the_comparison_judges_only_below_the_committed_view() -> None:
     backwards = _Log([(0, 4, 3, 0xF), (5, 4, 2, 0xB)])
     monitor._compare("n4", ("u", 0), backwards, 10)
     assert world.reported[-1] == "replication_epochs_grow"
+
+
+def test_a_partition_nobody_leads_at_the_end_is_a_liveness_failure() -> None:
+    from types import SimpleNamespace
+
+    from rivven_broker.server.broker import BrokerState
+    from rivven_broker.server.cluster.replica_manager import ReplicaView
+
+    def host(views: dict) -> SimpleNamespace:
+        replicas = SimpleNamespace(views=lambda: views)
+        broker = SimpleNamespace(state=BrokerState.SERVING, cluster=SimpleNamespace(replicas=replicas))
+        return SimpleNamespace(up=True, broker=broker)
+
+    world = _World()
+    world.nodes = {
+        "n1": host({("t", 0): ReplicaView(True, 1, 3, 10), ("t", 1): ReplicaView(False, 3, 2, 5)}),
+        "n2": host({("t", 0): ReplicaView(False, 1, 3, 10), ("t", 1): ReplicaView(False, 3, 2, 5)}),
+    }
+    ReplicationMonitor(world).check_led()
+    assert world.reported == ["liveness"]  # t/1's leader n3 is not serving
