@@ -345,12 +345,17 @@ class NodeHost:
 
 
 def _is_disk_failure(exc: BaseException) -> bool:
-    """A fail-stop on a disk error: acceptable when the simulator injected one."""
-    while isinstance(exc, (SyncFailedError, LogFailedError)) and exc.__cause__ is not None:
-        exc = exc.__cause__
-    if isinstance(exc, (SyncFailedError, LogFailedError)):
-        return True
-    return isinstance(exc, OSError) and exc.errno in (errno.EIO, errno.ENOSPC)
+    """A fail-stop on a disk error: acceptable when the simulator injected one. Any link of
+    the cause chain may say so (a ``SyncFailedError`` raised over a ``StorageError`` over the
+    injected ``OSError``)."""
+    link: BaseException | None = exc
+    while link is not None:
+        if isinstance(link, (SyncFailedError, LogFailedError)):
+            return True
+        if isinstance(link, OSError) and link.errno in (errno.EIO, errno.ENOSPC):
+            return True
+        link = link.__cause__
+    return False
 
 
 def _describe_failure(failure: BaseException, frames: int = 6) -> str:

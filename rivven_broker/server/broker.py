@@ -82,7 +82,7 @@ from rivven_broker.server.producer_state_driver import ProducerStates
 from rivven_broker.server.request_budget import RequestBudget
 from rivven_broker.server.scrubber import Scrubber
 from rivven_broker.server.txn_driver import TxnDriver
-from rivven_broker.storage.errors import StorageError, SyncFailedError
+from rivven_broker.storage.errors import StorageError, SyncFailedError, stop_on_io_error
 from rivven_broker.storage.handle_cache import BoundedHandles
 from rivven_broker.storage.log_manager import LogManager
 from rivven_broker.storage.sync_worker import SyncPolicy, SyncWorker
@@ -450,6 +450,7 @@ class Broker:
                     except SyncFailedError:
                         raise
                     except (StorageError, OSError) as exc:  # that partition's requests say so
+                        stop_on_io_error(exc, f"retention of {topic}-{partition}")
                         log.error("retention of %s-%d failed: %s", topic, partition, exc)
                         continue
                     if deleted:

@@ -11,6 +11,8 @@ errors with ``exc.code`` instead of a table of ``isinstance`` checks. Programmer
 
 from __future__ import annotations
 
+import errno
+
 from rivven_broker.protocol.errors import ErrorCode
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "InvalidReplicationFactorError",
     "UnknownTopicOrPartitionError",
     "SyncFailedError",
+    "stop_on_io_error",
     "OffsetOutOfRangeError",
     "RecordTooLargeError",
     "CorruptLogError",
@@ -110,6 +113,20 @@ class SyncFailedError(StorageError):
     """
 
     code = ErrorCode.KAFKA_STORAGE_ERROR
+
+
+def stop_on_io_error(exc: BaseException, what: str) -> None:
+    """For code that may skip a failed disk operation and try it again later (a checkpoint,
+    a topic's directory): raises ``SyncFailedError`` — the node stops — when ``exc`` is, or
+    was caused by, an I/O error (``EIO``, ``EROFS``: what a failed fsync reports, after
+    which nothing written may be trusted and an fsync must never be retried); returns for
+    anything else (a full disk, a missing file, an error that is not I/O), which the caller
+    reports and may retry."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__
+    if isinstance(cause, OSError) and cause.errno in (errno.EIO, errno.EROFS):
+        raise SyncFailedError(f"{what}: {cause}") from exc
 
 
 # --- the partition log (partition_log, segment, recovery) -------------------------------------

@@ -75,7 +75,7 @@ from rivven_broker.server.env import Env
 from rivven_broker.server.group_driver import is_internal_topic, offsets_topic_config
 from rivven_broker.server.local_control import LocalControl, clip
 from rivven_broker.server.local_topics import LocalTopics
-from rivven_broker.storage.errors import StorageError, TopicExistsError
+from rivven_broker.storage.errors import StorageError, TopicExistsError, stop_on_io_error
 from rivven_broker.storage.topic_config import TopicConfig
 from rivven_cluster.membership import KeyRing, Member, MemberState
 from rivven_cluster.metadata import (
@@ -425,6 +425,7 @@ class ClusterControl:
                 try:
                     await self._local.delete(name)
                 except (StorageError, OSError) as exc:
+                    stop_on_io_error(exc, f"deleting local topic {name}")
                     log.error("could not delete local topic %s: %s", name, exc)
         local = self._local.topics()
         for name, record in sorted(image.topics.items()):
@@ -441,6 +442,7 @@ class ClusterControl:
             except TopicExistsError:
                 pass
             except (StorageError, OSError) as exc:
+                stop_on_io_error(exc, f"applying the metadata of topic {name} locally")
                 log.error("could not apply the metadata of topic %s locally: %s", name, exc)
 
     # -- metadata ----------------------------------------------------------------------------

@@ -34,8 +34,9 @@ partitions that name this broker among their replicas:
 
 Every ``checkpoint_ms`` the high watermarks known here go to ``replication-offset.checkpoint``
 (``storage/high_watermarks.py``), so a broker that leads after a restart starts from its last
-high watermark instead of from zero. A full disk skips a round; any other failure (an fsync
-that failed) stops the broker, as every failed fsync does.
+high watermark instead of from zero. A full disk skips a round; an I/O error (a failed
+fsync) stops the broker, as every failed fsync does (``stop_on_io_error``; the epoch
+checkpoint of a new leadership likewise).
 
 Waits are bounded (a fetch long-polls at most ``fetch_wait_ms``; a link opens within
 ``connect_timeout_s`` and an answer comes within ``answer_timeout_s``), and a failed link is
@@ -45,7 +46,6 @@ is retried later; the fetcher goes on with the others.
 
 from __future__ import annotations
 
-import errno
 import logging
 from typing import Awaitable, Callable
 
@@ -64,6 +64,7 @@ from rivven_broker.storage.errors import (
     StorageError,
     SyncFailedError,
     UnknownTopicOrPartitionError,
+    stop_on_io_error,
 )
 from rivven_broker.storage.partition_log import PartitionLog
 from rivven_broker.storage.topic_config import TopicConfig
@@ -203,8 +204,7 @@ class ReplicaManager:
             try:
                 await self._env.run_sync(write_high_watermarks, self._env.disk, known)
             except OSError as exc:
-                if exc.errno != errno.ENOSPC:  # an fsync that failed: fail-stop, never retry
-                    raise SyncFailedError(f"the high-watermark checkpoint: {exc}") from exc
+                stop_on_io_error(exc, "the high-watermark checkpoint")
                 log.error("could not write the high-watermark checkpoint: %s", exc)
                 continue
             self._checkpointed = known
@@ -256,9 +256,7 @@ class ReplicaManager:
         try:
             plog.become_leader(epoch)
         except StorageError as exc:
-            cause = exc.__cause__
-            if not (isinstance(cause, OSError) and cause.errno == errno.ENOSPC):
-                raise SyncFailedError(f"{key[0]}-{key[1]}: the epoch checkpoint: {exc}") from exc
+            stop_on_io_error(exc, f"{key[0]}-{key[1]}: the epoch checkpoint")
             log.error("%s-%d: cannot lead epoch %d: %s", *key, epoch, exc)
             return
         state = LeaderState(
@@ -637,6 +635,7 @@ class ReplicaManager:
             except SyncFailedError:
                 raise
             except (StorageError, BatchError, OSError) as exc:
+                stop_on_io_error(exc, f"{key[0]}-{key[1]}: replicating from {leader}")
                 log.error("%s-%d: replicating from %d failed: %s", *key, leader, exc)
                 following.retry_at_ms = context.env.clock.monotonic_ms() + 1000
         if backoff and not appended:
