@@ -6,16 +6,19 @@ In a ``[nodes] cluster = true`` scenario every broker runs the real controller (
 the Env's clock, disk and streams). ``ControllerMonitor`` is the ``ControllerObserver`` of
 every incarnation of every node: it hears each command applied (node, Raft index, document,
 outcome) and each election won (node, term). The workload (``ControllerWorkload``) proposes
-commands through random serving nodes — topics created one after another and a config
-altered again and again, each a compare-and-set, proposed again after a crash or a timeout —
-and notes which were acknowledged. Four invariants of docs/invariants.md:
+commands through random serving nodes — topics created one after another, configs altered
+again and again, partitions added and topics deleted (admin calls during the faults; the
+brokers create, grow and delete the local logs), each a compare-and-set, proposed again
+after a crash or a timeout — and notes which were acknowledged. Four invariants of docs/invariants.md:
 
 - ``controller_one_leader_per_term``: no two nodes win an election in the same term;
 - ``controller_logs_agree``: every node that applies index *i* applies the same document with
   the same outcome (state-machine safety: a restarted node replaying its journal included);
 - ``controller_nothing_lost``: after the faults heal, every serving node applies up to the
   highest index any node ever applied, and every acknowledged command is in the final
-  metadata (a topic acknowledged created exists; an acknowledged config is at least as new);
+  metadata (a topic acknowledged created exists, unless a deletion of it was proposed; an
+  acknowledged config is at least as new; acknowledged partitions exist; a topic
+  acknowledged deleted is gone);
 - ``controller_applied_once``: no document takes effect (``APPLIED``) at two indexes — a
   command retried after a lost answer finds its change made and answers ``UNCHANGED``.
 """
@@ -29,7 +32,14 @@ from typing import Any
 import trio
 
 from rivven_broker.server.cluster.controller_host import ControllerUnavailable
-from rivven_cluster.metadata import AlterTopicConfigs, CreateTopic, Outcome, Status
+from rivven_cluster.metadata import (
+    AlterTopicConfigs,
+    CreatePartitions,
+    CreateTopic,
+    DeleteTopic,
+    Outcome,
+    Status,
+)
 from sim.checkers import Violation
 
 __all__ = ["ControllerMonitor", "ControllerWorkload", "CONTROLLER_INVARIANTS"]
@@ -100,7 +110,8 @@ class ControllerMonitor:
         return {name: control.image().applied_index
                 for name, control in self._members(world).items()}
 
-    def check(self, world: Any, acknowledged: list[Any]) -> list[Violation]:
+    def check(self, world: Any, acknowledged: list[Any],
+              proposed: list[Any] = ()) -> list[Violation]:
         violations = list(self.violations)
         behind = {name: index for name, index in self._applied(world).items()
                   if index < self.highest}
@@ -110,8 +121,9 @@ class ControllerMonitor:
                 f"after the faults healed, nodes stayed behind index {self.highest}: {behind}"))
         for name, control in self._members(world).items():
             image = control.image()
+            deleting = {c.name for c in proposed if isinstance(c, DeleteTopic)}
             for command in acknowledged:
-                lost = _lost(image, command)
+                lost = _lost(image, command, deleting)
                 if lost:
                     violations.append(Violation("controller_nothing_lost", f"{name}: {lost}"))
                     break
@@ -123,8 +135,20 @@ class ControllerMonitor:
         return violations
 
 
-def _lost(image: Any, command: Any) -> str | None:
-    if isinstance(command, CreateTopic):
+def _lost(image: Any, command: Any, deleting: set[str]) -> str | None:
+    if isinstance(command, DeleteTopic):
+        topic = image.topic(command.name)
+        if topic is not None and topic.topic_id == command.topic_id:
+            return f"acknowledged deletion of {command.name} did not happen"
+        return None
+    if command.name in deleting:  # a deletion was proposed: it may have happened
+        return None
+    if isinstance(command, CreatePartitions):
+        topic = image.topic(command.name)
+        wanted = command.expected_count + len(command.assignment)
+        if topic is None or len(topic.partitions) < wanted:
+            return f"acknowledged partitions of {command.name} (to {wanted}) are gone"
+    elif isinstance(command, CreateTopic):
         topic = image.topic(command.name)
         if topic is None or topic.topic_id != command.topic_id:
             return f"acknowledged topic {command.name} is gone"
@@ -144,6 +168,8 @@ class ControllerWorkload:
         self._rng = rng
         self._interval_s = interval_s
         self.acknowledged: list[Any] = []
+        #: every command proposed, acknowledged or not
+        self.commands: list[Any] = []
         self.proposed = 0
         self.unknown = 0
 
@@ -160,7 +186,8 @@ class ControllerWorkload:
                 continue
             control = self._rng.choice(serving)
             image = control.image()
-            if topics < 3 or self._rng.random() < 0.3:
+            draw = self._rng.random()
+            if topics < 3 or draw < 0.3:
                 live = sorted(b for b, r in image.brokers.items() if not r.fenced)
                 if not live:
                     continue
@@ -173,13 +200,22 @@ class ControllerWorkload:
                 topic = image.topic(name)
                 if topic is None:
                     continue
-                command = AlterTopicConfigs(name, topic.topic_id, topic.config_version,
-                                            {"retention.ms": str(60_000 + topic.config_version)})
+                live = sorted(b for b, r in image.brokers.items() if not r.fenced)
+                if draw < 0.45 and live and len(topic.partitions) < 4:
+                    command = CreatePartitions(name, topic.topic_id, len(topic.partitions),
+                                               (tuple(self._rng.sample(live, min(len(live), 2))),))
+                elif draw < 0.55:
+                    command = DeleteTopic(name, topic.topic_id)
+                else:
+                    command = AlterTopicConfigs(
+                        name, topic.topic_id, topic.config_version,
+                        {"retention.ms": str(60_000 + topic.config_version)})
             await self._propose(control, command)
 
     async def _propose(self, control: Any, command: Any) -> None:
         """Propose until an outcome (through the same node: retries are the point)."""
         self.proposed += 1
+        self.commands.append(command)
         for _ in range(5):
             try:
                 outcome = await control.propose(command)

@@ -478,7 +478,8 @@ class World:
             if self.controller_monitor is not None and self.controller_workload is not None:
                 await self.controller_monitor.catch_up(self)
                 for violation in self.controller_monitor.check(
-                        self, self.controller_workload.acknowledged):
+                        self, self.controller_workload.acknowledged,
+                        self.controller_workload.commands):
                     self.online(violation)
             if scenario.checks.final_crash:
                 for host in self.nodes.values():

@@ -79,3 +79,20 @@ def test_the_run_does_not_depend_on_the_hash_seed():
         assert out.returncode == 0, out.stdout + out.stderr
         digests.add(out.stdout.split("trace ")[1].split(",")[0])
     assert len(digests) == 1
+
+
+def test_what_counts_as_lost_for_admin_commands():
+    from types import SimpleNamespace
+
+    from rivven_cluster.metadata import CreatePartitions, CreateTopic, DeleteTopic
+    from sim.controller_check import _lost
+
+    topics = {"a": SimpleNamespace(topic_id="A", partitions=[1, 2], config_version=0)}
+    image = SimpleNamespace(topic=topics.get)
+    assert _lost(image, DeleteTopic("a", "A"), set()) is not None  # acknowledged, still there
+    assert _lost(image, DeleteTopic("b", "B"), set()) is None
+    grown = CreatePartitions("a", "A", 2, ((1,),))
+    assert _lost(image, grown, set()) is not None  # 3 acknowledged, 2 left
+    assert _lost(image, grown, {"a"}) is None  # a deletion was proposed: anything goes
+    assert _lost(image, CreateTopic("b", "B", ((1,),)), set()) is not None
+    assert _lost(image, CreateTopic("b", "B", ((1,),)), {"b"}) is None
