@@ -38,8 +38,10 @@ it never carries on after one).
 
 from __future__ import annotations
 
+import datetime
 import fcntl
 import gc
+import json
 import logging
 import os
 import signal
@@ -66,12 +68,27 @@ __all__ = ["main"]
 log = logging.getLogger("rivven_broker")
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+class JsonLogFormatter(logging.Formatter):
+    """``--log-format json``: one JSON object per line, for log collectors."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        document = {
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
+            .isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            document["exception"] = self.formatException(record.exc_info)
+        return json.dumps(document)
+
+
+def _setup_logging(level: str, log_format: str = "text") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLogFormatter() if log_format == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, level), handlers=[handler])
 
 
 def _lock_data_dir(data_dir: str) -> int:
@@ -174,11 +191,11 @@ def main(argv: Sequence[str] | None = None) -> int:
               "invariants", file=sys.stderr)
         return 1
     try:
-        config = load_config(sys.argv[1:] if argv is None else argv)
+        config = load_config(sys.argv[1:] if argv is None else argv, environ=os.environ)
     except ConfigError as exc:
         print(f"rivven-broker: {exc}", file=sys.stderr)
         return 1
-    _setup_logging(config.log_level)
+    _setup_logging(config.log_level, config.log_format)
     try:
         key_ring = _cluster_key_ring(config)
     except KeyFileError as exc:

@@ -30,6 +30,7 @@ import sys
 import time
 from typing import Any, Callable, NoReturn, Sequence, TextIO
 
+from rivven_broker import __version__
 from rivven_broker.client import (
     Admin,
     ConnectionFailedError,
@@ -62,19 +63,49 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="rivven", description="Rivven command line (see docs/client.md).")
+def _add_global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """The options every command takes, before or after the command's name. Only the main
+    parser has defaults: a subcommand's copies stay unset unless given, so they never
+    overwrite a value given before the command."""
+    def default(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
     parser.add_argument(
         "--bootstrap",
-        default=os.environ.get("RIVVEN_BOOTSTRAP", "127.0.0.1:9092"),
+        default=default(os.environ.get("RIVVEN_BOOTSTRAP", "127.0.0.1:9092")),
         help="HOST:PORT[,HOST:PORT...] (default $RIVVEN_BOOTSTRAP or 127.0.0.1:9092)",
     )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    parser.add_argument("--timeout-ms", type=int, default=30_000, help="request timeout")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--json", action="store_true", default=default(False),
+                        help="print JSON instead of tables")
+    parser.add_argument("--timeout-ms", type=int, default=default(30_000),
+                        help="request timeout")
+
+
+class _Commands:
+    """``add_parser`` that gives every command the global options too."""
+
+    def __init__(self, subparsers: Any, common: argparse.ArgumentParser) -> None:
+        self._subparsers = subparsers
+        self._common = common
+
+    def add_parser(self, name: str, *, global_options: bool = True,
+                   **kwargs: Any) -> argparse.ArgumentParser:
+        parents = [self._common] if global_options else []
+        return self._subparsers.add_parser(name, parents=parents, **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="rivven", description="Rivven command line (see docs/client.md).")
+    parser.add_argument("--version", action="version", version=f"rivven {__version__}")
+    _add_global_options(parser, defaults=True)
+    common = argparse.ArgumentParser(add_help=False)
+    _add_global_options(common, defaults=False)
+    commands = _Commands(
+        parser.add_subparsers(dest="command", required=True, metavar="COMMAND"), common)
 
     topic = commands.add_parser("topic", help="create, list, describe, alter, delete topics")
-    topics = topic.add_subparsers(dest="action", required=True, metavar="ACTION")
+    topics = _Commands(topic.add_subparsers(dest="action", required=True, metavar="ACTION"),
+                       common)
     create = topics.add_parser("create", help="create a topic")
     create.add_argument("name")
     create.add_argument("--partitions", type=int, default=3)
@@ -114,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
                          choices=["read_uncommitted", "read_committed"])
 
     group = commands.add_parser("group", help="list, describe, delete, reset consumer groups")
-    groups = group.add_subparsers(dest="action", required=True, metavar="ACTION")
+    groups = _Commands(group.add_subparsers(dest="action", required=True, metavar="ACTION"),
+                       common)
     groups.add_parser("list", help="list consumer groups")
     groups.add_parser("describe", help="members, assignments, offsets and lag").add_argument(
         "group")
@@ -129,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="status: brokers and members as the bootstrap broker sees them; "
                          "keygen: print a new random key for --cluster-key-file")
     commands.add_parser("ping", help="round trip to a broker")
-    bench = commands.add_parser("bench", help="benchmarks (docs/performance.md)", add_help=False)
+    bench = commands.add_parser("bench", help="benchmarks (docs/performance.md)",
+                                add_help=False, global_options=False)
     bench.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 

@@ -464,6 +464,8 @@ class Broker:
         assert self.config.http is not None
         routes = {
             "/health": self._health,
+            "/livez": self._live,
+            "/readyz": self._health,
             "/metrics": self._metrics_page,
             "/": self._dashboard,
         }
@@ -491,9 +493,16 @@ class Broker:
             on_accept_failed=functools.partial(self._accept_failed, "http"),
         )
 
+    def _live(self) -> tuple[int, str, bytes]:
+        """``/livez``: 200 whenever the process answers HTTP — also while it recovers its logs
+        or stops — so a liveness probe never kills a broker that is slow to start."""
+        body = json_body({"status": self.state, "live": True, "node_id": self.config.node_id})
+        return 200, "application/json", body
+
     def _health(self) -> tuple[int, str, bytes]:
-        """200 once ready: serving and, in a cluster, caught up with the controller's log (its
-        commit index at start applied, local topics made to match)."""
+        """``/readyz`` and ``/health``: 200 once ready, serving and, in a cluster, caught up
+        with the controller's log (its commit index at start applied, local topics made to
+        match); 503 before (recovering its logs, say) and while stopping."""
         ready = self.state == BrokerState.SERVING and (self.cluster is None or self.cluster.ready)
         body = json_body({"status": self.state, "ready": ready, "node_id": self.config.node_id})
         return 200 if ready else 503, "application/json", body

@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, NoReturn, Sequence
 
 import attrs
 
+from rivven_broker import __version__
 from rivven_broker.protocol import limits
 from rivven_cluster.membership import MembershipConfig
 
@@ -92,6 +93,7 @@ class BrokerConfig:
     #: ``always`` | ``interval_ms=N`` | ``none`` (see storage.sync_worker.SyncPolicy).
     sync_policy: str = "always"
     log_level: str = "INFO"
+    log_format: str = "text"
     auto_create_topics: bool = True
     default_partitions: int = 3
     #: Replicas of auto-created topics (a clustered broker; capped by the live brokers).
@@ -177,7 +179,8 @@ class BrokerConfig:
 
 
 def _fail(flag: str, value: object, accepted: str) -> NoReturn:
-    raise ConfigError(f"--{flag}: {value!r} is not valid; expected {accepted}")
+    name = flag if flag.startswith("$") else f"--{flag}"  # a flag, or $RIVVEN_... variable
+    raise ConfigError(f"{name}: {value!r} is not valid; expected {accepted}")
 
 
 def _int_in(low: int, high: int) -> Callable[[str, object], int]:
@@ -363,6 +366,15 @@ def _log_level(flag: str, value: object) -> str:
     return value.upper()
 
 
+LOG_FORMATS = ("text", "json")
+
+
+def _log_format(flag: str, value: object) -> str:
+    if not isinstance(value, str) or value.lower() not in LOG_FORMATS:
+        _fail(flag, value, "text or json")
+    return value.lower()
+
+
 @attrs.frozen
 class _Option:
     field: str
@@ -382,7 +394,7 @@ _OPTIONS: tuple[_Option, ...] = (
     _Option("http", "HOST:PORT", _optional_host_port, "HTTP /health, /metrics, dashboard "
             "(default 127.0.0.1:9094; 'off' disables)"),
     _Option("peers", "ID@HOST:PORT,...", _peers, "the cluster addresses of the other members "
-            "(membership by SWIM; metadata and replication come in later releases)"),
+            "(their --cluster-listen; see docs/operations.md)"),
     _Option("rack", "NAME", _name, "rack of this broker, for replica placement"),
     _Option("cluster_listen", "HOST:PORT", _host_port, "cluster traffic (SWIM over UDP, Raft over TCP) "
             "(default: the listen host, client port + 1)"),
@@ -393,6 +405,8 @@ _OPTIONS: tuple[_Option, ...] = (
     _Option("sync_policy", "POLICY", _sync_policy, "always (default: fsync before ack), "
             "interval_ms=N, or none"),
     _Option("log_level", "LEVEL", _log_level, "DEBUG, INFO (default), WARNING, ERROR"),
+    _Option("log_format", "FORMAT", _log_format, "text (default) or json: one JSON object "
+            "per line (time, level, logger, message, exception)"),
     _Option("auto_create_topics", "BOOL", _bool, "create unknown topics on produce (default true)"),
     _Option("default_partitions", "N", _int_in(1, limits.partitions_per_topic_max),
             "partitions of auto-created topics (default 3)"),
@@ -471,8 +485,10 @@ def parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS,
         allow_abbrev=False,
     )
+    result.add_argument("--version", action="version", version=f"rivven-broker {__version__}")
     result.add_argument("--config", metavar="FILE.toml", help="read the [broker] table of this "
-                        "TOML file; flags win over it")
+                        "TOML file; flags and RIVVEN_ environment variables win over it "
+                        "(also $RIVVEN_CONFIG)")
     for option in _OPTIONS:
         result.add_argument(f"--{option.flag}", dest=option.field, metavar=option.metavar,
                             help=option.help)
@@ -513,28 +529,49 @@ def _file_layer(path: str, read_file: Callable[[str], bytes]) -> dict[str, objec
     return layer
 
 
-def load_config(
-    argv: Sequence[str], *, read_file: Callable[[str], bytes] = _read_file
-) -> BrokerConfig:
-    """Build the config from ``argv`` (without the program name) and the ``--config`` file.
+def environment_variable(field: str) -> str:
+    """The environment variable of a broker option: ``--node-id`` is ``RIVVEN_NODE_ID``."""
+    return "RIVVEN_" + field.upper()
 
-    Flags win over the file; the file wins over defaults. Blocks only to read the file.
+
+def _environment_layer(environ: Mapping[str, str]) -> dict[str, tuple[str, object]]:
+    """``field -> (name to report, raw value)`` of every ``RIVVEN_`` option variable set."""
+    return {option.field: (f"${environment_variable(option.field)}",
+                           environ[environment_variable(option.field)])
+            for option in _OPTIONS if environment_variable(option.field) in environ}
+
+
+def load_config(
+    argv: Sequence[str], *, read_file: Callable[[str], bytes] = _read_file,
+    environ: Mapping[str, str] | None = None,
+) -> BrokerConfig:
+    """Build the config from ``argv`` (without the program name), the ``RIVVEN_`` environment
+    variables (``environ``; default none) and the ``--config`` file.
+
+    Flags win over the environment, the environment over the file, the file over defaults.
+    Blocks only to read the file.
 
     Raises:
         ConfigError: an unknown flag or key, a malformed or out-of-range value, an unreadable
-            or invalid TOML file. The message names the flag and what it accepts.
+            or invalid TOML file. The message names the flag (or variable) and what it
+            accepts.
     """
+    environ = {} if environ is None else environ
     namespace = vars(parser().parse_args(list(argv)))
-    path = namespace.pop("config", None)
-    merged: dict[str, object] = _file_layer(path, read_file) if path is not None else {}
-    merged.update(namespace)
+    path = namespace.pop("config", None) or environ.get("RIVVEN_CONFIG") or None
+    layers: dict[str, tuple[str, object]] = {}
+    if path is not None:
+        for field, raw in _file_layer(path, read_file).items():
+            layers[field] = ("" if field in ("cluster", "controller") else
+                             _BY_KEY[field].flag, raw)
+    layers.update(_environment_layer(environ))
+    layers.update({field: (f"--{_BY_KEY[field].flag}", raw) for field, raw in namespace.items()})
     values = {}
-    for field, raw in merged.items():
+    for field, (name, raw) in layers.items():
         if field in ("cluster", "controller"):  # the tables, already checked
             values[field] = raw
             continue
-        option = _BY_KEY[field]
-        values[field] = option.convert(option.flag, raw)
+        values[field] = _BY_KEY[field].convert(name.removeprefix("--"), raw)
     return BrokerConfig(**values)
 
 

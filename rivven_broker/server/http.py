@@ -1,4 +1,5 @@
-"""The broker's HTTP side: ``/health``, ``/metrics`` and a small dashboard, with h11 on trio.
+"""The broker's HTTP side: ``/livez``, ``/readyz`` (and ``/health``), ``/metrics`` and a small
+dashboard, with h11 on trio.
 
 Theory of operation
 -------------------
@@ -232,7 +233,7 @@ td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}td:first-child{{t
 </style></head><body>
 <h1>Rivven broker {node_id}</h1>
 <p>State: <b>{esc(state)}</b> &middot; connections: {connections} &middot; topics: {len(topics)}
-&middot; <a href="/metrics">metrics</a> &middot; <a href="/health">health</a></p>
+&middot; <a href="/metrics">metrics</a> &middot; <a href="/readyz">ready</a></p>
 <h2>Partitions</h2>
 <table><tr><th>topic</th><th>partition</th><th>log start</th><th>high watermark</th>
 <th>log end</th><th>bytes</th></tr>

@@ -290,11 +290,14 @@ def broker_process(tmp_path: pathlib.Path) -> Iterator[Callable[..., BrokerProce
         data_dir: pathlib.Path | None = None,
         nofile: tuple[int, int] | None = None,
         stderr: Any = None,
+        env: dict[str, str] | None = None,
+        defaults: bool = True,
     ) -> BrokerProcess:
         directory = data_dir or tmp_path / f"process-data-{len(processes)}"
-        command = [
-            *_broker_command(), "--data-dir", str(directory), "--listen", "127.0.0.1:0",
-            "--http", "127.0.0.1:0", "--log-level", "WARNING", *flags,
+        command = [  # (defaults=False: only ``flags``, the rest from ``env``, say)
+            *_broker_command(), *(("--data-dir", str(directory), "--listen", "127.0.0.1:0",
+                                   "--http", "127.0.0.1:0", "--log-level", "WARNING")
+                                  if defaults else ()), *flags,
         ]
 
         def limit_descriptors() -> None:  # in the child, before exec
@@ -302,7 +305,8 @@ def broker_process(tmp_path: pathlib.Path) -> Iterator[Callable[..., BrokerProce
                 resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
 
         popen = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr,
-                                 preexec_fn=limit_descriptors if nofile else None)
+                                 preexec_fn=limit_descriptors if nofile else None,
+                                 env=None if env is None else {**os.environ, **env})
         try:
             line = _read_ready_line(popen)
         except BaseException:

@@ -1,10 +1,10 @@
-"""The HTTP side of the broker: /health, /metrics, the dashboard, and status codes.
+"""The HTTP side of the broker: /livez, /readyz, /health, /metrics, the dashboard, codes.
 
 Method: an in-process broker on loopback; requests made with the standard library's HTTP
 client (``urllib``) on a worker thread, so the broker's h11 server meets a real, independent
 client. /health is checked while serving (200), while stopping with a request still in flight
 (503) and while starting (503: an ``Env`` whose ``run_sync`` holds log recovery back until the
-test has looked).
+test has looked), when /livez already answers 200.
 """
 
 from __future__ import annotations
@@ -139,11 +139,19 @@ async def wait_for_health(http_port: int, wanted: int) -> bytes:
 
 
 async def test_health_is_503_while_starting(nursery, tmp_path):
+    """A broker recovering its logs is live (a liveness probe must not kill it) and not
+    ready (no traffic yet): /livez 200, /readyz and /health 503, then all 200."""
     env, broker, http_port = await start_held(nursery, tmp_path, hold_recovery=True)
     body = await wait_for_health(http_port, 503)  # recovery is held: still starting
     assert json.loads(body)["status"] == "starting"
+    status, _, body = await get(http_port, "/livez")
+    assert status == 200 and json.loads(body) == {"status": "starting", "live": True,
+                                                  "node_id": 1}
+    assert (await get(http_port, "/readyz"))[0] == 503
     env.hold.set()
     await wait_for_health(http_port, 200)
+    assert (await get(http_port, "/readyz"))[0] == 200
+    assert (await get(http_port, "/livez"))[0] == 200
     broker.request_shutdown()
     await broker.wait_stopped()
 

@@ -153,6 +153,35 @@ def test_health_answers_on_the_real_process(broker_process):
     assert process.terminate() == 0
 
 
+def test_environment_variables_configure_the_process_and_logs_can_be_json(
+        broker_process, tmp_path):
+    """Every setting from RIVVEN_ variables (a flag still wins), one JSON object per log
+    line with --log-format json, /livez and /readyz on the real process, --version."""
+    import subprocess
+
+    from tests.integration.conftest import _broker_command
+
+    process = broker_process(
+        "--node-id", "5", defaults=False, stderr=subprocess.PIPE,
+        env={"RIVVEN_DATA_DIR": str(tmp_path / "from-env"), "RIVVEN_LISTEN": "127.0.0.1:0",
+             "RIVVEN_HTTP": "127.0.0.1:0", "RIVVEN_LOG_FORMAT": "json",
+             "RIVVEN_LOG_LEVEL": "INFO", "RIVVEN_NODE_ID": "4"})
+    assert (tmp_path / "from-env").is_dir()
+    for path in ("/livez", "/readyz"):
+        with urllib.request.urlopen(f"http://127.0.0.1:{process.http_port}{path}",
+                                    timeout=10) as page:
+            assert page.status == 200
+            assert json.loads(page.read())["node_id"] == 5  # the flag won
+    assert process.terminate() == 0
+    lines = process.popen.stderr.read().decode().splitlines()
+    documents = [json.loads(line) for line in lines if line.strip()]
+    assert documents and {"time", "level", "logger", "message"} <= set(documents[0])
+    assert any(d["level"] == "INFO" for d in documents)
+    version = subprocess.run([*_broker_command(), "--version"], capture_output=True,
+                             text=True, timeout=60)
+    assert version.returncode == 0 and version.stdout.startswith("rivven-broker ")
+
+
 def test_peers_without_a_quorum_serve_but_are_not_ready(broker_process, connect_blocking, capfd):
     """--peers on loopback without a key file: the development key, loudly. The peers are not
     up, so there is no controller quorum: the broker serves, keeps trying, lists no registered

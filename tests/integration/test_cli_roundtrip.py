@@ -116,3 +116,17 @@ def test_exit_codes_of_the_executable(proc):
     result = run("--bootstrap", proc.address, "topic", "frobnicate")
     assert result.returncode == 1 and b"usage" in result.stderr
     assert run("--help").returncode == 0
+
+
+def test_global_options_after_the_command_and_the_version(proc):
+    """`rivven topic list --json` as rpk and kafka-topics users type it: --json, --bootstrap
+    and --timeout-ms are accepted before or after the command (after wins); --version."""
+    created = run("topic", "create", "late", "--partitions", "1", "--bootstrap", proc.address,
+                  "--json")
+    assert created.returncode == 0 and json.loads(created.stdout)["created"] is True
+    listed = run("--bootstrap", "127.0.0.1:1", "topic", "list", "--json",
+                 "--bootstrap", proc.address, "--timeout-ms", "5000")
+    assert listed.returncode == 0, listed.stderr
+    assert [t["name"] for t in json.loads(listed.stdout)["topics"]] == ["late"]
+    version = run("--version")
+    assert version.returncode == 0 and version.stdout.decode().startswith("rivven ")

@@ -15,7 +15,9 @@ from rivven_broker.server.config import (
     HostPort,
     Peer,
     config_as_dict,
+    environment_variable,
     load_config,
+    parser,
 )
 
 
@@ -80,6 +82,38 @@ def test_the_file_sets_values_and_flags_win_over_it():
     assert config.default_partitions == 6
     assert config.idle_timeout_ms == 5000
     assert [peer.node_id for peer in config.peers] == [2, 3]
+
+
+def test_environment_variables_sit_between_the_file_and_the_flags():
+    text = """
+    [broker]
+    node-id = 4
+    data_dir = "/srv/rivven"
+    sync-policy = "none"
+    """
+    environ = {"RIVVEN_NODE_ID": "7", "RIVVEN_SYNC_POLICY": "interval_ms=5",
+               "RIVVEN_LOG_FORMAT": "JSON", "RIVVEN_BOOTSTRAP": "not a broker option"}
+    config = load_config(["--config", "broker.toml", "--sync-policy", "always"],
+                         read_file=_reader(text), environ=environ)
+    assert config.node_id == 7  # the environment wins over the file
+    assert config.sync_policy == "always"  # the flag wins over the environment
+    assert config.data_dir == "/srv/rivven"  # from the file
+    assert config.log_format == "json"
+    from_env_file = load_config([], read_file=_reader(text),
+                                environ={"RIVVEN_CONFIG": "broker.toml"})
+    assert from_env_file.node_id == 4
+    with pytest.raises(ConfigError, match=r"\$RIVVEN_NODE_ID: 'x' is not valid"):
+        load_config([], environ={"RIVVEN_NODE_ID": "x"})
+    assert environment_variable("replica_lag_time_max_ms") == "RIVVEN_REPLICA_LAG_TIME_MAX_MS"
+
+
+def test_every_option_has_its_variable_in_the_operations_table():
+    import pathlib
+    table = (pathlib.Path(__file__).resolve().parents[3] / "docs" / "operations.md").read_text()
+    for option in parser()._actions:
+        if option.dest in ("help", "version", "config"):
+            continue
+        assert f"`{environment_variable(option.dest)}`" in table, option.dest
 
 
 def test_http_off_disables_the_http_server():
