@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import datetime
 import importlib
 import json
 import os
@@ -151,10 +152,20 @@ def build_parser() -> argparse.ArgumentParser:
     groups.add_parser("describe", help="members, assignments, offsets and lag").add_argument(
         "group")
     groups.add_parser("delete", help="delete a group without members").add_argument("group")
-    reset = groups.add_parser("reset-offsets", help="move a stopped group's committed offsets")
+    reset = groups.add_parser(
+        "reset-offsets", help="plan (and with --execute, apply) new committed offsets for a "
+        "stopped group")
     reset.add_argument("group")
     reset.add_argument("--topic", required=True)
-    reset.add_argument("--to", required=True, metavar="earliest|latest|OFFSET|timestamp=MS")
+    where = reset.add_mutually_exclusive_group(required=True)
+    where.add_argument("--to", metavar="earliest|latest|OFFSET|timestamp=MS")
+    where.add_argument("--shift-by", type=int, metavar="N",
+                       help="N from the committed offset (negative: back), within the log")
+    where.add_argument("--to-datetime", metavar="ISO-8601",
+                       help="the first offset at or after this time, e.g. "
+                       "2026-11-27T10:00:00Z (no zone: UTC)")
+    reset.add_argument("--execute", action="store_true",
+                       help="apply the plan (without it: print the plan only)")
 
     cluster = commands.add_parser("cluster", help="cluster status; a new cluster key")
     cluster.add_argument("action", choices=["status", "keygen"],
@@ -470,14 +481,51 @@ def cmd_group(args: argparse.Namespace, out: Output) -> int:
             admin.delete_group(args.group)
             out.document({"group": args.group, "deleted": True},
                          lambda o: o.write(f"deleted group {args.group}\n"))
-        else:  # reset-offsets
-            offsets = admin.reset_offsets(args.group, args.topic, args.to)
-            doc = {"group": args.group, "topic": args.topic,
-                   "offsets": {str(tp.partition): o for tp, o in sorted(offsets.items())}}
-            out.document(doc, lambda o: _table(
-                o, ["TOPIC", "PARTITION", "NEW OFFSET"],
-                [(tp.topic, tp.partition, offset) for tp, offset in sorted(offsets.items())]))
+        else:
+            _reset_offsets(admin, args, out)
     return EXIT_OK
+
+
+def _reset_target(args: argparse.Namespace) -> str:
+    if args.shift_by is not None:
+        return f"shift={args.shift_by}"
+    if args.to_datetime is not None:
+        text = args.to_datetime.strip()
+        try:
+            moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise UsageError(f"--to-datetime: {text!r} is not an ISO-8601 time, e.g. "
+                             "2026-11-27T10:00:00Z") from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=datetime.timezone.utc)
+        return f"timestamp={int(moment.timestamp() * 1000)}"
+    return args.to
+
+
+def _reset_offsets(admin: Admin, args: argparse.Namespace, out: Output) -> None:
+    """``group reset-offsets``: a dry run printing the plan unless ``--execute``, as Kafka's
+    kafka-consumer-groups.sh."""
+    target = _reset_target(args)
+    plan = admin.reset_offsets(args.group, args.topic, target, dry_run=True)
+    try:
+        current = {TopicPartition(p.topic, p.partition): p.committed_offset
+                   for p in admin.describe_group(args.group).partitions}
+    except RivvenError:
+        current = {}
+    if args.execute:
+        plan = admin.reset_offsets(args.group, args.topic, target)
+    rows = [(tp.topic, tp.partition, current.get(tp), offset)
+            for tp, offset in sorted(plan.items())]
+    doc = {"group": args.group, "topic": args.topic, "executed": args.execute,
+           "offsets": {str(tp.partition): o for tp, o in sorted(plan.items())},
+           "current": {str(tp.partition): current.get(tp) for tp in sorted(plan)}}
+
+    def human(o: TextIO) -> None:
+        _table(o, ["TOPIC", "PARTITION", "CURRENT", "NEW OFFSET"], rows)
+        if not args.execute:
+            o.write("dry run: nothing changed; add --execute to apply\n")
+
+    out.document(doc, human)
 
 
 def _describe_group(description: Any, out: Output) -> None:

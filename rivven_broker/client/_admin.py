@@ -28,6 +28,7 @@ from rivven_broker.client.group_admin import (
     group_members,
     merged_listings,
     parse_reset_target,
+    plan_reset,
 )
 from rivven_broker.client.group_core import committed_offsets
 from rivven_broker.client.requests import (
@@ -296,11 +297,13 @@ class Admin:
         answer = self._coordinator_call(group_id, m.DeleteGroup(group_id))
         raise_for(answer.error_code, None, f"delete group {group_id!r}")
 
-    def reset_offsets(self, group_id: str, topic: str, to: Any) -> dict[TopicPartition, int]:
+    def reset_offsets(self, group_id: str, topic: str, to: Any, *,
+                      dry_run: bool = False) -> dict[TopicPartition, int]:
         """Move the committed offsets of ``group_id`` in every partition of ``topic`` to
-        ``to``: "earliest", "latest", an offset, or "timestamp=MS" (the first offset at or
-        after it; the log end when there is none). The group must have no members.
-        Returns the new offsets.
+        ``to``: "earliest", "latest", an offset, "timestamp=MS" (the first offset at or
+        after it; the log end when there is none) or "shift=N" (N from the committed offset,
+        the earliest when there is none, kept within the log). The group must have no
+        members. Returns the new offsets; with ``dry_run`` only computes them.
 
         Raises:
             BrokerError: NON_EMPTY_GROUP (stop the consumers first), UNKNOWN_TOPIC_OR_PARTITION,
@@ -319,15 +322,16 @@ class Admin:
             raise error_for(ErrorCode.NON_EMPTY_GROUP,
                             f"group {group_id!r} has {len(members)} members; stop them first")
         tps = self._partitions(topic)
-        spec = target.list_offsets_spec
-        if spec is None:
-            offsets = {tp: target.value for tp in tps}
-        else:
-            found = self.list_offsets({tp: spec for tp in tps})
-            latest = self.list_offsets({tp: -1 for tp in tps}) if target.kind == "timestamp" else {}
-            offsets = {
-                tp: found[tp].offset if found[tp].offset >= 0 else latest[tp].offset for tp in tps
-            }
+        earliest = {tp: o.offset for tp, o in self.list_offsets({tp: -2 for tp in tps}).items()}
+        latest = {tp: o.offset for tp, o in self.list_offsets({tp: -1 for tp in tps}).items()}
+        at_timestamp = {}
+        if target.kind == "timestamp":
+            at_timestamp = {tp: o.offset for tp, o in
+                            self.list_offsets({tp: target.value for tp in tps}).items()}
+        committed = self._committed(group_id) if target.kind == "shift" else {}
+        offsets = plan_reset(target, tps, committed, earliest, latest, at_timestamp)
+        if dry_run:
+            return offsets
         commit = m.OffsetCommit(group_id, topics=(m.OffsetCommitTopic(topic, tuple(
             m.OffsetCommitPartition(tp.partition, offset) for tp, offset in sorted(offsets.items())
         )),))

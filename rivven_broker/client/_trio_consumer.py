@@ -84,6 +84,7 @@ from rivven_broker.client.group_admin import (
     group_members,
     merged_listings,
     parse_reset_target,
+    plan_reset,
 )
 from rivven_broker.client.group_core import committed_offsets
 from rivven_broker.protocol import messages as m
@@ -620,7 +621,8 @@ class TrioAdmin:
         answer = await self._coordinator_call(group_id, m.DeleteGroup(group_id))
         raise_for(answer.error_code, None, f"delete group {group_id!r}")
 
-    async def reset_offsets(self, group_id: str, topic: str, to: Any) -> dict[TopicPartition, int]:
+    async def reset_offsets(self, group_id: str, topic: str, to: Any, *,
+                            dry_run: bool = False) -> dict[TopicPartition, int]:
         """As the blocking ``Admin.reset_offsets``."""
         target = parse_reset_target(to)
         describe = await self._coordinator_call(group_id, m.DescribeGroup(group_id))
@@ -632,14 +634,21 @@ class TrioAdmin:
         (entry,) = [t for t in metadata.topics if t.name == topic]
         raise_for(entry.error_code, None, f"topic {topic!r}")
         tps = [TopicPartition(topic, p.partition) for p in entry.partitions]
-        spec = target.list_offsets_spec
-        if spec is None:
-            offsets = {tp: target.value for tp in tps}
-        else:
+
+        async def offsets_at(spec: int) -> dict[TopicPartition, int]:
             found = await self.list_offsets({tp: spec for tp in tps})
-            latest = await self.list_offsets({tp: -1 for tp in tps})
-            offsets = {tp: found[tp].offset if found[tp].offset >= 0 else latest[tp].offset
-                       for tp in tps}
+            return {tp: o.offset for tp, o in found.items()}
+
+        earliest, latest = await offsets_at(-2), await offsets_at(-1)
+        at_timestamp = await offsets_at(target.value) if target.kind == "timestamp" else {}
+        committed = {}
+        if target.kind == "shift":
+            answer = await self._coordinator_call(
+                group_id, m.OffsetFetch(group_id, all_topics=True))
+            committed = committed_offsets(answer)
+        offsets = plan_reset(target, tps, committed, earliest, latest, at_timestamp)
+        if dry_run:
+            return offsets
         parts = tuple(m.OffsetCommitPartition(tp.partition, o) for tp, o in sorted(offsets.items()))
         answer = await self._coordinator_call(
             group_id, m.OffsetCommit(group_id, topics=(m.OffsetCommitTopic(topic, parts),))

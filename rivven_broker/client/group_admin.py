@@ -199,20 +199,16 @@ def partitions_of(members: Iterable[GroupMemberInfo]) -> set[TopicPartition]:
 
 
 class ResetTarget(NamedTuple):
-    """Where ``reset_offsets`` moves a group: ``kind`` is earliest, latest, offset or
-    timestamp; ``value`` the offset or the timestamp in ms."""
+    """Where ``reset_offsets`` moves a group: ``kind`` is earliest, latest, offset, timestamp
+    or shift; ``value`` the offset, the timestamp in ms, or the shift (may be negative)."""
 
     kind: str
     value: int = 0
 
-    @property
-    def list_offsets_spec(self) -> int | None:
-        """The ListOffsets timestamp to resolve it (None: an explicit offset)."""
-        return {"earliest": -2, "latest": -1, "timestamp": self.value}.get(self.kind)
-
 
 def parse_reset_target(to: Any) -> ResetTarget:
-    """``"earliest"``, ``"latest"``, an offset (int or digits) or ``"timestamp=MS"``.
+    """``"earliest"``, ``"latest"``, an offset (int or digits), ``"timestamp=MS"`` or
+    ``"shift=N"`` (N may be negative).
 
     Raises:
         ValueError: anything else.
@@ -227,9 +223,34 @@ def parse_reset_target(to: Any) -> ResetTarget:
             return ResetTarget(text)
         if text.isdigit():
             return ResetTarget("offset", int(text))
-        if text.startswith("timestamp="):
-            value = text.partition("=")[2]
-            if value.lstrip("-").isdigit():
-                return ResetTarget("timestamp", int(value))
-    raise ValueError(f"reset to earliest, latest, OFFSET or timestamp=MS, not {to!r}")
+        kind, _, value = text.partition("=")
+        if kind in ("timestamp", "shift") and value.lstrip("-").isdigit():
+            return ResetTarget(kind, int(value))
+    raise ValueError(f"reset to earliest, latest, OFFSET, timestamp=MS or shift=N, not {to!r}")
+
+
+def plan_reset(target: ResetTarget, partitions: Iterable[TopicPartition],
+               committed: Mapping[TopicPartition, int | None],
+               earliest: Mapping[TopicPartition, int], latest: Mapping[TopicPartition, int],
+               at_timestamp: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+    """The new committed offset of each partition (both admin drivers gather the offsets,
+    this decides). ``at_timestamp``: the ListOffsets answer for a timestamp target (-1: no
+    record at or after it, so the log end). A shift moves from the committed offset (the
+    earliest when there is none) and stays within ``[earliest, latest]``, as Kafka's tool."""
+    plan = {}
+    for tp in sorted(partitions):
+        if target.kind == "earliest":
+            plan[tp] = earliest[tp]
+        elif target.kind == "latest":
+            plan[tp] = latest[tp]
+        elif target.kind == "timestamp":
+            found = at_timestamp.get(tp, -1)
+            plan[tp] = found if found >= 0 else latest[tp]
+        elif target.kind == "shift":
+            start = committed.get(tp)
+            start = earliest[tp] if start is None else start
+            plan[tp] = min(max(start + target.value, earliest[tp]), latest[tp])
+        else:
+            plan[tp] = target.value
+    return plan
 

@@ -223,11 +223,26 @@ def test_group_commands_of_the_cli(broker_process, capsys):
     assert [(p["partition"], p["committed_offset"], p["lag"]) for p in described["partitions"]] == [
         (0, 10, 0), (1, 10, 0)
     ]
-    assert rivven(base + ["group", "reset-offsets", "cli", "--topic", "t", "--to", "3"]) == 0
+    reset = base + ["group", "reset-offsets", "cli", "--topic", "t"]
+    assert rivven(reset + ["--to", "3"]) == 0  # a dry run: the plan, nothing changed
+    assert "dry run" in capsys.readouterr().out
+    with Consumer(proc.address, group_id="cli") as consumer:
+        assert consumer.committed(TopicPartition("t", 1)) == 10
+    assert rivven(reset + ["--to", "3", "--execute"]) == 0
     capsys.readouterr()
     with Consumer(proc.address, group_id="cli") as consumer:
         assert consumer.committed(TopicPartition("t", 1)) == 3
-    assert rivven(base + ["group", "reset-offsets", "cli", "--topic", "t", "--to", "earliest"]) == 0
+    assert rivven(reset + ["--shift-by", "-5", "--execute", "--json"]) == 0
+    shifted = json.loads(capsys.readouterr().out)
+    assert shifted["current"] == {"0": 3, "1": 3} and shifted["offsets"] == {"0": 0, "1": 0}
+    assert rivven(reset + ["--shift-by", "4", "--json"]) == 0  # dry run, from 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["executed"] is False and planned["offsets"] == {"0": 4, "1": 4}
+    assert rivven(reset + ["--to-datetime", "2999-01-01T00:00:00", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["offsets"] == {"0": 10, "1": 10}  # none later
+    assert rivven(reset + ["--to-datetime", "yesterday"]) == 1
+    assert "ISO-8601" in capsys.readouterr().err
+    assert rivven(reset + ["--to", "earliest", "--execute"]) == 0
     assert rivven(base + ["--json", "group", "describe", "cli"]) == 0
     described = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert [p["lag"] for p in described["partitions"]] == [10, 10]

@@ -48,9 +48,33 @@ def test_group_commands_parse(capsys):
     )
     assert (args.action, args.group, args.topic, args.to) == ("reset-offsets", "g", "t",
                                                               "timestamp=5")
+    assert args.execute is False  # a dry run unless --execute
     with pytest.raises(SystemExit) as exit_info:
         main(["group", "reset-offsets", "g"])  # --topic and --to are required
     assert exit_info.value.code == 1
+    with pytest.raises(SystemExit):  # one of --to, --shift-by, --to-datetime
+        main(["group", "reset-offsets", "g", "--topic", "t", "--to", "1", "--shift-by", "2"])
+
+
+def test_a_reset_plan_is_decided_in_the_core():
+    from rivven_broker.client import TopicPartition
+    from rivven_broker.client.group_admin import parse_reset_target, plan_reset
+
+    a, b = TopicPartition("t", 0), TopicPartition("t", 1)
+    earliest, latest = {a: 5, b: 0}, {a: 50, b: 8}
+    committed = {a: 20, b: None}
+
+    def plan(to, at=None):
+        return plan_reset(parse_reset_target(to), [a, b], committed, earliest, latest, at or {})
+
+    assert plan("shift=-100") == {a: 5, b: 0}  # kept within the log
+    assert plan("shift=3") == {a: 23, b: 3}  # b has no commit: from the earliest
+    assert plan("shift=1000") == {a: 50, b: 8}
+    assert plan("timestamp=7", {a: 30, b: -1}) == {a: 30, b: 8}  # none later: the end
+    assert plan("earliest") == earliest and plan("latest") == latest
+    assert plan(4) == {a: 4, b: 4}
+    with pytest.raises(ValueError, match="shift=N"):
+        parse_reset_target("shift=x")
 
 
 def test_encode_bytes():
