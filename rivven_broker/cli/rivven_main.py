@@ -37,6 +37,7 @@ from rivven_broker.client import (
     ConnectionFailedError,
     Consumer,
     Producer,
+    Record,
     RivvenError,
     TopicPartition,
 )
@@ -129,8 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--key", help="the key of every record (UTF-8)")
     produce.add_argument("--value", help="one record with this value (UTF-8); else stdin")
     produce.add_argument("--partition", type=int)
-    produce.add_argument("--header", type=_key_value, action="append", default=[],
+    produce.add_argument("-H", "--header", type=_key_value, action="append", default=[],
                          metavar="KEY=VALUE")
+    produce.add_argument("--key-separator", metavar="SEP",
+                         help="stdin lines are KEY SEP VALUE (split at the first SEP; a line "
+                         "without it is a record without a key)")
     produce.add_argument("--acks", default="all", choices=["all", "1", "0"])
     produce.add_argument("--compression", default="none", choices=["none", "zstd"])
 
@@ -141,7 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--follow", action="store_true", help="keep waiting for new records")
     consume.add_argument("--max", type=int, help="stop after N records")
     consume.add_argument("--partition", type=int)
-    consume.add_argument("--offset", type=int, help="start offset (needs --partition)")
+    consume.add_argument("--offset", metavar="O|-N|@MS|ISO-8601",
+                         help="where to start: offset O (needs --partition), N before the "
+                         "end, or the first record at or after a time (@ms since the epoch, "
+                         "or an ISO-8601 time; no zone: UTC)")
+    consume.add_argument("--format", metavar="FORMAT",
+                         help="print each record by FORMAT: %%k key, %%v value, %%p partition, "
+                         "%%o offset, %%t timestamp (ms), %%T topic, %%h headers (k=v,...), "
+                         "%%%% a percent sign; \\n \\t escapes (default: "
+                         "'%%p\\t%%o\\t%%k\\t%%v\\n')")
     consume.add_argument("--isolation", default="read_uncommitted",
                          choices=["read_uncommitted", "read_committed"])
 
@@ -239,7 +251,8 @@ def cmd_topic(args: argparse.Namespace, out: Output) -> int:
             rows = [(t.name, t.partitions, t.is_internal) for t in listing]
             out.document(doc, lambda o: _table(o, ["TOPIC", "PARTITIONS", "INTERNAL"], rows))
         elif args.action == "describe":
-            _describe(admin.describe_topic(args.name), out)
+            description = admin.describe_topic(args.name)
+            _describe(description, _log_offsets(admin, description), out)
         elif args.action == "delete":
             admin.delete_topic(args.name)
             out.document({"topic": args.name, "deleted": True},
@@ -268,21 +281,41 @@ def _alter(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     out.document(doc, lambda o: o.write("".join(lines)))
 
 
-def _describe(description: Any, out: Output) -> None:
+def _log_offsets(admin: Admin, description: Any) -> dict[int, tuple[int | None, int | None]]:
+    """``partition -> (log start, high watermark)`` from the leaders (None: not available,
+    e.g. a partition without a leader)."""
+    found: dict[int, tuple[int | None, int | None]] = {}
+    for info in description.partition_info:
+        tp = TopicPartition(description.name, info.partition)
+        try:
+            start = admin.list_offsets({tp: -2})[tp].offset
+            end = admin.list_offsets({tp: -1})[tp].offset
+        except RivvenError:
+            start = end = None
+        found[info.partition] = (start, end)
+    return found
+
+
+def _describe(description: Any, offsets: dict[int, tuple[int | None, int | None]],
+              out: Output) -> None:
     doc = {
         "topic": description.name,
         "partitions": description.partitions,
         "replication_factor": description.replication_factor,
         "configs": {k: v._asdict() for k, v in sorted(description.configs.items())},
-        "partition_info": [p._asdict() for p in description.partition_info],
+        "partition_info": [dict(p._asdict(), log_start_offset=offsets[p.partition][0],
+                                high_watermark=offsets[p.partition][1])
+                           for p in description.partition_info],
     }
 
     def human(o: TextIO) -> None:
         o.write(f"topic {description.name}: {description.partitions} partitions, "
                 f"replication factor {description.replication_factor}\n\n")
-        _table(o, ["PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR", "ERROR"],
+        _table(o, ["PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR", "LOG START",
+                   "HIGH WATERMARK", "ERROR"],
                [(p.partition, p.leader, p.leader_epoch, ",".join(map(str, p.replicas)),
-                 ",".join(map(str, p.isr)), p.error) for p in description.partition_info])
+                 ",".join(map(str, p.isr)), *offsets[p.partition], p.error)
+                for p in description.partition_info])
         o.write("\n")
         _table(o, ["CONFIG", "VALUE", "DEFAULT"],
                [(k, "<sensitive>" if v.is_sensitive else v.value, v.is_default)
@@ -291,26 +324,35 @@ def _describe(description: Any, out: Output) -> None:
     out.document(doc, human)
 
 
-def _read_values(args: argparse.Namespace) -> Any:
+def _read_records(args: argparse.Namespace) -> Any:
+    """``(key, value)`` of each record to send: ``--value``, or stdin lines (split at the
+    first ``--key-separator`` when given; ``--key`` is the key of the others)."""
+    key = None if args.key is None else args.key.encode("utf-8")
     if args.value is not None:
-        yield args.value.encode("utf-8")
+        yield key, args.value.encode("utf-8")
         return
+    separator = None if args.key_separator is None else args.key_separator.encode("utf-8")
     for line in sys.stdin.buffer:
         if line.endswith(b"\n"):
             line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
-        yield line
+        if separator and separator in line:
+            line_key, _, value = line.partition(separator)
+            yield line_key, value
+        else:
+            yield key, line
 
 
 def cmd_produce(args: argparse.Namespace, out: Output) -> int:
     with _admin(args) as admin:
         admin.ping()  # fail fast (exit 2) when nothing listens
-    key = None if args.key is None else args.key.encode("utf-8")
+    if args.key_separator == "":
+        raise UsageError("--key-separator must not be empty")
     headers = [(k, v.encode("utf-8")) for k, v in args.header]
     futures = []
     with Producer(args.bootstrap, acks=args.acks, compression=args.compression,
                   request_timeout_ms=args.timeout_ms, max_block_ms=args.timeout_ms,
                   client_id="rivven-cli") as producer:
-        for value in _read_values(args):
+        for key, value in _read_records(args):
             futures.append(producer.send(args.topic, value=value, key=key,
                                          headers=headers or None, partition=args.partition))
         producer.flush()
@@ -330,9 +372,12 @@ def cmd_produce(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_consume(args: argparse.Namespace, out: Output) -> int:
+    if args.format is not None:  # a bad format fails before anything is read
+        format_record(args.format, Record(args.topic, 0, 0, 0, None, None, ()))
     if args.group is not None:
         return _consume_group(args, out)
-    if args.offset is not None and args.partition is None:
+    start = _start(args.offset)
+    if start is not None and start[0] == "offset" and args.partition is None:
         raise UsageError("--offset needs --partition")
     reset = "earliest" if args.from_beginning else "latest"
     with Consumer(args.bootstrap, auto_offset_reset=reset, isolation_level=args.isolation,
@@ -346,15 +391,54 @@ def cmd_consume(args: argparse.Namespace, out: Output) -> int:
             partitions = [args.partition]
         tps = [TopicPartition(args.topic, p) for p in partitions]
         consumer.assign(tps)
-        if args.offset is not None:
-            consumer.seek(tps[0], args.offset)
+        _seek_to_start(consumer, tps, start)
         ends = None if args.follow else consumer.end_offsets(tps)
-        _consume_loop(consumer, tps, ends, args.max, out)
+        _consume_loop(consumer, tps, ends, args.max, out, args.format)
     return EXIT_OK
 
 
+def _start(text: str | None) -> tuple[str, int] | None:
+    """``--offset``: ("offset", O), ("back", N) or ("time", ms); None: not given."""
+    if text is None:
+        return None
+    text = text.strip()
+    if text.isdigit():
+        return "offset", int(text)
+    if text.startswith("-") and text[1:].isdigit() and int(text[1:]) > 0:
+        return "back", int(text[1:])
+    if text.startswith("@") and text[1:].isdigit():
+        return "time", int(text[1:])
+    try:
+        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"--offset: {text!r} is not an offset, -N, @MS or an ISO-8601 "
+                         "time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return "time", max(int(moment.timestamp() * 1000), 0)
+
+
+def _seek_to_start(consumer: Consumer, tps: list[TopicPartition],
+                   start: tuple[str, int] | None) -> None:
+    if start is None:
+        return
+    kind, value = start
+    if kind == "offset":
+        consumer.seek(tps[0], value)
+    elif kind == "back":
+        ends, beginnings = consumer.end_offsets(tps), consumer.beginning_offsets(tps)
+        for tp in tps:
+            consumer.seek(tp, max(ends[tp] - value, beginnings[tp]))
+    else:
+        found = consumer.offsets_for_times({tp: value for tp in tps})
+        ends = consumer.end_offsets(tps)
+        for tp in tps:
+            at = found.get(tp)
+            consumer.seek(tp, ends[tp] if at is None else at.offset)
+
+
 def _consume_loop(consumer: Consumer, tps: list[TopicPartition], ends: dict | None,
-                  limit: int | None, out: Output) -> None:
+                  limit: int | None, out: Output, form: str | None) -> None:
     seen = 0
     pending = set()
     if ends is not None:
@@ -364,7 +448,7 @@ def _consume_loop(consumer: Consumer, tps: list[TopicPartition], ends: dict | No
             tp = TopicPartition(record.topic, record.partition)
             if ends is not None and record.offset >= ends[tp]:
                 continue
-            _print_record(record, out)
+            _print_record(record, out, form)
             seen += 1
             if limit is not None and seen >= limit:
                 break
@@ -395,7 +479,7 @@ def _consume_group(args: argparse.Namespace, out: Output) -> int:
             records = consumer.poll(timeout_ms=500, max_records=(
                 None if args.max is None else min(args.max - seen, 500)))
             for record in records:
-                _print_record(record, out)
+                _print_record(record, out, args.format)
             seen += len(records)
             out.out.flush()
             assigned = consumer.assignment()
@@ -406,7 +490,45 @@ def _consume_group(args: argparse.Namespace, out: Output) -> int:
     return EXIT_OK
 
 
-def _print_record(record: Any, out: Output) -> None:
+_FORMAT_FIELDS = {
+    "k": lambda r: _text(r.key), "v": lambda r: _text(r.value), "p": lambda r: str(r.partition),
+    "o": lambda r: str(r.offset), "t": lambda r: str(r.timestamp_ms), "T": lambda r: r.topic,
+    "h": lambda r: ",".join(f"{k}={_text(v)}" for k, v in r.headers), "%": lambda r: "%",
+}
+
+
+def format_record(form: str, record: Any) -> str:
+    """rpk-style ``--format``: ``%k %v %p %o %t %T %h %%`` and ``\\n \\t \\\\`` escapes.
+
+    Raises:
+        UsageError: an unknown ``%`` directive or escape.
+    """
+    out = []
+    index = 0
+    while index < len(form):
+        char = form[index]
+        if char in "%\\" and index + 1 < len(form):
+            code = form[index + 1]
+            if char == "%" and code in _FORMAT_FIELDS:
+                out.append(_FORMAT_FIELDS[code](record))
+            elif char == "\\" and code in "nt\\":
+                out.append({"n": "\n", "t": "\t", "\\": "\\"}[code])
+            else:
+                raise UsageError(f"--format: unknown {char}{code} (use %k %v %p %o %t %T %h "
+                                 "%%, \\n \\t)")
+            index += 2
+            continue
+        if char in "%\\":
+            raise UsageError(f"--format: a lone {char} at the end")
+        out.append(char)
+        index += 1
+    return "".join(out)
+
+
+def _print_record(record: Any, out: Output, form: str | None = None) -> None:
+    if form is not None and not out.json:
+        out.out.write(format_record(form, record))
+        return
     if out.json:
         doc = {
             "topic": record.topic, "partition": record.partition, "offset": record.offset,

@@ -32,7 +32,7 @@ from __future__ import annotations
 import random
 import re
 import threading
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from rivven_broker.client._collector import CollectorPause
 from rivven_broker.client._cluster import ClusterIO
@@ -68,7 +68,7 @@ from rivven_broker.client.requests import (
     list_offsets_request,
     list_offsets_results,
 )
-from rivven_broker.client.types import Record, TopicPartition
+from rivven_broker.client.types import PartitionOffset, Record, TopicPartition
 from rivven_broker.protocol.errors import ErrorCode
 
 __all__ = ["Consumer"]
@@ -340,6 +340,25 @@ class Consumer:
         """The high watermark per partition (blocks on the network)."""
         return self._list_offsets(partitions, LATEST)
 
+    def offsets_for_times(
+        self, timestamps: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, PartitionOffset | None]:
+        """Per partition, the first offset whose record's timestamp is at or after the
+        timestamp (ms) given for it; None when there is none (as kafka-python and Kafka's
+        ``offsetsForTimes``). The broker answers at batch granularity (the first offset of
+        the first batch reaching the time) and does not report the record's timestamp yet
+        (``timestamp_ms`` is -1). Blocks on the network.
+
+        Raises:
+            ValueError: a negative timestamp.
+            BrokerError: UNKNOWN_TOPIC_OR_PARTITION and the like.
+        """
+        specs = {TopicPartition(tp[0], tp[1]): int(ms) for tp, ms in timestamps.items()}
+        if any(ms < 0 for ms in specs.values()):
+            raise ValueError("offsets_for_times takes timestamps >= 0 (ms since the epoch)")
+        found = self._list_offsets_at(specs)
+        return {tp: (None if at.offset < 0 else at) for tp, at in found.items()}
+
     def partitions_for_topic(self, topic: str) -> list[int]:
         """The topic's partition numbers (blocks on the network).
 
@@ -358,12 +377,18 @@ class Consumer:
     def _list_offsets(
         self, partitions: Iterable[TopicPartition], timestamp: int
     ) -> dict[TopicPartition, int]:
+        specs = {TopicPartition(tp[0], tp[1]): timestamp for tp in partitions}
+        return {tp: found.offset for tp, found in self._list_offsets_at(specs).items()}
+
+    def _list_offsets_at(
+        self, specs: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, PartitionOffset]:
+        """ListOffsets per partition (a timestamp, or EARLIEST / LATEST), by leader."""
         client = self._sync_client()
         by_node: dict[int, list[tuple[TopicPartition, int]]] = {}
-        for tp in partitions:
-            tp = TopicPartition(tp[0], tp[1])
+        for tp, spec in specs.items():
             node = client.leader_for(tp.topic, tp.partition)
-            by_node.setdefault(node, []).append((tp, timestamp))
+            by_node.setdefault(node, []).append((tp, spec))
         out = {}
         for node, entries in by_node.items():
             request = list_offsets_request(entries, self._isolation)
@@ -371,7 +396,7 @@ class Consumer:
             for tp, (code, offset) in list_offsets_results(answer).items():
                 if code != ErrorCode.NONE:
                     raise error_for(code, f"list offsets of {tp}")
-                out[tp] = offset.offset
+                out[tp] = offset
         return out
 
     def _sync_client(self) -> SyncClient:

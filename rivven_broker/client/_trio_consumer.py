@@ -268,19 +268,34 @@ class TrioConsumer:
     ) -> dict[TopicPartition, int]:
         return await self._list_offsets(partitions, EARLIEST)
 
+    async def offsets_for_times(
+        self, timestamps: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, PartitionOffset | None]:
+        """As the blocking ``Consumer.offsets_for_times``."""
+        specs = {_tp(tp): int(ms) for tp, ms in timestamps.items()}
+        if any(ms < 0 for ms in specs.values()):
+            raise ValueError("offsets_for_times takes timestamps >= 0 (ms since the epoch)")
+        found = await self._list_offsets_at(specs)
+        return {tp: (None if at.offset < 0 else at) for tp, at in found.items()}
+
     async def _list_offsets(self, partitions, timestamp: int) -> dict[TopicPartition, int]:
+        found = await self._list_offsets_at({_tp(item): timestamp for item in partitions})
+        return {tp: at.offset for tp, at in found.items()}
+
+    async def _list_offsets_at(
+        self, specs: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, PartitionOffset]:
         by_node: dict[int, list[tuple[TopicPartition, int]]] = {}
-        for item in partitions:
-            tp = _tp(item)
+        for tp, spec in specs.items():
             node = await self._cluster.leader_for(tp.topic, tp.partition)
-            by_node.setdefault(node, []).append((tp, timestamp))
+            by_node.setdefault(node, []).append((tp, spec))
         out = {}
         for node, entries in by_node.items():
             request = list_offsets_request(entries, self._isolation)
             answer = await self._cluster.call(request, node_id=node)
             for tp, (code, offset) in list_offsets_results(answer).items():
                 raise_for(code, None, f"list offsets of {tp}")
-                out[tp] = offset.offset
+                out[tp] = offset
         return out
 
     # --- consuming -------------------------------------------------------------------------------

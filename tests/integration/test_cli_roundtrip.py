@@ -130,3 +130,34 @@ def test_global_options_after_the_command_and_the_version(proc):
     assert [t["name"] for t in json.loads(listed.stdout)["topics"]] == ["late"]
     version = run("--version")
     assert version.returncode == 0 and version.stdout.decode().startswith("rivven ")
+
+
+def test_keys_headers_formats_and_starting_points(proc):
+    """produce: a key per line (--key-separator) and headers (-H); consume: --format with
+    every field, --offset -N (from the end) and a time (@ms, ISO-8601); topic describe shows
+    each partition's log start and high watermark."""
+    b = ("--bootstrap", proc.address)
+    assert run(*b, "topic", "create", "fmt", "--partitions", "1").returncode == 0
+    lines = b"".join(b"k%d:v%d\n" % (i, i) for i in range(5)) + b"no key here\n"
+    produced = run(*b, "produce", "fmt", "--key-separator", ":", "-H", "src=cli",
+                   "--json", stdin=lines)
+    assert produced.returncode == 0, produced.stderr
+    assert json.loads(produced.stdout)["count"] == 6
+    shown = run(*b, "consume", "fmt", "--from-beginning", "--format", r"%p/%o %k=%v [%h]\n")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.decode().splitlines() == [
+        *(f"0/{i} k{i}=v{i} [src=cli]" for i in range(5)), "0/5 -=no key here [src=cli]"]
+    last_two = run(*b, "consume", "fmt", "--offset", "-2", "--format", r"%o\n")
+    assert last_two.stdout.split() == [b"4", b"5"]
+    at_epoch = run(*b, "consume", "fmt", "--offset", "@0", "--format", r"%o\n")
+    assert len(at_epoch.stdout.split()) == 6  # every record is after 1970
+    future = run(*b, "consume", "fmt", "--offset", "2999-01-01T00:00:00Z", "--format", r"%o\n")
+    assert future.returncode == 0 and future.stdout == b""
+    timed = run(*b, "consume", "fmt", "--from-beginning", "--max", "1", "--format", r"%t %T\n")
+    millis, topic = timed.stdout.decode().split()
+    assert int(millis) > 1_600_000_000_000 and topic == "fmt"
+    assert run(*b, "consume", "fmt", "--offset", "soon").returncode == 1
+    assert run(*b, "consume", "fmt", "--format", "%q").returncode == 1
+    described = json.loads(run(*b, "--json", "topic", "describe", "fmt").stdout)
+    (partition,) = described["partition_info"]
+    assert (partition["log_start_offset"], partition["high_watermark"]) == (0, 6)

@@ -120,3 +120,30 @@ async def test_trio_client_round_trip(broker):
         assert found[(meta.partition, meta.offset)] == b"v%d" % i
     for i, meta in enumerate(metas[20:]):
         assert found[(meta.partition, meta.offset)] == b"w%d" % i
+
+
+async def test_offsets_for_times_in_both_clients(broker):
+    """kafka-python's offsets_for_times: the first offset at or after a time per partition;
+    None when no record is that late. Blocking and trio alike."""
+    tp = TopicPartition("times", 0)
+    with trio.fail_after(60):
+        async with open_admin(broker.address) as admin:
+            await admin.create_topic("times", partitions=1)
+        async with open_producer(broker.address) as producer:
+            for i in range(4):
+                await producer.send("times", value=b"%d" % i, partition=0,
+                                    timestamp_ms=1_000 * (i + 1))
+        async with open_consumer(broker.address) as consumer:
+            found = await consumer.offsets_for_times({tp: 2_500})
+            assert found[tp].offset == 2  # (timestamp_ms: -1, the broker does not say yet)
+            assert (await consumer.offsets_for_times({tp: 9_000})) == {tp: None}
+            with pytest.raises(ValueError):
+                await consumer.offsets_for_times({tp: -1})
+
+    def blocking() -> None:
+        with Consumer(broker.address) as consumer:
+            assert consumer.offsets_for_times({tp: 0})[tp].offset == 0
+            assert consumer.offsets_for_times({tp: 4_000})[tp].offset == 3
+            assert consumer.offsets_for_times({tp: 4_001}) == {tp: None}
+
+    await trio.to_thread.run_sync(blocking)

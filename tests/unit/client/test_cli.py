@@ -21,7 +21,7 @@ def test_defaults_and_environment(monkeypatch):
     assert args.config == [("a", "b"), ("c", "")]
     argv = ["--json", "consume", "t", "--partition", "1", "--offset", "5"]
     args = build_parser().parse_args(argv)
-    assert args.json and args.partition == 1 and args.offset == 5 and not args.follow
+    assert args.json and args.partition == 1 and args.offset == "5" and not args.follow
 
 
 @pytest.mark.parametrize(
