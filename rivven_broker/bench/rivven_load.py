@@ -342,6 +342,7 @@ def prepare_client_consume(spec: WorkerSpec) -> Callable[[Window, WorkerResult],
         auto_offset_reset="earliest",
         max_partition_fetch_bytes=options.fetch_bytes,
         enable_auto_commit=False,
+        pause_gc_while_decoding=True,  # the opt-in a throughput-bound reader would take
     )
 
     def run(window: Window, result: WorkerResult) -> None:

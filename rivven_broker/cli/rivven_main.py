@@ -380,7 +380,7 @@ def cmd_consume(args: argparse.Namespace, out: Output) -> int:
     if start is not None and start[0] == "offset" and args.partition is None:
         raise UsageError("--offset needs --partition")
     reset = "earliest" if args.from_beginning else "latest"
-    with Consumer(args.bootstrap, auto_offset_reset=reset, isolation_level=args.isolation,
+    with Consumer(bootstrap=args.bootstrap, auto_offset_reset=reset, isolation_level=args.isolation,
                   request_timeout_ms=args.timeout_ms, client_id="rivven-cli") as consumer:
         with _admin(args) as admin:
             admin.ping()  # fail fast (exit 2) when nothing listens
@@ -470,7 +470,7 @@ def _consume_group(args: argparse.Namespace, out: Output) -> int:
             partitions = admin.describe_topic(args.topic).partitions
             specs = {TopicPartition(args.topic, p): -1 for p in range(partitions)}
             ends = {tp: found.offset for tp, found in admin.list_offsets(specs).items()}
-    with Consumer(args.bootstrap, group_id=args.group, auto_offset_reset=reset,
+    with Consumer(bootstrap=args.bootstrap, group_id=args.group, auto_offset_reset=reset,
                   isolation_level=args.isolation, request_timeout_ms=args.timeout_ms,
                   client_id="rivven-cli") as consumer:
         consumer.subscribe([args.topic])

@@ -17,7 +17,7 @@ import time
 from typing import Any, Mapping
 
 from rivven_broker.client._sync import SyncClient
-from rivven_broker.client.config import ConnectionConfig, build_configs
+from rivven_broker.client.config import ConnectionConfig, bootstrap_and_topics, build_configs
 from rivven_broker.client.errors import RivvenError, UnsupportedVersionError, error_for
 from rivven_broker.client.group_admin import (
     CoordinatorSearch,
@@ -68,8 +68,10 @@ class Admin:
     """
 
     def __init__(
-        self, bootstrap: str = "127.0.0.1:9092", *, connect_attempts_max: int = 3, **options: Any
+        self, bootstrap: str | None = None, *, connect_attempts_max: int = 3, **options: Any
     ) -> None:
+        bootstrap, _ = bootstrap_and_topics(() if bootstrap is None else (bootstrap,), None,
+                                            options, takes_topics=False)
         (config,) = build_configs(options, ConnectionConfig)
         self._client = SyncClient(bootstrap, config, connect_attempts_max=connect_attempts_max)
         self._rng = random.Random()  # backoff jitter

@@ -7,7 +7,9 @@ one fetch of tens of thousands of records ran dozens of generation-0 collections
 re-scanned the records already decoded: a third or more of the decode time. Records hold only
 bytes, ints, strings and ``None``, so they cannot form cycles and a pause loses nothing. Both
 consumers (blocking and trio) pause it from their first decode until ``poll`` returns, never
-across a wait or group work, and restore it in a ``finally``.
+across a wait or group work, and restore it in a ``finally`` — but only when the user asked
+(``pause_gc_while_decoding=True``): the switch is process-wide, and a library must not touch
+the collector of the process it lives in unasked.
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ class CollectorPause:
     toggles it during a ``poll`` may see its change undone.
     """
 
-    __slots__ = ("_was_enabled",)
+    __slots__ = ("_was_enabled", "_enabled")
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
         self._was_enabled: bool | None = None  # None: not paused by this object
+        self._enabled = enabled  # False: begin and end do nothing
 
     def begin(self) -> None:
-        if self._was_enabled is None:
+        if self._enabled and self._was_enabled is None:
             self._was_enabled = gc.isenabled()
             gc.disable()
 

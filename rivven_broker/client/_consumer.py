@@ -45,7 +45,13 @@ from rivven_broker.client._group import (
 )
 from rivven_broker.client._network import NetworkClient, monotonic_ms
 from rivven_broker.client._sync import SyncClient
-from rivven_broker.client.config import ConnectionConfig, ConsumerConfig, build_configs
+from rivven_broker.client.config import (
+    ConnectionConfig,
+    ConsumerConfig,
+    bootstrap_and_topics,
+    build_configs,
+    deserialize,
+)
 from rivven_broker.client.errors import (
     ClientTimeoutError,
     ClosedError,
@@ -84,16 +90,24 @@ class Consumer:
     fetch_max_bytes=50 MiB, max_partition_fetch_bytes=1 MiB, max_poll_records=500,
     consumer_timeout_ms=None, ...)``. Construction starts the fetch thread; no network I/O
     happens until partitions are assigned.
+
+    As kafka-python: ``Consumer(*topics, bootstrap_servers="h:9092", group_id=...)``
+    subscribes to the topics (with a ``group_id``) or assigns all their partitions (without;
+    this asks the broker for the partition counts). A single argument without a port is
+    refused at once: ``Consumer("orders")`` would otherwise connect to a host "orders".
     """
 
     def __init__(
         self,
-        bootstrap: str = "127.0.0.1:9092",
-        *,
+        *args: str,
+        bootstrap: str | None = None,
         consumer_timeout_ms: int | None = None,
         **options: Any,
     ) -> None:
+        bootstrap, topics = bootstrap_and_topics(args, bootstrap, options, takes_topics=True)
         self._config, self._conn_config = build_configs(options, ConsumerConfig, ConnectionConfig)
+        self._deserializing = self._config.key_deserializer is not None or (
+            self._config.value_deserializer is not None)
         self._bootstrap = bootstrap
         self.consumer_timeout_ms = consumer_timeout_ms
         self._cond = threading.Condition(threading.Lock())
@@ -122,6 +136,16 @@ class Consumer:
             self._group = GroupMember(bootstrap, self._config, self._conn_config, self._cond, self)
         self._thread = threading.Thread(target=self._run, name="rivven-consumer", daemon=True)
         self._thread.start()
+        if topics:
+            try:
+                if self._group is not None:
+                    self.subscribe(list(topics))
+                else:
+                    self.assign([TopicPartition(topic, p) for topic in topics
+                                 for p in self.partitions_for_topic(topic)])
+            except BaseException:
+                self._shutdown()
+                raise
 
     # --- assignment and positions --------------------------------------------------------------
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
@@ -171,6 +195,21 @@ class Consumer:
             self._check_open()
             group.subscribe(names, compiled, callbacks)
             self._cond.notify_all()
+
+    def subscription(self) -> set[str]:
+        """The topics subscribed to (empty without a subscription; a pattern subscription
+        lists the topics it currently matches)."""
+        group = self._group
+        if group is None or not group.core.subscribed:
+            return set()
+        with self._cond:
+            return set(group.core.topics)
+
+    def topics(self) -> set[str]:
+        """Every topic the cluster has, internal ones left out (blocks on the network)."""
+        answer = self._sync_client().fetch_metadata(None)
+        return {topic.name for topic in answer.topics
+                if topic.error_code == ErrorCode.NONE and not topic.is_internal}
 
     def unsubscribe(self) -> None:
         """Leave the group (revoking, committing as ``close`` does) or drop the manual
@@ -420,7 +459,7 @@ class Consumer:
         out: list[Record] = []
         deadline = monotonic_ms() + timeout_ms
         group = self._group
-        collector = CollectorPause()
+        collector = CollectorPause(self._config.pause_gc_while_decoding)
         try:
             while len(out) < limit:
                 if group is not None and not out:
@@ -453,6 +492,8 @@ class Consumer:
             collector.end()
             if group is not None:
                 group.poll_ended()  # max_poll_interval_ms counts from here
+        if self._deserializing and out:
+            return deserialize(self._config, out)
         return out
 
     def _next_completed(self, deadline: int) -> CompletedFetch | None:
@@ -501,11 +542,12 @@ class Consumer:
         if self._closed:
             raise ClosedError("the consumer is closed")
 
-    def close(self) -> None:
-        """Commit (with auto-commit), leave the group (dynamic members), stop fetching and
-        close connections. Idempotent; blocks until the threads exit."""
+    def close(self, autocommit: bool = True) -> None:
+        """Commit (with auto-commit, unless ``autocommit=False``), leave the group (dynamic
+        members), stop fetching and close connections. Idempotent; blocks until the threads
+        exit."""
         if self._group is not None and not self._closed and self._fatal is None:
-            self._group.close()
+            self._group.close(autocommit=autocommit)
         self._shutdown()
 
     def _abandon(self) -> None:

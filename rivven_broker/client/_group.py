@@ -501,15 +501,15 @@ class GroupMember:
 
     # --- closing -------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Commit (auto-commit), revoke, leave (dynamic members), stop. Blocks. Never raises
-        for the coordinator's sake: failures are logged."""
+    def close(self, autocommit: bool = True) -> None:
+        """Commit (auto-commit, unless ``autocommit`` is False), revoke, leave (dynamic
+        members), stop. Blocks. Never raises for the coordinator's sake: failures are logged."""
         try:
             self._run_async_callbacks()
             with self._cond:
                 owned = set(self.core.owned)
                 member = self.core.subscribed
-            if self.config.enable_auto_commit:
+            if self.config.enable_auto_commit and autocommit:
                 with self._cond:
                     wanted = self._fetch._positions(None)
                 self._commit(self._io, wanted, None)

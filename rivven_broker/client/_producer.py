@@ -43,7 +43,9 @@ from rivven_broker.client.accumulator import ProducePlan
 from rivven_broker.client.config import (
     ConnectionConfig,
     ProducerConfig,
+    bootstrap_and_topics,
     build_configs,
+    serialize,
     normalise_acks,
 )
 from rivven_broker.client.errors import (
@@ -92,10 +94,14 @@ class Producer:
         ValueError / TypeError: a bad or unknown option.
     """
 
-    def __init__(self, bootstrap: str = "127.0.0.1:9092", **options: Any) -> None:
+    def __init__(self, bootstrap: str | None = None, **options: Any) -> None:
+        bootstrap, _ = bootstrap_and_topics(() if bootstrap is None else (bootstrap,), None,
+                                            options, takes_topics=False)
         if "acks" in options:
             options["acks"] = normalise_acks(options["acks"])
         self._config, self._conn_config = build_configs(options, ProducerConfig, ConnectionConfig)
+        self._serializing = self._config.key_serializer is not None or (
+            self._config.value_serializer is not None)
         self._lock = threading.Lock()  # guards the core; ``with self._lock`` is the fast path
         self._cond = threading.Condition(self._lock)
         self._futures_done = threading.Condition()  # shared by every future of this producer
@@ -156,6 +162,8 @@ class Producer:
             MessageTooLargeError: the record cannot fit in any batch.
             TypeError: key, value or headers of the wrong type.
         """
+        if self._serializing:
+            key, value = serialize(self._config, key, value)
         future = RecordFuture(self._futures_done)
         if timestamp_ms is None:
             timestamp_ms = time.time_ns() // 1_000_000
@@ -582,6 +590,10 @@ class RecordFuture(Future):
     def result(self, timeout: float | None = None) -> RecordMetadata:
         self._wait_done(timeout)
         return super().result(0)
+
+    def get(self, timeout: float | None = None) -> RecordMetadata:
+        """``result`` under kafka-python's name (``future.get(timeout=10)``)."""
+        return self.result(timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         self._wait_done(timeout)

@@ -34,7 +34,13 @@ from rivven_broker.client._group import (
 )
 from rivven_broker.client._trio_group import TrioGroupMember
 from rivven_broker.client._trio_net import ClientEnv, Signal, TrioCluster
-from rivven_broker.client.config import ConnectionConfig, ConsumerConfig, build_configs
+from rivven_broker.client.config import (
+    ConnectionConfig,
+    ConsumerConfig,
+    bootstrap_and_topics,
+    build_configs,
+    deserialize,
+)
 from rivven_broker.client.consumer_core import apply_fetch_answer, apply_reset_answer
 from rivven_broker.client.errors import (
     ClientTimeoutError,
@@ -105,6 +111,8 @@ class TrioConsumer:
     def __init__(self, bootstrap: str, env: Any, nursery: trio.Nursery, **options: Any) -> None:
         self.consumer_timeout_ms = options.pop("consumer_timeout_ms", None)
         self._config, conn_config = build_configs(options, ConsumerConfig, ConnectionConfig)
+        self._deserializing = self._config.key_deserializer is not None or (
+            self._config.value_deserializer is not None)
         self._conn_config = conn_config
         self._clock = env.clock
         self._nursery = nursery
@@ -321,10 +329,13 @@ class TrioConsumer:
                 group.poll_ended()  # max_poll_interval_ms counts from here
         if not out:
             self._fill(out, limit)
+        if self._deserializing and out:
+            return deserialize(self._config, out)
         return out
 
     def _fill(self, out: list[Record], limit: int) -> None:
-        collector = CollectorPause()  # records cannot form cycles: see _collector.py
+        # records cannot form cycles: see _collector.py (opt-in: process-wide)
+        collector = CollectorPause(self._config.pause_gc_while_decoding)
         try:
             self._fill_paused(out, limit, collector)
         finally:
@@ -675,9 +686,11 @@ class TrioAdmin:
 
 @asynccontextmanager
 async def open_consumer(
-    bootstrap: str = "127.0.0.1:9092", *, env: Any = None, **options: Any
+    bootstrap: str | None = None, *, env: Any = None, **options: Any
 ) -> AsyncIterator[TrioConsumer]:
     """A trio ``Consumer`` for the body of an ``async with``; options as the blocking one."""
+    bootstrap, _ = bootstrap_and_topics(() if bootstrap is None else (bootstrap,), None,
+                                        options, takes_topics=False)
     async with trio.open_nursery() as nursery:
         consumer = TrioConsumer(bootstrap, env or ClientEnv(), nursery, **options)
         nursery.start_soon(consumer._run_fetcher)
@@ -691,9 +704,11 @@ async def open_consumer(
 
 @asynccontextmanager
 async def open_admin(
-    bootstrap: str = "127.0.0.1:9092", *, env: Any = None, **options: Any
+    bootstrap: str | None = None, *, env: Any = None, **options: Any
 ) -> AsyncIterator[TrioAdmin]:
     """A trio ``Admin`` for the body of an ``async with``."""
+    bootstrap, _ = bootstrap_and_topics(() if bootstrap is None else (bootstrap,), None,
+                                        options, takes_topics=False)
     async with trio.open_nursery() as nursery:
         admin = TrioAdmin(bootstrap, env or ClientEnv(), nursery, **options)
         try:

@@ -29,7 +29,9 @@ from rivven_broker.client.accumulator import ProducePlan
 from rivven_broker.client.config import (
     ConnectionConfig,
     ProducerConfig,
+    bootstrap_and_topics,
     build_configs,
+    serialize,
     normalise_acks,
 )
 from rivven_broker.client.errors import (
@@ -96,6 +98,8 @@ class TrioProducer:
         if "acks" in options:
             options["acks"] = normalise_acks(options["acks"])
         self._config, conn_config = build_configs(options, ProducerConfig, ConnectionConfig)
+        self._serializing = self._config.key_serializer is not None or (
+            self._config.value_serializer is not None)
         self._env = env
         self._clock = env.clock
         self._nursery = nursery
@@ -172,6 +176,8 @@ class TrioProducer:
             )
         if not self._acc.has_room():
             raise trio.WouldBlock
+        if self._serializing:
+            key, value = serialize(self._config, key, value)
         delivery = Delivery()
         if timestamp_ms is None:
             timestamp_ms = self._clock.wall_ms()
@@ -409,13 +415,15 @@ class TrioProducer:
 
 @asynccontextmanager
 async def open_producer(
-    bootstrap: str = "127.0.0.1:9092", *, env: Any = None, **options: Any
+    bootstrap: str | None = None, *, env: Any = None, **options: Any
 ) -> AsyncIterator[TrioProducer]:
     """A trio ``Producer`` for the body of an ``async with``; options as the blocking one.
 
     On a normal exit it flushes (bounded by ``delivery_timeout_ms``), then closes; on an
     exception it closes at once, failing pending records with ``ClosedError``.
     """
+    bootstrap, _ = bootstrap_and_topics(() if bootstrap is None else (bootstrap,), None,
+                                        options, takes_topics=False)
     async with trio.open_nursery() as nursery:
         producer = TrioProducer(bootstrap, env or ClientEnv(), nursery, **options)
         nursery.start_soon(producer._run_sender)

@@ -12,6 +12,9 @@ where it names one (``batch_size_bytes`` 1 MiB). Bounds come from ``protocol.lim
 
 from __future__ import annotations
 
+import difflib
+from typing import Any, Callable
+
 import attrs
 
 from rivven_broker.protocol import limits
@@ -24,6 +27,11 @@ __all__ = [
     "ACKS_BY_NAME",
     "build_configs",
     "normalise_acks",
+    "translate_options",
+    "bootstrap_and_topics",
+    "serialize",
+    "deserialize",
+    "KAFKA_PYTHON_ALIASES",
 ]
 
 ACKS_BY_NAME = {"all": -1, "-1": -1, -1: -1, "1": 1, 1: 1, "0": 0, 0: 0}
@@ -86,8 +94,14 @@ class ProducerConfig:
     transactional_id: str | None = None
     transaction_timeout_ms: int = limits.transaction_timeout_ms_default
     allow_auto_topic_creation: bool = True
+    #: Called on every key / value given to ``send`` (not on None); must return bytes.
+    key_serializer: Callable[[Any], bytes] | None = None
+    value_serializer: Callable[[Any], bytes] | None = None
 
     def __attrs_post_init__(self) -> None:
+        for name in ("key_serializer", "value_serializer"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise ValueError(f"{name} must be callable")
         if self.acks not in (-1, 0, 1):
             raise ValueError(f"acks must be 'all', 1 or 0, not {self.acks!r}")
         if self.compression not in ("none", "zstd"):
@@ -170,8 +184,17 @@ class ConsumerConfig:
         default=("cooperative-sticky",),
         converter=lambda v: (v,) if isinstance(v, str) else tuple(v),
     )
+    #: Pause Python's (process-wide) cyclic garbage collector while ``poll`` decodes: a
+    #: third less decode time on large fetches; off unless asked (client/_collector.py).
+    pause_gc_while_decoding: bool = False
+    #: Called on every non-None key / value ``poll`` returns.
+    key_deserializer: Callable[[bytes], Any] | None = None
+    value_deserializer: Callable[[bytes], Any] | None = None
 
     def __attrs_post_init__(self) -> None:
+        for name in ("key_deserializer", "value_deserializer"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise ValueError(f"{name} must be callable")
         self._check_group_options()
         if self.auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError("auto_offset_reset must be 'earliest', 'latest' or 'none'")
@@ -223,21 +246,133 @@ class ConsumerConfig:
             )
 
 
-def build_configs(options: dict, *classes: type) -> tuple:
-    """Split keyword ``options`` among config ``classes`` by field name.
+#: kafka-python's option names that mean one of ours (docs/client.md has the table).
+KAFKA_PYTHON_ALIASES = {
+    "batch_size": "batch_size_bytes",
+    "compression_type": "compression",
+    "enable_idempotence": "idempotent",
+    "buffer_memory": "buffer_memory_bytes",
+    "max_request_size": "request_bytes_max",
+}
+#: kafka-python options that have no meaning here and are accepted only with these values
+#: (None: any value), so a ported script runs; anything else fails as unknown would.
+KAFKA_PYTHON_IGNORED: dict[str, tuple[object, ...] | None] = {
+    "api_version": None,  # our client speaks our protocol; there is nothing to negotiate
+    "security_protocol": ("PLAINTEXT",),  # no TLS or SASL yet: anything else must not pass
+}
+
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+
+
+def _looks_like_address(text: object) -> bool:
+    return not isinstance(text, str) or any(c in text for c in ":,[")
+
+
+def bootstrap_and_topics(args: tuple, bootstrap: object, options: dict, *,
+                         takes_topics: bool) -> tuple[object, tuple[str, ...]]:
+    """The bootstrap address and the topics of a client's arguments, as ours
+    (``Consumer("h:9092")``, ``bootstrap=``) and as kafka-python writes them
+    (``KafkaConsumer(*topics, bootstrap_servers="h:9092" or ["h:9092", ...])``). Pops
+    ``bootstrap_servers`` from ``options``.
 
     Raises:
-        TypeError: an option no class knows (a typo must not pass silently).
+        ValueError: the same address given twice differently; a consumer's single argument
+            without a port (a topic meant as kafka-python's, or a host?), said at once rather
+            than as a failed connection later.
+        TypeError: topics given to a client that takes none.
+    """
+    servers = options.pop("bootstrap_servers", None)
+    if isinstance(servers, (list, tuple)):
+        servers = ",".join(servers)
+    if bootstrap is not None and servers is not None and bootstrap != servers:
+        raise ValueError(f"bootstrap={bootstrap!r} and bootstrap_servers={servers!r} differ")
+    given = bootstrap if bootstrap is not None else servers
+    if given is None and len(args) == 1 and (_looks_like_address(args[0]) or not takes_topics):
+        return args[0], ()
+    if given is None and args:
+        if not takes_topics:
+            raise TypeError("one bootstrap address HOST:PORT[,HOST:PORT...] is expected")
+        raise ValueError(
+            f"{', '.join(map(repr, args))}: the first argument is the bootstrap address "
+            "HOST:PORT, and a name without a port could be a host or a topic. Write "
+            f"'{args[0]}:9092' for a broker, or name the topics with the brokers as "
+            f"kafka-python does: Consumer({args[0]!r}, bootstrap_servers='HOST:PORT')")
+    if args and not takes_topics:
+        raise TypeError("topics are not an argument of this client")
+    return (DEFAULT_BOOTSTRAP if given is None else given), tuple(args)
+
+
+def serialize(config: ProducerConfig, key: Any, value: Any) -> tuple[Any, Any]:
+    """``key_serializer`` / ``value_serializer`` applied (to what is not None)."""
+    if key is not None and config.key_serializer is not None:
+        key = config.key_serializer(key)
+    if value is not None and config.value_serializer is not None:
+        value = config.value_serializer(value)
+    return key, value
+
+
+def deserialize(config: ConsumerConfig, records: list) -> list:
+    """``key_deserializer`` / ``value_deserializer`` applied to polled records."""
+    keys, values = config.key_deserializer, config.value_deserializer
+    return [record._replace(
+        key=record.key if keys is None or record.key is None else keys(record.key),
+        value=record.value if values is None or record.value is None else values(record.value))
+        for record in records]
+
+
+def _compression_name(value: object) -> object:
+    """kafka-python's ``compression_type`` (None for none) as our ``compression``."""
+    return "none" if value is None else value
+
+
+def translate_options(options: dict) -> dict:
+    """kafka-python's spellings as ours (``KAFKA_PYTHON_ALIASES``), ignorable options dropped.
+
+    Raises:
+        ValueError: an option given under both names, or an ignorable one with a value that
+            would change behaviour (``security_protocol="SSL"``).
+    """
+    out = {}
+    for key, value in options.items():
+        if key in KAFKA_PYTHON_IGNORED:
+            allowed = KAFKA_PYTHON_IGNORED[key]
+            if allowed is not None and value not in allowed:
+                raise ValueError(f"{key}={value!r} is not supported (only "
+                                 f"{', '.join(map(repr, allowed))})")
+            continue
+        name = KAFKA_PYTHON_ALIASES.get(key, key)
+        if name in out:
+            raise ValueError(f"{name} is given twice ({key} is kafka-python's name for it)")
+        out[name] = _compression_name(value) if key == "compression_type" else value
+    return out
+
+
+def build_configs(options: dict, *classes: type) -> tuple:
+    """Split keyword ``options`` among config ``classes`` by field name (kafka-python's
+    names accepted too: ``translate_options``).
+
+    Raises:
+        TypeError: an option no class knows (a typo must not pass silently); the message
+            names the closest known option.
         ValueError: a value a config rejects.
     """
-    remaining = dict(options)
+    remaining = translate_options(options)
     built = []
+    known: set[str] = set()
     for cls in classes:
         names = {field.name for field in attrs.fields(cls)}
+        known |= names
         mine = {key: remaining.pop(key) for key in list(remaining) if key in names}
         built.append(cls(**mine))
     if remaining:
-        raise TypeError(f"unknown option(s): {', '.join(sorted(remaining))}")
+        hints = []
+        for key in sorted(remaining):
+            close = difflib.get_close_matches(
+                key, sorted(known | {k for k, v in KAFKA_PYTHON_ALIASES.items() if v in known}),
+                n=1, cutoff=0.6)
+            hints.append(f"{key} (did you mean {close[0]}?)" if close else key)
+        raise TypeError(f"unknown option(s): {', '.join(hints)}")
     return tuple(built)
 
 

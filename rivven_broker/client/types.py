@@ -62,6 +62,17 @@ class Record(NamedTuple):
     value: bytes | None
     headers: tuple
 
+    @property
+    def timestamp(self) -> int:
+        """``timestamp_ms`` under kafka-python's name."""
+        return self.timestamp_ms
+
+    @property
+    def timestamp_type(self) -> int:
+        """0, CreateTime (as kafka-python): the broker keeps the producer's timestamps
+        (it has no LogAppendTime topics)."""
+        return 0
+
 
 class BrokerInfo(NamedTuple):
     node_id: int

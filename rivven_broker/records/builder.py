@@ -315,7 +315,9 @@ class BatchBuilder:
 
 def _check_types(key: object, value: object) -> None:
     """Raise ``TypeError`` unless key and value are ``bytes``/``bytearray`` or ``None``."""
-    for part in (key, value):
+    for name, part in (("key", key), ("value", value)):
         if part is not None and not isinstance(part, (bytes, bytearray)):
             kind = type(part).__name__
-            raise TypeError(f"record key and value must be bytes or None, not {kind}")
+            raise TypeError(
+                f"the record {name} must be bytes or None, not {kind}: encode it (for a str, "
+                f"{name}.encode()) or give the producer {name}_serializer= (e.g. str.encode)")

@@ -1,7 +1,9 @@
-"""The blocking ``Consumer`` pauses the cyclic garbage collector only while ``poll`` decodes.
+"""The blocking ``Consumer`` pauses the cyclic garbage collector only while ``poll`` decodes,
+and only when asked (``pause_gc_while_decoding=True``: the switch is process-wide).
 
-Goal: ``poll`` turns the collector off while it decodes fetched batches and hands the records
-out (a speed measure, see ``CollectorPause``), and must always put back the state it found:
+Goal: with the opt-in, ``poll`` turns the collector off while it decodes fetched batches and
+hands the records out (a speed measure, see ``CollectorPause``), and must always put back the
+state it found:
 on a normal return, when decoding raises, and when the caller had disabled the collector
 itself. Method: the public ``Consumer`` against ``FakeBroker`` (tests/unit/client/
 fake_broker.py) over loopback sockets, checking ``gc.isenabled()`` after each ``poll`` and
@@ -49,7 +51,8 @@ def _fill(broker: FakeBroker, count: int) -> None:
 def test_poll_restores_an_enabled_collector_and_returns_whole_records(fake, collector_enabled):
     _fill(fake, 300)
     got = []
-    with Consumer(fake.bootstrap, auto_offset_reset="earliest", max_poll_records=70) as consumer:
+    with Consumer(fake.bootstrap, auto_offset_reset="earliest", max_poll_records=70,
+                  pause_gc_while_decoding=True) as consumer:
         consumer.assign([TopicPartition("t", 0)])
         while len(got) < 300:
             batch = consumer.poll(timeout_ms=5000)
@@ -66,7 +69,8 @@ def test_poll_restores_an_enabled_collector_and_returns_whole_records(fake, coll
 
 def test_poll_leaves_a_disabled_collector_disabled(fake, collector_enabled):
     _fill(fake, 50)
-    with Consumer(fake.bootstrap, auto_offset_reset="earliest") as consumer:
+    with Consumer(fake.bootstrap, auto_offset_reset="earliest",
+                  pause_gc_while_decoding=True) as consumer:
         consumer.assign([TopicPartition("t", 0)])
         gc.disable()
         got = []
@@ -86,7 +90,8 @@ def test_poll_restores_the_collector_when_decoding_raises(fake, collector_enable
     corrupt = bytearray(batch)
     corrupt[-1] ^= 0xFF  # inside the records: the CRC no longer matches
     fake.logs[("t", 0)][0] = (base, bytes(corrupt))
-    with Consumer(fake.bootstrap, auto_offset_reset="earliest") as consumer:
+    with Consumer(fake.bootstrap, auto_offset_reset="earliest",
+                  pause_gc_while_decoding=True) as consumer:
         consumer.assign([TopicPartition("t", 0)])
         with pytest.raises(CorruptMessageError):
             for _ in range(100):
@@ -119,9 +124,27 @@ async def test_the_trio_consumer_restores_the_collector_too(fake, collector_enab
     _fill(fake, 200)
     got = []
     with trio.fail_after(20):
-        async with open_consumer(fake.bootstrap, auto_offset_reset="earliest") as consumer:
+        async with open_consumer(fake.bootstrap, auto_offset_reset="earliest",
+                                 pause_gc_while_decoding=True) as consumer:
             consumer.assign([TopicPartition("t", 0)])
             while len(got) < 200:
                 got += await consumer.poll(timeout_ms=1000, max_records=70)
                 assert gc.isenabled()
     assert [r.value for r in got] == [b"v%d" % i for i in range(200)]
+
+
+def test_without_the_opt_in_the_collector_is_never_touched(fake, collector_enabled,
+                                                            monkeypatch):
+    import rivven_broker.client._collector as collector_module
+
+    calls = []
+    monkeypatch.setattr(collector_module.gc, "disable", lambda: calls.append("disable"))
+    _fill(fake, 100)
+    for opt_in in (False, True):
+        with Consumer(fake.bootstrap, auto_offset_reset="earliest",
+                      pause_gc_while_decoding=opt_in) as consumer:
+            consumer.assign([TopicPartition("t", 0)])
+            got = []
+            while len(got) < 100:
+                got += consumer.poll(timeout_ms=5000)
+        assert bool(calls) is opt_in
