@@ -50,6 +50,7 @@ from typing import Sequence
 
 import trio
 
+from rivven_broker import __version__
 from rivven_broker.process_memory import keep_freed_memory
 from rivven_broker.server.broker import Broker, BrokerAddresses, is_loopback
 from rivven_broker.server.config import BrokerConfig, ConfigError, load_config
@@ -160,6 +161,7 @@ def _cluster_key_ring(config: BrokerConfig) -> KeyRing | None:
 async def _run(config: BrokerConfig, key_ring: KeyRing | None) -> None:
     env = RealEnv(config.data_dir)
     broker = Broker(env, config, key_ring=key_ring)
+    broker.metrics.track_process()  # CPU, memory, open files, the collector: a real process
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_signals, broker, signals, nursery.cancel_scope)
@@ -191,7 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "invariants", file=sys.stderr)
         return 1
     try:
-        config = load_config(sys.argv[1:] if argv is None else argv, environ=os.environ)
+        config = load_config(sys.argv[1:] if argv is None else argv, environ=os.environ,
+                             version=__version__)
     except ConfigError as exc:
         print(f"rivven-broker: {exc}", file=sys.stderr)
         return 1

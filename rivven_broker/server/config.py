@@ -24,7 +24,6 @@ from typing import Any, Callable, Mapping, NoReturn, Sequence
 
 import attrs
 
-from rivven_broker import __version__
 from rivven_broker.protocol import limits
 from rivven_cluster.membership import MembershipConfig
 
@@ -476,8 +475,9 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-def parser() -> argparse.ArgumentParser:
-    """The ``rivven-broker`` argument parser (every value is kept raw; ``load_config`` checks)."""
+def parser(version: str = "") -> argparse.ArgumentParser:
+    """The ``rivven-broker`` argument parser (every value is kept raw; ``load_config`` checks).
+    ``version``: what ``--version`` prints (the entry point knows it; empty: no flag)."""
     result = _Parser(
         prog="rivven-broker",
         description="Run a Rivven broker. No arguments: a single-node broker, node id 1, data "
@@ -485,7 +485,8 @@ def parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS,
         allow_abbrev=False,
     )
-    result.add_argument("--version", action="version", version=f"rivven-broker {__version__}")
+    if version:
+        result.add_argument("--version", action="version", version=f"rivven-broker {version}")
     result.add_argument("--config", metavar="FILE.toml", help="read the [broker] table of this "
                         "TOML file; flags and RIVVEN_ environment variables win over it "
                         "(also $RIVVEN_CONFIG)")
@@ -543,7 +544,7 @@ def _environment_layer(environ: Mapping[str, str]) -> dict[str, tuple[str, objec
 
 def load_config(
     argv: Sequence[str], *, read_file: Callable[[str], bytes] = _read_file,
-    environ: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None, version: str = "",
 ) -> BrokerConfig:
     """Build the config from ``argv`` (without the program name), the ``RIVVEN_`` environment
     variables (``environ``; default none) and the ``--config`` file.
@@ -557,7 +558,7 @@ def load_config(
             accepts.
     """
     environ = {} if environ is None else environ
-    namespace = vars(parser().parse_args(list(argv)))
+    namespace = vars(parser(version).parse_args(list(argv)))
     path = namespace.pop("config", None) or environ.get("RIVVEN_CONFIG") or None
     layers: dict[str, tuple[str, object]] = {}
     if path is not None:

@@ -209,7 +209,9 @@ class DataPath:
                     continue
                 context.sync_worker.mark_dirty(plog)
                 context.waker.poke(key)
-                records_in += info.last_offset - info.base_offset + 1
+                count = info.last_offset - info.base_offset + 1
+                records_in += count
+                context.metrics.topic_in(topic.name, count, len(part.records))
                 outcome[key] = produce_partition_appended(
                     part.partition, info.base_offset, info.log_append_time_ms,
                     plog.log_start_offset,
@@ -405,6 +407,8 @@ class DataPath:
             return FetchPartitionResponse(partition, ErrorCode.CORRUPT_MESSAGE)
         except (StorageError, OSError) as exc:
             return FetchPartitionResponse(partition, error_of(exc)[0])
+        if records:
+            context.metrics.topic_out(name, len(records))
         return FetchPartitionResponse(
             partition,
             ErrorCode.NONE,

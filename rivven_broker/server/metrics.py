@@ -23,10 +23,19 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import Callable, Iterable, Iterator, NamedTuple
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.storage.handle_cache import HandleStatistics
 from rivven_broker.storage.sync_worker import SyncWorkerStatistics
 
@@ -105,6 +114,13 @@ class _LatencyHistogram:
                                      sum_value=self.sum_ms / 1000)
 
 
+def _error_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return str(code)
+
+
 class _HotCollector(Collector):
     """Exports the per-request figures a ``BrokerMetrics`` keeps as plain integers."""
 
@@ -114,12 +130,25 @@ class _HotCollector(Collector):
     def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
         metrics = self._metrics
         requests = CounterMetricFamily(
-            "rivven_requests", "Requests answered, by api and error code.",
-            labels=["api", "error_code"],
+            "rivven_requests", "Requests answered, by api and error (its name, NONE for none).",
+            labels=["api", "error"],
         )
         for (api, error_code), count in sorted(metrics.request_counts.items()):
-            requests.add_metric([api, str(error_code)], float(count))
+            requests.add_metric([api, _error_name(error_code)], float(count))
         yield requests
+        by_topic = [
+            ("rivven_topic_produced_records", "Records appended by produce requests, by topic.",
+             metrics.topic_records_in),
+            ("rivven_topic_produced_bytes", "Record batch bytes appended by produce requests, "
+             "by topic.", metrics.topic_bytes_in),
+            ("rivven_topic_fetched_bytes", "Record batch bytes answered to client fetch "
+             "requests, by topic.", metrics.topic_bytes_out),
+        ]
+        for name, documentation, counts in by_topic:
+            family = CounterMetricFamily(name, documentation, labels=["topic"])
+            for topic, count in sorted(counts.items()):
+                family.add_metric([topic], float(count))
+            yield family
         yield CounterMetricFamily("rivven_network_received_bytes", "Bytes received from clients.",
                                   value=float(metrics.bytes_in_total))
         yield CounterMetricFamily("rivven_network_sent_bytes", "Bytes sent to clients.",
@@ -207,6 +236,10 @@ class BrokerMetrics:
         self.bytes_in_total = 0
         self.bytes_out_total = 0
         self.records_in_total = 0
+        #: topic -> records and batch bytes appended by produce, batch bytes fetched
+        self.topic_records_in: dict[str, int] = {}
+        self.topic_bytes_in: dict[str, int] = {}
+        self.topic_bytes_out: dict[str, int] = {}
         self.produce_latency = _LatencyHistogram()
         self.fetch_latency = _LatencyHistogram()
         registry.register(_HotCollector(self))
@@ -285,6 +318,24 @@ class BrokerMetrics:
 
     def records_in(self, count: int) -> None:
         self.records_in_total += count
+
+    def topic_in(self, topic: str, records: int, size: int) -> None:
+        """A produce appended ``records`` in ``size`` batch bytes to ``topic``."""
+        self.topic_records_in[topic] = self.topic_records_in.get(topic, 0) + records
+        self.topic_bytes_in[topic] = self.topic_bytes_in.get(topic, 0) + size
+
+    def topic_out(self, topic: str, size: int) -> None:
+        """A fetch answered ``size`` batch bytes of ``topic``."""
+        self.topic_bytes_out[topic] = self.topic_bytes_out.get(topic, 0) + size
+
+    def track_process(self) -> None:
+        """Export the process's CPU, memory, open files and the Python collector's figures
+        (prometheus_client's process, platform and GC collectors). For a real broker
+        process only: the GC collector hooks the interpreter, and a simulator runs many
+        brokers in one process."""
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
 
     def bytes_in(self, count: int) -> None:
         self.bytes_in_total += count

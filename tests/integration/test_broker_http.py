@@ -62,8 +62,8 @@ async def test_health_metrics_and_dashboard(broker, connect):
     status, headers, body = await get(broker.http_port, "/metrics")
     assert status == 200 and headers["Content-Type"].startswith("text/plain")
     text = body.decode()
-    assert 'rivven_requests_total{api="Produce",error_code="0"} 1.0' in text
-    assert 'rivven_requests_total{api="CreateTopic",error_code="0"} 1.0' in text
+    assert 'rivven_requests_total{api="Produce",error="NONE"} 1.0' in text
+    assert 'rivven_requests_total{api="CreateTopic",error="NONE"} 1.0' in text
     assert 'rivven_log_end_offset{partition="1",topic="shown"} 1.0' in text
     assert 'rivven_log_end_offset{partition="0",topic="shown"} 0.0' in text
     assert 'rivven_high_watermark{partition="1",topic="shown"} 1.0' in text

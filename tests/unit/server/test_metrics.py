@@ -22,14 +22,24 @@ def test_requests_bytes_and_records_are_exported_at_scrape_time() -> None:
     metrics.bytes_out(7)
     metrics.records_in(500)
     value = metrics.registry.get_sample_value
-    assert value("rivven_requests_total", {"api": "Produce", "error_code": "0"}) == 3
-    assert value("rivven_requests_total", {"api": "Produce", "error_code": "6"}) == 1
-    assert value("rivven_requests_total", {"api": "Metadata", "error_code": "0"}) == 1
+    assert value("rivven_requests_total", {"api": "Produce", "error": "NONE"}) == 3
+    assert value("rivven_requests_total", {"api": "Produce", "error": "NOT_LEADER"}) == 1
+    assert value("rivven_requests_total", {"api": "Metadata", "error": "NONE"}) == 1
     assert value("rivven_network_received_bytes_total") == 123
     assert value("rivven_network_sent_bytes_total") == 7
     assert value("rivven_produced_records_total") == 500
-    assert b'rivven_requests_total{api="Produce",error_code="0"} 3.0' in metrics.render()
+    assert b'rivven_requests_total{api="Produce",error="NONE"} 3.0' in metrics.render()
     assert BrokerMetrics(2).registry.get_sample_value("rivven_produced_records_total") == 0
+    metrics.topic_in("orders", 10, 900)
+    metrics.topic_in("orders", 5, 400)
+    metrics.topic_out("orders", 650)
+    assert value("rivven_topic_produced_records_total", {"topic": "orders"}) == 15
+    assert value("rivven_topic_produced_bytes_total", {"topic": "orders"}) == 1300
+    assert value("rivven_topic_fetched_bytes_total", {"topic": "orders"}) == 650
+    assert value("process_cpu_seconds_total") is None  # only a real broker process tracks it
+    metrics.track_process()
+    assert value("process_cpu_seconds_total") > 0 and value("python_gc_objects_collected_total",
+                                                            {"generation": "0"}) is not None
 
 
 def test_latency_histograms_are_cumulative_in_seconds() -> None:
