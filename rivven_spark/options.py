@@ -151,8 +151,23 @@ class WriterOptions:
     ledger_topic: str | None
 
 
+#: Spark's Kafka source/sink spellings, so a job ports by changing only ``format("kafka")``.
+_KAFKA_ALIASES = {
+    "kafka.bootstrap.servers": "bootstrap",
+    "kafka.isolation.level": "isolation.level",
+}
+
+
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
-    return {str(key).lower(): str(value) for key, value in options.items()}
+    """Lower-cased keys, Spark Kafka aliases under our names (given twice: refused)."""
+    out: dict[str, str] = {}
+    for key, value in options.items():
+        name = str(key).lower()
+        name = _KAFKA_ALIASES.get(name, name)
+        if name in out:
+            raise OptionError(f"option {name} is given twice (under {key!r} too)")
+        out[name] = str(value)
+    return out
 
 
 def _check_known(options: dict[str, str], known: frozenset[str], kind: str) -> None:

@@ -44,6 +44,18 @@ def test_option_names_are_case_insensitive_and_typed():
     assert options.starting_spec() == {"orders-1": {0: 5, 2: -2}}
 
 
+def test_spark_kafka_spellings_port_a_job():
+    reader = parse_reader_options(
+        {"kafka.bootstrap.servers": "h:1,h:2", "subscribe": "a",
+         "kafka.isolation.level": "read_committed"}, streaming=True)
+    assert reader.bootstrap == "h:1,h:2" and reader.isolation_level == "read_committed"
+    writer = parse_writer_options({"kafka.bootstrap.servers": "h:3", "topic": "out"})
+    assert writer.bootstrap == "h:3"
+    with pytest.raises(OptionError, match="bootstrap is given twice"):
+        parse_reader_options({"bootstrap": "h:1", "kafka.bootstrap.servers": "h:2",
+                              "subscribe": "a"}, streaming=True)
+
+
 def test_assign():
     options = parse_reader_options({"assign": '{"t": [1, 0], "u": [2]}'}, streaming=True)
     sub = options.subscription
