@@ -350,8 +350,9 @@ def parse_writer_options(options: Mapping[str, str]) -> WriterOptions:
     if acks not in ("all", "-1", "1", "0"):
         raise OptionError(f"option acks must be all, 1 or 0, not {acks!r}")
     compression = lowered.get("compression", "none")
-    if compression not in ("none", "zstd"):
-        raise OptionError(f"option compression must be none or zstd, not {compression!r}")
+    if compression not in ("none", "gzip", "snappy", "lz4", "zstd"):
+        raise OptionError("option compression must be none, gzip, snappy, lz4 or zstd, not "
+                          f"{compression!r}")
     ledger = lowered.get("ledgertopic")
     if ledger is not None:
         ledger = _topic(ledger.strip(), "ledgerTopic")

@@ -5,7 +5,8 @@ starts or ``--bootstrap``, optionally side by side with ``--peer redis|nats``), 
 standard suite behind ``make bench``, which rewrites docs/performance.md) and ``storage``
 (the partition log alone), ``membership`` (SWIM crash detection with real processes),
 ``controller`` (Raft commit latency, commands/s, failover with real processes), ``failover``
-(partition leaders SIGKILLed under ``acks=all`` load: failover time, nothing lost). See
+(partition leaders SIGKILLed under ``acks=all`` load: failover time, nothing lost),
+``codecs`` (each compression codec's build and decode speed and ratio). See
 docs/performance.md.
 """
 
@@ -16,7 +17,7 @@ import json
 import signal
 import sys
 
-from rivven_broker.bench import controller, failover, membership, storage
+from rivven_broker.bench import codecs, controller, failover, membership, storage
 from rivven_broker.bench.options import MODES, OptionsError, add_arguments, options_from_args
 
 
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         suites.add_parser("controller", help=controller.HELP, description=controller.HELP))
     failover.add_arguments(
         suites.add_parser("failover", help=failover.HELP, description=failover.HELP))
+    codecs.add_arguments(suites.add_parser("codecs", help=codecs.HELP, description=codecs.HELP))
     args = parser.parse_args(argv)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         # SIGTERM unwinds like Ctrl-C, so every server is stopped and every directory removed.
@@ -55,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         return controller.main(args)
     if args.suite == "failover":
         return failover.main(args)
+    if args.suite == "codecs":
+        return codecs.main(args)
     if args.suite == "suite":
         return suite.main(args)
     try:

@@ -136,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="stdin lines are KEY SEP VALUE (split at the first SEP; a line "
                          "without it is a record without a key)")
     produce.add_argument("--acks", default="all", choices=["all", "1", "0"])
-    produce.add_argument("--compression", default="none", choices=["none", "zstd"])
+    produce.add_argument("--compression", default="none",
+                         choices=["none", "gzip", "snappy", "lz4", "zstd"])
 
     consume = commands.add_parser("consume", help="print records of a topic")
     consume.add_argument("topic")

@@ -19,6 +19,7 @@ import attrs
 
 from rivven_broker.protocol import limits
 from rivven_broker.protocol.assignors import ASSIGNOR_NAMES
+from rivven_broker.records.builder import COMPRESSIONS
 
 __all__ = [
     "ConnectionConfig",
@@ -104,8 +105,9 @@ class ProducerConfig:
                 raise ValueError(f"{name} must be callable")
         if self.acks not in (-1, 0, 1):
             raise ValueError(f"acks must be 'all', 1 or 0, not {self.acks!r}")
-        if self.compression not in ("none", "zstd"):
-            raise ValueError(f"compression must be 'none' or 'zstd', not {self.compression!r}")
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {', '.join(COMPRESSIONS)}, not "
+                             f"{self.compression!r}")
         _non_negative("linger_ms", self.linger_ms)
         _non_negative("max_block_ms", self.max_block_ms)
         _non_negative("retries", self.retries)

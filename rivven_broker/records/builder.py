@@ -33,6 +33,7 @@ import crc32c as _crc32c
 import zstandard
 
 from rivven_broker.protocol import limits
+from rivven_broker.records import codecs
 from rivven_broker.records.batch import (
     I32,
     RECORD_OVERHEAD_BYTES,
@@ -57,8 +58,11 @@ from rivven_broker.records.header import (
 
 __all__ = ["BatchBuilder", "Compression"]
 
-Compression = Literal["none", "zstd"]
-_COMPRESSION_CODES = {"none": COMPRESSION_NONE, "zstd": COMPRESSION_ZSTD}
+Compression = Literal["none", "gzip", "snappy", "lz4", "zstd"]
+_COMPRESSION_CODES = {"none": COMPRESSION_NONE, "gzip": codecs.GZIP, "snappy": codecs.SNAPPY,
+                      "lz4": codecs.LZ4, "zstd": COMPRESSION_ZSTD}
+#: The names ``compression`` takes, for the clients' and tools' option checks.
+COMPRESSIONS = tuple(_COMPRESSION_CODES)
 _NO_HEADERS = I32.pack(0)
 _PACK_PREFIX = RECORD_PREFIX.pack
 _PACK_NULL_KEY = struct.Struct(">ibqiii").pack  # the prefix and value_length of a null-key record
@@ -120,7 +124,8 @@ class BatchBuilder:
                 f"{limits.batch_bytes_max}], not {batch_bytes_max}"
             )
         if compression not in _COMPRESSION_CODES:
-            raise ValueError(f"compression must be 'none' or 'zstd', not {compression!r}")
+            raise ValueError(f"compression must be one of {', '.join(COMPRESSIONS)}, "
+                             f"not {compression!r}")
         assert producer_id >= -1 and producer_epoch >= -1 and base_sequence >= -1
         assert not transactional or producer_id >= 0, "a transactional batch needs a producer id"
         assert not control or (transactional and compression == "none")
@@ -291,6 +296,11 @@ class BatchBuilder:
             if len(compressed) < len(section):
                 section = compressed
                 attributes |= COMPRESSION_ZSTD
+        elif self._compression != COMPRESSION_NONE:
+            compressed = codecs.compress(self._compression, section)
+            if len(compressed) < len(section):  # else stored plain (attributes say none)
+                section = compressed
+                attributes |= self._compression
         fields = [
             0,  # base_offset, stamped by the broker
             HEADER_BYTES - LOG_OVERHEAD_BYTES + len(section),

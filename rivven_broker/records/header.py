@@ -187,7 +187,7 @@ def validate(
     if header.record_count > header.last_offset_delta + 1:
         raise InvalidBatchError("more records than offsets")
     compression = header.compression
-    if compression not in (COMPRESSION_NONE, COMPRESSION_ZSTD):
+    if compression > COMPRESSION_ZSTD:  # none, gzip, snappy, lz4, zstd: Kafka's ids 0-4
         raise InvalidBatchError(f"unsupported compression {compression}")
     if compute_crc(buf, pos, available) != header.crc:
         raise CorruptBatchError("record batch CRC mismatch")

@@ -38,6 +38,7 @@ from typing import Callable, Iterator
 import zstandard
 
 from rivven_broker.protocol import limits
+from rivven_broker.records import codecs
 from rivven_broker.records.batch import (
     I32,
     RECORD_OVERHEAD_BYTES,
@@ -246,7 +247,13 @@ def _records_section(
     if compression == COMPRESSION_NONE:
         return buf, start, end
     if compression != COMPRESSION_ZSTD:
-        raise InvalidBatchError(f"unsupported compression {compression} in batch at {pos}")
+        try:
+            data = codecs.decompress(compression, memoryview(buf)[start:end], SECTION_BYTES_MAX)
+        except codecs.CodecError as error:
+            if compression not in codecs.CODES:
+                raise InvalidBatchError(f"{error} in batch at {pos}") from None
+            raise CorruptBatchError(f"{error} in batch at {pos}") from None
+        return data, 0, len(data)
     frame = buf[start:end]
     try:
         content_bytes = zstandard.frame_content_size(frame)

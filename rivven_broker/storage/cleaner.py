@@ -64,8 +64,10 @@ import crc32c as _crc32c
 import zstandard
 
 from rivven_broker.protocol import limits
+from rivven_broker.records import codecs
 from rivven_broker.records.batch import I32, ZSTD_LEVEL
 from rivven_broker.records.header import (
+    CorruptBatchError,
     COMPRESSION_MASK,
     COMPRESSION_NONE,
     COMPRESSION_ZSTD,
@@ -215,6 +217,11 @@ def _records_section(batch: bytes, header: BatchHeader) -> bytes:
         return zstandard.ZstdDecompressor().decompress(
             section, max_output_size=limits.batch_bytes_max
         )
+    if header.compression != COMPRESSION_NONE:  # gzip, snappy, lz4 (bounded)
+        try:
+            return codecs.decompress(header.compression, section, limits.batch_bytes_max)
+        except codecs.CodecError as error:
+            raise CorruptBatchError(str(error)) from None
     return section
 
 
@@ -248,8 +255,8 @@ def _seal(draft: bytes, section: bytes) -> bytes:
 def rewrite_batch(batch: bytes, kept_offsets: Sequence[int] | set[int]) -> bytes:
     """``batch`` holding only the records whose offsets are in ``kept_offsets``: same base
     offset, offset delta, timestamps and producer fields, record bytes unchanged, a fresh CRC.
-    A zstd section is recompressed (stored plain when that is not smaller; an empty section
-    is always plain). Pure; never blocks.
+    A compressed section is recompressed with its codec (stored plain when that is not
+    smaller; an empty section is always plain). Pure; never blocks.
 
     Raises:
         CorruptBatchError, InvalidBatchError: the batch's records do not decode.
@@ -274,6 +281,10 @@ def rewrite_batch(batch: bytes, kept_offsets: Sequence[int] | set[int]) -> bytes
         compressed = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(plain)
         if len(compressed) < len(plain):
             body, attributes = compressed, attributes | COMPRESSION_ZSTD
+    elif plain and header.compression != COMPRESSION_NONE:  # kept in its own codec
+        compressed = codecs.compress(header.compression, plain)
+        if len(compressed) < len(plain):
+            body, attributes = compressed, attributes | header.compression
     draft = _header_bytes(
         header, attributes, len(body), count, header.last_offset_delta, header.max_timestamp
     )

@@ -196,7 +196,9 @@ def test_unknown_compression_and_magic_are_invalid():
     batch = BATCHES["none"]
     for check_crc in (True, False):
         with pytest.raises(InvalidBatchError):
-            decode_records(reframe(batch, attributes=1), check_crc=check_crc)  # gzip: unsupported
+            decode_records(reframe(batch, attributes=5), check_crc=check_crc)  # no codec 5
+        with pytest.raises(CorruptBatchError, match="gzip"):  # a plain section called gzip
+            decode_records(reframe(batch, attributes=1), check_crc=check_crc)
         with pytest.raises(InvalidBatchError):
             decode_records(reframe(batch, magic=1), check_crc=check_crc)
 

@@ -280,4 +280,4 @@ def test_bad_builder_settings_are_refused():
         with pytest.raises(ValueError):
             BatchBuilder(batch_bytes_max=bad)
     with pytest.raises(ValueError):
-        BatchBuilder(batch_bytes_max=BIG, compression="gzip")  # type: ignore[arg-type]
+        BatchBuilder(batch_bytes_max=BIG, compression="brotli")  # type: ignore[arg-type]

@@ -101,7 +101,7 @@ def test_writer_options():
         ({"topic": "out", "topicAllowlist": "other"}, "topicAllowlist"),
         ({"topic": "out", "acks": "1"}, "exactlyOnce"),
         ({"topic": "out", "acks": "2", "exactlyOnce": "false"}, "acks"),
-        ({"topic": "out", "compression": "gzip"}, "compression"),
+        ({"topic": "out", "compression": "brotli"}, "compression"),
         ({"topic": "out", "subscribe": "x"}, "subscribe"),
     ],
 )

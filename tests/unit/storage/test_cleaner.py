@@ -65,17 +65,19 @@ def filled_log(store: MemoryFileStore, rng: random.Random, batches: int = 60) ->
             key = b"k%d" % rng.randrange(8)
             value = None if rng.random() < 0.1 else b"v%d" % i
             records.append((key, value))
-        log.append(batch(records, 1000 + i, "zstd" if i % 3 == 0 else "none"), 1000 + i)
+        codec = ("zstd", "none", "gzip", "none", "snappy", "lz4")[i % 6]
+        log.append(batch(records, 1000 + i, codec), 1000 + i)
     log.flush()
     return log
 
 
 def test_rewrite_batch_keeps_offsets_timestamps_and_bytes():
-    for compression in ("none", "zstd"):
+    for compression in ("none", "gzip", "snappy", "lz4", "zstd"):
         original = batch([(b"a", b"1" * 50), (b"b", b"2" * 50), (b"c", None), (b"d", b"4" * 50)],
                          compression=compression)
         rewritten = rewrite_batch(original, {1, 3})
         header = validate(rewritten, dense=False)
+        assert header.compression == validate(original, dense=False).compression  # kept
         assert (header.record_count, header.last_offset_delta) == (2, 3)
         before = {r.offset: r for r in decode_records(original)}
         assert decode_records(rewritten) == [before[1], before[3]]
