@@ -409,14 +409,19 @@ def _start(text: str | None) -> tuple[str, int] | None:
         return "back", int(text[1:])
     if text.startswith("@") and text[1:].isdigit():
         return "time", int(text[1:])
+    return "time", max(_iso_ms(text, "--offset", "an offset, -N, @MS or an ISO-8601 time"), 0)
+
+
+def _iso_ms(text: str, option: str, expected: str) -> int:
+    """Milliseconds since the epoch of an ISO-8601 time (``Z`` allowed; no zone: UTC)."""
     try:
-        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        moment = datetime.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
-        raise UsageError(f"--offset: {text!r} is not an offset, -N, @MS or an ISO-8601 "
-                         "time") from None
+        raise UsageError(f"{option}: {text!r} is not {expected}, e.g. "
+                         "2026-11-27T10:00:00Z") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=datetime.timezone.utc)
-    return "time", max(int(moment.timestamp() * 1000), 0)
+    return int(moment.timestamp() * 1000)
 
 
 def _seek_to_start(consumer: Consumer, tps: list[TopicPartition],
@@ -613,15 +618,7 @@ def _reset_target(args: argparse.Namespace) -> str:
     if args.shift_by is not None:
         return f"shift={args.shift_by}"
     if args.to_datetime is not None:
-        text = args.to_datetime.strip()
-        try:
-            moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError:
-            raise UsageError(f"--to-datetime: {text!r} is not an ISO-8601 time, e.g. "
-                             "2026-11-27T10:00:00Z") from None
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=datetime.timezone.utc)
-        return f"timestamp={int(moment.timestamp() * 1000)}"
+        return f"timestamp={_iso_ms(args.to_datetime, '--to-datetime', 'an ISO-8601 time')}"
     return args.to
 
 
