@@ -64,6 +64,7 @@ from rivven_broker.client.fetch_state import (
     CompletedFetch,
     FetchPlan,
     FetchState,
+    consumer_metrics,
     decode_completed,
 )
 from rivven_broker.client.metadata import MetadataCache, parse_bootstrap
@@ -126,6 +127,7 @@ class Consumer:
             self._net, self._metadata, self._cond, allow_auto_topic_creation=False
         )
         self._fetching: set[int] = set()  # nodes with a Fetch in flight
+        self._polls = self._records_returned = 0  # for metrics()
         self._resetting: set[tuple[TopicPartition, int]] = set()
         self._inline: list | None = None  # [completed, records, index] being handed out
         self._sync: SyncClient | None = None
@@ -492,9 +494,18 @@ class Consumer:
             collector.end()
             if group is not None:
                 group.poll_ended()  # max_poll_interval_ms counts from here
+        self._polls += 1
+        self._records_returned += len(out)
         if self._deserializing and out:
             return deserialize(self._config, out)
         return out
+
+    def metrics(self) -> dict[str, dict]:
+        """Figures under kafka-python's names: records consumed, polls, assigned partitions
+        and the largest lag (high watermark of the last fetch minus the position). Never
+        blocks on the network."""
+        with self._cond:
+            return consumer_metrics(self._state, self._records_returned, self._polls)
 
     def _next_completed(self, deadline: int) -> CompletedFetch | None:
         with self._cond:

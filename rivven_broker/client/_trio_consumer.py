@@ -55,6 +55,7 @@ from rivven_broker.client.fetch_state import (
     LATEST,
     FetchPlan,
     FetchState,
+    consumer_metrics,
     decode_completed,
 )
 from rivven_broker.client.metadata import Address
@@ -113,6 +114,7 @@ class TrioConsumer:
         self._config, conn_config = build_configs(options, ConsumerConfig, ConnectionConfig)
         self._deserializing = self._config.key_deserializer is not None or (
             self._config.value_deserializer is not None)
+        self._polls = self._records_returned = 0  # for metrics()
         self._conn_config = conn_config
         self._clock = env.clock
         self._nursery = nursery
@@ -329,9 +331,15 @@ class TrioConsumer:
                 group.poll_ended()  # max_poll_interval_ms counts from here
         if not out:
             self._fill(out, limit)
+        self._polls += 1
+        self._records_returned += len(out)
         if self._deserializing and out:
             return deserialize(self._config, out)
         return out
+
+    def metrics(self) -> dict[str, dict]:
+        """As the blocking ``Consumer.metrics`` (synchronous; never blocks)."""
+        return consumer_metrics(self._state, self._records_returned, self._polls)
 
     def _fill(self, out: list[Record], limit: int) -> None:
         # records cannot form cycles: see _collector.py (opt-in: process-wide)

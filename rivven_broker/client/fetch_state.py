@@ -55,6 +55,7 @@ from rivven_broker.records.header import (
 from rivven_broker.records.reader import BatchFilter, decode_records
 
 __all__ = [
+    "consumer_metrics",
     "EARLIEST",
     "LATEST",
     "CompletedFetch",
@@ -504,3 +505,24 @@ class Corruption(NamedTuple):
 
     offset: int
     error: CorruptMessageError
+
+
+def consumer_metrics(state: FetchState, records_returned: int, polls: int) -> dict[str, dict]:
+    """``Consumer.metrics()``: kafka-python's group and metric names for the figures a
+    consumer keeps (records handed out, polls, assigned partitions, the largest lag)."""
+    lags = []
+    for tp in state.assignment():
+        position, high = state.position(tp), state.high_watermark(tp)
+        if position is not None and high >= 0:
+            lags.append(max(high - position, 0))
+    return {
+        "consumer-fetch-manager-metrics": {
+            "records-consumed-total": records_returned,
+            "records-lag-max": max(lags, default=0),
+        },
+        "consumer-metrics": {
+            "poll-total": polls,
+            "assigned-partitions": len(state.assignment()),
+        },
+    }
+

@@ -139,6 +139,14 @@ async def test_offsets_for_times_in_both_clients(broker):
             assert (await consumer.offsets_for_times({tp: 9_000})) == {tp: None}
             with pytest.raises(ValueError):
                 await consumer.offsets_for_times({tp: -1})
+            consumer.assign([tp])
+            consumer.seek(tp, 0)
+            got = []
+            while len(got) < 4:
+                got += await consumer.poll(timeout_ms=5_000)
+            figures = consumer.metrics()
+            assert figures["consumer-fetch-manager-metrics"]["records-consumed-total"] == 4
+            assert figures["consumer-fetch-manager-metrics"]["records-lag-max"] == 0
 
     def blocking() -> None:
         with Consumer(broker.address) as consumer:

@@ -54,6 +54,9 @@ def test_a_kafka_python_script(broker_process):
             break
     assert seen == {f"o-{i}": (3 if i == 1 else i) for i in range(1, 11)}
     assert "orders" in consumer.topics()
+    figures = consumer.metrics()
+    assert figures["consumer-fetch-manager-metrics"]["records-consumed-total"] >= 10
+    assert figures["consumer-metrics"]["assigned-partitions"] >= 1
     consumer.close(autocommit=False)
     with Admin(bootstrap_servers=servers) as admin:  # nothing was committed
         described = admin.describe_group("billing")
