@@ -27,12 +27,12 @@ never pickled (readers and writers drop it in ``__getstate__``). Every method bl
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from rivven_broker.client import RivvenError, TopicPartition, error_for
 from rivven_broker.client.blocking import SyncClient
 from rivven_broker.client.config import ConnectionConfig
-from rivven_broker.client.requests import ISOLATION_LEVELS
+from rivven_broker.client.requests import ISOLATION_LEVELS, raise_for
 from rivven_broker.client.types import Record
 from rivven_broker.protocol import messages as m
 from rivven_broker.protocol.errors import ErrorCode
@@ -97,6 +97,45 @@ class BrokerIO:
                 return self._snapshot_once(subscription, isolation_level, earliest)
             except RivvenError as error:
                 attempt = self._backoff_or_raise(error, attempt, deadline)
+
+    def offsets_at(
+        self, times: Mapping[tuple[str, int], int], isolation_level: str
+    ) -> dict[tuple[str, int], int]:
+        """The first offset at or after each partition's time (ms), -1 when no record is
+        that late. Blocks (Metadata, then ListOffsets per leader and distinct time).
+
+        Raises:
+            RivvenError: a non-retriable error, or retriable ones past the timeout.
+        """
+        deadline = _now_ms() + self._timeout_ms
+        attempt = 0
+        while True:
+            try:
+                return self._offsets_at_once(times, isolation_level)
+            except RivvenError as error:
+                attempt = self._backoff_or_raise(error, attempt, deadline)
+
+    def _offsets_at_once(
+        self, times: Mapping[tuple[str, int], int], isolation_level: str
+    ) -> dict[tuple[str, int], int]:
+        topics = sorted({topic for topic, _ in times})
+        metadata = self._client.fetch_metadata(topics) if topics else None
+        leaders = {}
+        for topic in metadata.topics if metadata is not None else ():
+            raise_for(topic.error_code, None, f"metadata of topic {topic.name!r}")
+            for part in topic.partitions:
+                leaders[(topic.name, part.partition)] = part.leader
+        groups: dict[tuple[int, int], list[TopicPartition]] = {}
+        for key, ms in sorted(times.items()):
+            leader = leaders.get(key, -1)
+            if leader < 0:
+                raise error_for(ErrorCode.LEADER_NOT_AVAILABLE, f"{key[0]}/{key[1]}")
+            groups.setdefault((leader, ms), []).append(TopicPartition(*key))
+        found = {}
+        for (leader, ms), tps in sorted(groups.items()):
+            for tp, offset in self._list_offsets(leader, tps, isolation_level, ms).items():
+                found[(tp.topic, tp.partition)] = offset
+        return found
 
     def _snapshot_once(
         self, subscription: Subscription, isolation_level: str, earliest: bool

@@ -47,6 +47,8 @@ __all__ = [
     "from_pairs",
     "to_pairs",
     "resolve",
+    "timestamp_targets",
+    "apply_timestamps",
     "share_rows",
     "admit",
     "plan_ranges",
@@ -158,6 +160,56 @@ def resolve(
                                    " or does not exist")
             s = parts[key]
             out[key] = {EARLIEST: s.earliest, LATEST: s.latest}.get(offset, offset)
+    return out
+
+
+def timestamp_targets(
+    every: int | None, by_partition: Iterable[tuple[str, Iterable[tuple[int, int]]]],
+    snapshot: Iterable[PartitionSnapshot],
+) -> dict[TopicPartitionKey, int]:
+    """``{(topic, partition): ms}`` to look up: ``every`` (``startingTimestamp``) for every
+    partition of ``snapshot``, else the partitions ``by_partition`` names.
+
+    Raises:
+        OffsetsError: ``by_partition`` names a partition that is not in the snapshot.
+    """
+    keys = {(s.topic, s.partition) for s in snapshot}
+    if every is not None:
+        return {key: every for key in keys}
+    wanted = {}
+    for topic, partitions in by_partition:
+        for partition, ms in partitions:
+            if (topic, partition) not in keys:
+                raise OffsetsError(f"offsets by timestamp name {topic}/{partition}, which is "
+                                   "not subscribed or does not exist")
+            wanted[(topic, partition)] = ms
+    return wanted
+
+
+def apply_timestamps(
+    offsets: Mapping[TopicPartitionKey, int], wanted: Mapping[TopicPartitionKey, int],
+    found: Mapping[TopicPartitionKey, int], snapshot: Iterable[PartitionSnapshot], *,
+    missing: str,
+) -> dict[TopicPartitionKey, int]:
+    """``offsets`` with the partitions looked up by time replaced by what was ``found``
+    (the first offset at or after the time; -1: no such record). ``missing`` says what a
+    partition without one gets: "latest" its latest offset, "error" an ``OffsetsError``
+    (Spark's ``startingOffsetsByTimestampStrategy``).
+
+    Raises:
+        OffsetsError: a partition without a record that late, under "error".
+    """
+    latest = {(s.topic, s.partition): s.latest for s in snapshot}
+    out = dict(offsets)
+    for key, ms in sorted(wanted.items()):
+        offset = found.get(key, -1)
+        if offset < 0:
+            if missing == "error":
+                raise OffsetsError(f"{key[0]}/{key[1]} has no record at or after {ms} ms "
+                                   "(startingOffsetsByTimestampStrategy=latest starts at "
+                                   "its latest offset instead)")
+            offset = latest[key]
+        out[key] = offset
     return out
 
 

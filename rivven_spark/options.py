@@ -58,9 +58,13 @@ _READER_KEYS = frozenset(
         "bootstrap", "bootstrap.servers", "subscribe", "subscribepattern", "assign",
         "startingoffsets", "endingoffsets", "maxoffsetspertrigger", "minpartitions",
         "maxrecordsperpartition", "failondataloss", "isolation.level", "isolationlevel",
-        "fetchmaxbytes", "requesttimeoutms", "path",
+        "fetchmaxbytes", "requesttimeoutms", "path", "startingtimestamp",
+        "startingoffsetsbytimestamp", "endingoffsetsbytimestamp",
+        "startingoffsetsbytimestampstrategy",
     }
 )
+#: ``{topic: {partition: timestamp ms}}`` as sorted tuples (picklable, hashable).
+Timestamps = tuple[tuple[str, tuple[tuple[int, int], ...]], ...]
 _WRITER_KEYS = frozenset(
     {
         "bootstrap", "bootstrap.servers", "topic", "topicallowlist", "maxtopics", "acks",
@@ -127,6 +131,13 @@ class ReaderOptions:
     isolation_level: str
     fetch_bytes_max: int
     request_timeout_ms: int
+    #: ``startingTimestamp`` (every partition) or ``startingOffsetsByTimestamp``; they win
+    #: over ``startingOffsets`` for the partitions they cover, as in Spark's Kafka source.
+    starting_timestamp: int | None = None
+    starting_timestamps: Timestamps = ()
+    ending_timestamps: Timestamps = ()
+    #: No record at or after a starting timestamp: "error" (Spark's default) or "latest".
+    timestamp_strategy: str = "error"
 
     def starting_spec(self) -> str | dict[str, dict[int, int]]:
         return _spec_dict(self.starting)
@@ -283,6 +294,29 @@ def _offsets_spec(
     return tuple(topics)
 
 
+def _timestamps(options: dict[str, str], key: str) -> Timestamps:
+    """``{"topic": {"0": ms, ...}}`` of a ``...ByTimestamp`` option, as sorted tuples."""
+    text = options.get(key)
+    if text is None:
+        return ()
+    topics = []
+    for topic, partitions in sorted(_json(text, key).items()):
+        if not isinstance(partitions, dict) or not partitions:
+            raise OptionError(f'option {key}: want {{"topic": {{"0": 1700000000000}}}}, '
+                              f"got {text!r}")
+        entries = []
+        for partition, ms in partitions.items():
+            try:
+                number = int(partition)
+            except ValueError:
+                raise OptionError(f"option {key}: bad partition {partition!r}") from None
+            if type(ms) is not int or ms < 0:
+                raise OptionError(f"option {key}: bad timestamp {ms!r} for {topic}/{partition}")
+            entries.append((number, ms))
+        topics.append((_topic(topic, key), tuple(sorted(entries))))
+    return tuple(topics)
+
+
 def _spec_dict(spec: str | tuple) -> str | dict[str, dict[int, int]]:
     if isinstance(spec, str):
         return spec
@@ -302,6 +336,11 @@ def parse_reader_options(options: Mapping[str, str], *, streaming: bool) -> Read
         raise OptionError("option endingOffsets applies to batch reads (spark.read) only")
     if not streaming and "maxoffsetspertrigger" in lowered:
         raise OptionError("option maxOffsetsPerTrigger applies to streaming reads only")
+    if streaming and "endingoffsetsbytimestamp" in lowered:
+        raise OptionError("option endingOffsetsByTimestamp applies to batch reads only")
+    strategy = lowered.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
+    if strategy not in ("error", "latest"):
+        raise OptionError("option startingOffsetsByTimestampStrategy must be error or latest")
     isolation = lowered.get("isolation.level", lowered.get("isolationlevel", ISOLATION_LEVELS[0]))
     if isolation not in ISOLATION_LEVELS:
         raise OptionError(f"option isolation.level must be one of {ISOLATION_LEVELS}")
@@ -326,6 +365,10 @@ def parse_reader_options(options: Mapping[str, str], *, streaming: bool) -> Read
         isolation_level=isolation,
         fetch_bytes_max=fetch_bytes,
         request_timeout_ms=timeout_ms,
+        starting_timestamp=_int(lowered, "startingtimestamp", None, lo=0),
+        starting_timestamps=_timestamps(lowered, "startingoffsetsbytimestamp"),
+        ending_timestamps=_timestamps(lowered, "endingoffsetsbytimestamp"),
+        timestamp_strategy=strategy,
     )
 
 

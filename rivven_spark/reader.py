@@ -45,7 +45,17 @@ from pyspark.sql.streaming.datasource import (
 from rivven_broker.client import OffsetOutOfRangeError
 from rivven_spark.arrow_records import RangeDecoder
 from rivven_spark.broker_io import BrokerIO
-from rivven_spark.offsets import Offsets, admit, canonical, from_pairs, plan_ranges, resolve
+from rivven_spark.offsets import (
+    Offsets,
+    PartitionSnapshot,
+    admit,
+    apply_timestamps,
+    canonical,
+    from_pairs,
+    plan_ranges,
+    resolve,
+    timestamp_targets,
+)
 from rivven_spark.options import ReaderOptions
 from rivven_spark.worker_process import tune_worker_process
 
@@ -185,6 +195,20 @@ class _Planner:
                                 request_timeout_ms=self._options.request_timeout_ms)
         return self._io
 
+
+    def _starting(self, snapshot: list[PartitionSnapshot]) -> dict[tuple[str, int], int]:
+        """``startingOffsets``, overridden by ``startingTimestamp`` or
+        ``startingOffsetsByTimestamp`` where they apply (Spark's precedence). Blocks when a
+        timestamp must be looked up."""
+        options = self._options
+        offsets = resolve(options.starting_spec(), snapshot)
+        wanted = timestamp_targets(options.starting_timestamp, options.starting_timestamps,
+                                   snapshot)
+        if not wanted:
+            return offsets
+        found = self._broker().offsets_at(wanted, options.isolation_level)
+        return apply_timestamps(offsets, wanted, found, snapshot,
+                                missing=options.timestamp_strategy)
     def _ranges(self, start: Offsets, end: Offsets) -> list[RivvenInputPartition]:
         options = self._options
         ranges = plan_ranges(start, end, min_partitions=options.min_partitions,
@@ -192,8 +216,12 @@ class _Planner:
         return [RivvenInputPartition(r.topic, r.partition, r.start, r.end) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """Spark's executor entry point (a Python worker): ``read_range`` of one range."""
-        assert isinstance(partition, RivvenInputPartition), partition
+        """Spark's executor entry point (a Python worker): ``read_range`` of one range.
+        A plan without ranges reaches here as PySpark's placeholder ``InputPartition(None)``
+        (it asks for one partition when a source plans none): nothing to read."""
+        if not isinstance(partition, RivvenInputPartition):
+            assert partition.value is None, partition
+            return iter(())
         tune_worker_process()
         return read_range(self._options, partition)
 
@@ -210,7 +238,7 @@ class RivvenStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvaila
         """Resolve ``startingOffsets``. Blocks (two round trips)."""
         options = self._options
         snapshot = self._broker().snapshot(options.subscription, options.isolation_level)
-        return from_pairs(resolve(options.starting_spec(), snapshot))
+        return from_pairs(self._starting(snapshot))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self._options.max_offsets_per_trigger
@@ -266,11 +294,15 @@ class RivvenBatchReader(_Planner, DataSourceReader):
         options = self._options
         try:
             snapshot = self._broker().snapshot(options.subscription, options.isolation_level)
+            start = from_pairs(self._starting(snapshot))
+            end = resolve(options.ending_spec(), snapshot)
+            wanted = timestamp_targets(None, options.ending_timestamps, snapshot)
+            if wanted:  # no record that late: the end is the latest offset, as in Spark
+                found = self._broker().offsets_at(wanted, options.isolation_level)
+                end = apply_timestamps(end, wanted, found, snapshot, missing="latest")
         finally:
             self.close()
-        start = from_pairs(resolve(options.starting_spec(), snapshot))
-        end = from_pairs(resolve(options.ending_spec(), snapshot))
-        return self._ranges(start, end)
+        return self._ranges(start, from_pairs(end))
 
     def close(self) -> None:
         if self._io is not None:

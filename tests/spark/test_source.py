@@ -174,3 +174,31 @@ def test_read_committed_skips_aborted_transactions(spark, broker, tmp_path):
                       "parquet", out)
     values = sorted(v for _, _, v in parquet_rows(spark, out))
     assert values == sorted(b"%d-%d" % (b, i) for b in (0, 2) for i in range(50))
+
+
+def test_batch_read_between_timestamps(spark, broker):
+    """Spark Kafka's startingTimestamp / startingOffsetsByTimestamp / endingOffsetsByTimestamp:
+    the first offset at or after each time (batch granularity), a time with no record that
+    late an error unless startingOffsetsByTimestampStrategy=latest."""
+    topic = broker.create("by-time", partitions=1)
+    with Producer(broker.address, acks="all", linger_ms=50) as producer:
+        for base in (1_000, 2_000, 3_000):  # three batches, one per second of "time"
+            for i in range(100):
+                producer.send(topic, value=b"%d" % (base + i), partition=0,
+                              timestamp_ms=base + i)
+            producer.flush()
+
+    def read(**options):
+        reader = spark.read.format("rivven").option("bootstrap", broker.address)
+        for key, value in {"subscribe": topic, **options}.items():
+            reader = reader.option(key, value)
+        return sorted(int(bytes(r.value)) for r in reader.load().collect())
+
+    middle = read(startingTimestamp="2000",
+                  endingOffsetsByTimestamp=json.dumps({topic: {"0": 3_000}}))
+    assert middle == list(range(2_000, 2_100))
+    by_partition = read(startingOffsetsByTimestamp=json.dumps({topic: {"0": 2_500}}))
+    assert by_partition == list(range(3_000, 3_100))  # the batch reaching 2500 starts at 3000
+    with pytest.raises(Exception, match="no record at or after"):
+        read(startingTimestamp="9000")
+    assert read(startingTimestamp="9000", startingOffsetsByTimestampStrategy="latest") == []

@@ -108,3 +108,36 @@ def test_writer_options():
 def test_bad_writer_options(options, fragment):
     with pytest.raises(OptionError, match=fragment):
         parse_writer_options(options)
+
+
+def test_timestamp_options():
+    from rivven_spark.offsets import PartitionSnapshot, apply_timestamps, timestamp_targets
+    from rivven_spark.options import OptionError as Refused
+
+    options = parse_reader_options(
+        {"subscribe": "a", "startingOffsetsByTimestamp": '{"a": {"1": 5000}}',
+         "startingOffsetsByTimestampStrategy": "LATEST"}, streaming=True)
+    assert options.starting_timestamps == (("a", ((1, 5000),)),)
+    assert options.timestamp_strategy == "latest" and options.starting_timestamp is None
+    snapshot = [PartitionSnapshot("a", 0, 0, 10), PartitionSnapshot("a", 1, 3, 20)]
+    wanted = timestamp_targets(None, options.starting_timestamps, snapshot)
+    assert wanted == {("a", 1): 5000}
+    assert timestamp_targets(7, (), snapshot) == {("a", 0): 7, ("a", 1): 7}
+    start = {("a", 0): 10, ("a", 1): 20}
+    assert apply_timestamps(start, wanted, {("a", 1): 12}, snapshot, missing="error") == {
+        ("a", 0): 10, ("a", 1): 12}
+    assert apply_timestamps(start, wanted, {("a", 1): -1}, snapshot, missing="latest")[
+        ("a", 1)] == 20
+    with pytest.raises(Exception, match="no record at or after 5000"):
+        apply_timestamps(start, wanted, {("a", 1): -1}, snapshot, missing="error")
+    with pytest.raises(Exception, match="not subscribed"):
+        timestamp_targets(None, (("b", ((0, 1),)),), snapshot)
+    with pytest.raises(Refused, match="batch reads only"):
+        parse_reader_options({"subscribe": "a", "endingOffsetsByTimestamp": '{"a": {"0": 1}}'},
+                             streaming=True)
+    with pytest.raises(Refused, match="bad timestamp"):
+        parse_reader_options({"subscribe": "a", "startingOffsetsByTimestamp": '{"a": {"0": -4}}'},
+                             streaming=True)
+    with pytest.raises(Refused, match="error or latest"):
+        parse_reader_options({"subscribe": "a", "startingOffsetsByTimestampStrategy": "x"},
+                             streaming=True)
