@@ -60,17 +60,21 @@ from rivven_broker.records.header import (
 
 __all__ = [
     "SCHEMA_DDL",
+    "SCHEMA_DDL_NO_HEADERS",
     "ARROW_SCHEMA",
+    "ARROW_SCHEMA_NO_HEADERS",
     "HEADER_TYPE",
     "AbortedTxn",
     "RangeDecoder",
 ]
 
-#: The source's schema, as Spark's Kafka source has it (headers always included).
+#: The source's schema, as Spark's Kafka source has it with ``includeHeaders=true``;
+#: without it the last column (headers) is left out (``SCHEMA_DDL_NO_HEADERS``).
 SCHEMA_DDL = (
     "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, "
-    "timestamp TIMESTAMP, headers ARRAY<STRUCT<key: STRING, value: BINARY>>"
+    "timestamp TIMESTAMP, timestampType INT, headers ARRAY<STRUCT<key: STRING, value: BINARY>>"
 )
+SCHEMA_DDL_NO_HEADERS = SCHEMA_DDL.rpartition(", headers")[0]
 _HEADER_STRUCT = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
 HEADER_TYPE = pa.list_(pa.field("element", _HEADER_STRUCT))
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -82,9 +86,11 @@ ARROW_SCHEMA = pa.schema(
         pa.field("partition", pa.int32()),
         pa.field("offset", pa.int64()),
         pa.field("timestamp", _TIMESTAMP),
+        pa.field("timestampType", pa.int32()),
         pa.field("headers", HEADER_TYPE),
     ]
 )
+ARROW_SCHEMA_NO_HEADERS = ARROW_SCHEMA.remove(ARROW_SCHEMA.get_field_index("headers"))
 
 _BE_I32 = np.dtype(">i4")
 _BE_I64 = np.dtype(">i8")
@@ -142,8 +148,10 @@ class RangeDecoder:
         *,
         read_committed: bool = False,
         check_crc: bool = True,
+        include_headers: bool = True,
     ) -> None:
         assert 0 <= start <= end
+        self.include_headers = include_headers
         self.topic = topic
         self.partition = partition
         self.position = start
@@ -154,7 +162,7 @@ class RangeDecoder:
         self.rows_total = 0
         self._pieces: list[_Piece] = []
         self._decompressor: zstandard.ZstdDecompressor | None = None
-        self._constants: tuple[pa.Array, pa.Array] | None = None  # topic, partition columns
+        self._constants: tuple[pa.Array, pa.Array, pa.Array] | None = None  # topic, partition, type
 
     @property
     def done(self) -> bool:
@@ -306,7 +314,7 @@ class RangeDecoder:
         rows, self.rows_buffered = self.rows_buffered, 0
         offsets = np.concatenate([p.offsets for p in pieces])
         timestamps = np.concatenate([p.timestamps_ms for p in pieces])
-        topics, partitions = self._constant_columns(rows)
+        topics, partitions, types = self._constant_columns(rows)
         columns = [
             _binary([p.keys for p in pieces]),
             _binary([p.values for p in pieces]),
@@ -314,18 +322,23 @@ class RangeDecoder:
             partitions,
             pa.array(offsets),
             pa.array(timestamps * 1000).view(_TIMESTAMP),
-            _headers(pieces),
+            types,  # 0, CreateTime: the broker keeps the producers' timestamps
         ]
+        if not self.include_headers:
+            return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA_NO_HEADERS)
+        columns.append(_headers(pieces))
         return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 
-    def _constant_columns(self, rows: int) -> tuple[pa.Array, pa.Array]:
-        """The topic and partition columns of ``rows`` rows: slices of arrays built once per
-        decoder (rebuilt only when a batch is longer), not filled again for every batch."""
+    def _constant_columns(self, rows: int) -> tuple[pa.Array, pa.Array, pa.Array]:
+        """The topic, partition and timestamp-type columns of ``rows`` rows: slices of arrays
+        built once per decoder (rebuilt only when a batch is longer), not filled again for
+        every batch."""
         if self._constants is None or len(self._constants[0]) < rows:
             self._constants = (pa.repeat(pa.scalar(self.topic, pa.string()), rows),
-                               pa.repeat(pa.scalar(self.partition, pa.int32()), rows))
-        topics, partitions = self._constants
-        return topics.slice(0, rows), partitions.slice(0, rows)
+                               pa.repeat(pa.scalar(self.partition, pa.int32()), rows),
+                               pa.repeat(pa.scalar(0, pa.int32()), rows))
+        topics, partitions, types = self._constants
+        return topics.slice(0, rows), partitions.slice(0, rows), types.slice(0, rows)
 
 
 def _binary(parts: Sequence[pa.Array | _Fixed]) -> pa.Array:

@@ -60,7 +60,7 @@ _READER_KEYS = frozenset(
         "maxrecordsperpartition", "failondataloss", "isolation.level", "isolationlevel",
         "fetchmaxbytes", "requesttimeoutms", "path", "startingtimestamp",
         "startingoffsetsbytimestamp", "endingoffsetsbytimestamp",
-        "startingoffsetsbytimestampstrategy",
+        "startingoffsetsbytimestampstrategy", "includeheaders",
     }
 )
 #: ``{topic: {partition: timestamp ms}}`` as sorted tuples (picklable, hashable).
@@ -138,6 +138,8 @@ class ReaderOptions:
     ending_timestamps: Timestamps = ()
     #: No record at or after a starting timestamp: "error" (Spark's default) or "latest".
     timestamp_strategy: str = "error"
+    #: The ``headers`` column, only when asked (Spark's Kafka source: ``includeHeaders``).
+    include_headers: bool = False
 
     def starting_spec(self) -> str | dict[str, dict[int, int]]:
         return _spec_dict(self.starting)
@@ -369,6 +371,7 @@ def parse_reader_options(options: Mapping[str, str], *, streaming: bool) -> Read
         starting_timestamps=_timestamps(lowered, "startingoffsetsbytimestamp"),
         ending_timestamps=_timestamps(lowered, "endingoffsetsbytimestamp"),
         timestamp_strategy=strategy,
+        include_headers=_bool(lowered, "includeheaders", False),
     )
 
 

@@ -116,7 +116,8 @@ def read_range(options: ReaderOptions, part: RivvenInputPartition,
     own = io is None
     io = io or BrokerIO(options.bootstrap, request_timeout_ms=options.request_timeout_ms)
     decoder = RangeDecoder(part.topic, part.partition, part.start, part.end,
-                           read_committed=options.isolation_level == "read_committed")
+                           read_committed=options.isolation_level == "read_committed",
+                           include_headers=options.include_headers)
     empty = 0
     bytes_seen = offsets_seen = 0
     try:

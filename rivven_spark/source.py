@@ -27,14 +27,15 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from rivven_spark.arrow_records import SCHEMA_DDL
+from rivven_spark.arrow_records import SCHEMA_DDL, SCHEMA_DDL_NO_HEADERS
 from rivven_spark.options import OptionError, parse_reader_options, parse_writer_options
 from rivven_spark.reader import RivvenBatchReader, RivvenStreamReader
 from rivven_spark.writer import RivvenBatchWriter, RivvenStreamWriter, sink_columns
 
-__all__ = ["RivvenDataSource", "register", "SCHEMA"]
+__all__ = ["RivvenDataSource", "register", "SCHEMA", "SCHEMA_NO_HEADERS"]
 
-#: The source's schema (``SCHEMA_DDL`` as a ``StructType``; parsing DDL would need the JVM).
+#: The source's schema with ``includeHeaders=true`` (``SCHEMA_DDL`` as a ``StructType``;
+#: parsing DDL would need the JVM); ``SCHEMA_NO_HEADERS`` without it, the default.
 SCHEMA = StructType(
     [
         StructField("key", BinaryType()),
@@ -43,11 +44,13 @@ SCHEMA = StructType(
         StructField("partition", IntegerType()),
         StructField("offset", LongType()),
         StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
         StructField("headers", ArrayType(StructType(
             [StructField("key", StringType()), StructField("value", BinaryType())]
         ))),
     ]
 )
+SCHEMA_NO_HEADERS = StructType(SCHEMA.fields[:-1])
 
 
 class RivvenDataSource(DataSource):
@@ -59,13 +62,18 @@ class RivvenDataSource(DataSource):
         return "rivven"
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return SCHEMA if self._include_headers() else SCHEMA_NO_HEADERS
+
+    def _include_headers(self) -> bool:
+        value = {str(k).lower(): str(v) for k, v in self.options.items()}.get("includeheaders")
+        return value is not None and value.strip().lower() == "true"
 
     def _check_schema(self, schema: StructType) -> None:
         if [(f.name, f.dataType) for f in schema.fields] != [
-            (f.name, f.dataType) for f in SCHEMA.fields
+            (f.name, f.dataType) for f in self.schema().fields
         ]:
-            raise OptionError(f"the rivven source has a fixed schema ({SCHEMA_DDL}); "
+            ddl = SCHEMA_DDL if self._include_headers() else SCHEMA_DDL_NO_HEADERS
+            raise OptionError(f"the rivven source has a fixed schema ({ddl}); "
                               "do not pass another one to load()")
 
     def reader(self, schema: StructType) -> RivvenBatchReader:

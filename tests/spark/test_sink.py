@@ -122,7 +122,8 @@ def test_batch_write_with_key_headers_and_partition(spark, broker):
     assert sorted((p, k, v) for p, _, k, v in got) == sorted(
         (i % 3, b"k%d" % i, b"value-%d" % i) for i in range(30))
     headers = (spark.read.format("rivven").option("bootstrap", broker.address)
-               .option("subscribe", topic).load().select("key", "headers").collect())
+               .option("subscribe", topic).option("includeHeaders", "true").load()
+               .select("key", "headers").collect())
     assert {bytes(r.key): [(h.key, bytes(h.value)) for h in r.headers] for r in headers}[
         b"k7"] == [("h", b"7")]
 

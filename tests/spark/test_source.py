@@ -143,7 +143,7 @@ def test_batch_read_with_ending_offsets_min_partitions_and_headers(spark, broker
                for i in range(2000)]
     broker.produce(topic, records)
     df = (spark.read.format("rivven").option("bootstrap", broker.address)
-          .option("subscribe", topic).option("minPartitions", "8")
+          .option("subscribe", topic).option("minPartitions", "8").option("includeHeaders", "true")
           .option("endingOffsets", '{"batch-read": {"0": 600, "1": -1}}').load())
     assert df.rdd.getNumPartitions() >= 8
     rows = df.collect()
@@ -153,6 +153,10 @@ def test_batch_read_with_ending_offsets_min_partitions_and_headers(spark, broker
     assert bytes(r3.value) == b"v3" and [(h.key, bytes(h.value)) for h in r3.headers] == [
         ("h", b"3")]
     assert by_key[b"k1"].headers is None and r3.topic == topic and r3.timestamp is not None
+    assert r3.timestampType == 0
+    plain = (spark.read.format("rivven").option("bootstrap", broker.address)
+             .option("subscribe", topic).load())
+    assert "headers" not in plain.columns  # as Spark's Kafka source without includeHeaders
 
 
 def test_read_committed_skips_aborted_transactions(spark, broker, tmp_path):

@@ -156,9 +156,13 @@ def test_the_schema_is_what_spark_expects():
     pytest.importorskip("pyspark")
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from rivven_spark.source import SCHEMA
+    from rivven_spark.arrow_records import ARROW_SCHEMA_NO_HEADERS
+    from rivven_spark.source import SCHEMA, SCHEMA_NO_HEADERS, RivvenDataSource
 
     assert to_arrow_schema(SCHEMA, timezone="UTC").equals(ARROW_SCHEMA)
+    assert to_arrow_schema(SCHEMA_NO_HEADERS, timezone="UTC").equals(ARROW_SCHEMA_NO_HEADERS)
+    assert RivvenDataSource({"subscribe": "t"}).schema() == SCHEMA_NO_HEADERS  # as Kafka's
+    assert RivvenDataSource({"subscribe": "t", "includeHeaders": "TRUE"}).schema() == SCHEMA
 
 
 record = st.tuples(
@@ -223,3 +227,14 @@ def test_constant_columns_follow_batches_that_grow_and_shrink():
 
 def test_module_docstring_names_its_theory():
     assert "Theory of operation" in arrow_records.__doc__
+
+
+def test_without_headers_the_column_is_left_out_and_the_type_is_create_time():
+    from rivven_spark.arrow_records import ARROW_SCHEMA_NO_HEADERS
+
+    data = batch(0, [(b"k", b"v", [("h", b"x")]), (None, b"w", None)])
+    decoder = RangeDecoder("t", 0, 0, 2, include_headers=False)
+    decoder.feed(data)
+    out = decoder.take_batch()
+    assert out.schema == ARROW_SCHEMA_NO_HEADERS
+    assert out.column("timestampType").to_pylist() == [0, 0]

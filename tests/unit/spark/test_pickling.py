@@ -17,7 +17,8 @@ from pyspark import cloudpickle  # noqa: E402
 
 from rivven_spark.broker_io import BrokerIO  # noqa: E402
 from rivven_spark.reader import RivvenInputPartition  # noqa: E402
-from rivven_spark.source import SCHEMA, RivvenDataSource  # noqa: E402
+from rivven_spark.source import SCHEMA_NO_HEADERS as SCHEMA  # noqa: E402
+from rivven_spark.source import RivvenDataSource  # noqa: E402
 from rivven_spark.writer import RivvenCommitMessage  # noqa: E402
 
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType  # noqa: E402
