@@ -249,12 +249,18 @@ def admit(
     *,
     max_rows: int | None = None,
     target: Mapping | None = None,
+    min_rows: int | None = None,
+    waited_ms: int = 0,
+    max_delay_ms: int = 0,
 ) -> Admission:
     """The end offset of the next micro-batch (see the module docstring).
 
     ``start``: the previous end (an offset document); ``snapshot``: the partitions now
     subscribed; ``max_rows``: the row limit Spark passed (None: all available); ``target``:
-    the AvailableNow end (an offset document) or None.
+    the AvailableNow end (an offset document) or None. ``min_rows`` (``minOffsetsPerTrigger``):
+    fewer new offsets than this make no batch (``end`` is ``start``) until ``waited_ms``, the
+    time since the last batch, reaches ``max_delay_ms`` (``maxTriggerDelay``); an AvailableNow
+    run ignores it, as Spark's Kafka source does.
 
     Returns ``Admission(end, went_backwards)``. ``end`` equals ``canonical(start)`` when there
     is nothing to read.
@@ -276,6 +282,9 @@ def admit(
         if s.latest < first:
             backwards.append((key, first, s.latest))
         lags[key] = max(0, latest - first)
+    if (min_rows is not None and caps is None and sum(lags.values()) < min_rows
+            and waited_ms < max_delay_ms):
+        return Admission(canonical(start), tuple(sorted(backwards)))
     admitted = lags if max_rows is None else share_rows(lags, max_rows)
     for key, rows in admitted.items():
         candidates[key] = candidates[key] + rows

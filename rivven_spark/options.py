@@ -60,7 +60,8 @@ _READER_KEYS = frozenset(
         "maxrecordsperpartition", "failondataloss", "isolation.level", "isolationlevel",
         "fetchmaxbytes", "requesttimeoutms", "path", "startingtimestamp",
         "startingoffsetsbytimestamp", "endingoffsetsbytimestamp",
-        "startingoffsetsbytimestampstrategy", "includeheaders",
+        "startingoffsetsbytimestampstrategy", "includeheaders", "minoffsetspertrigger",
+        "maxtriggerdelay",
     }
 )
 #: ``{topic: {partition: timestamp ms}}`` as sorted tuples (picklable, hashable).
@@ -140,6 +141,10 @@ class ReaderOptions:
     timestamp_strategy: str = "error"
     #: The ``headers`` column, only when asked (Spark's Kafka source: ``includeHeaders``).
     include_headers: bool = False
+    #: Streaming: no micro-batch with fewer new offsets than this, until ``max_trigger_delay_ms``
+    #: passed since the last one (Spark Kafka's minOffsetsPerTrigger / maxTriggerDelay).
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = 15 * 60 * 1000
 
     def starting_spec(self) -> str | dict[str, dict[int, int]]:
         return _spec_dict(self.starting)
@@ -319,6 +324,20 @@ def _timestamps(options: dict[str, str], key: str) -> Timestamps:
     return tuple(topics)
 
 
+_DURATION_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
+
+
+def _duration_ms(options: dict[str, str], key: str, default: int) -> int:
+    """A Spark duration: ``500ms``, ``30s``, ``15m``, ``1h`` (a bare number is ms)."""
+    text = options.get(key)
+    if text is None:
+        return default
+    match = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", text.lower())
+    if match is None or match.group(2) not in ("", *_DURATION_UNITS):
+        raise OptionError(f"option {key} must be a duration such as 30s or 15m, not {text!r}")
+    return int(match.group(1)) * _DURATION_UNITS.get(match.group(2), 1)
+
+
 def _spec_dict(spec: str | tuple) -> str | dict[str, dict[int, int]]:
     if isinstance(spec, str):
         return spec
@@ -336,8 +355,11 @@ def parse_reader_options(options: Mapping[str, str], *, streaming: bool) -> Read
     _check_known(lowered, _READER_KEYS, "reader")
     if streaming and "endingoffsets" in lowered:
         raise OptionError("option endingOffsets applies to batch reads (spark.read) only")
-    if not streaming and "maxoffsetspertrigger" in lowered:
-        raise OptionError("option maxOffsetsPerTrigger applies to streaming reads only")
+    for key, name in (("maxoffsetspertrigger", "maxOffsetsPerTrigger"),
+                      ("minoffsetspertrigger", "minOffsetsPerTrigger"),
+                      ("maxtriggerdelay", "maxTriggerDelay")):
+        if not streaming and key in lowered:
+            raise OptionError(f"option {name} applies to streaming reads only")
     if streaming and "endingoffsetsbytimestamp" in lowered:
         raise OptionError("option endingOffsetsByTimestamp applies to batch reads only")
     strategy = lowered.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
@@ -372,6 +394,8 @@ def parse_reader_options(options: Mapping[str, str], *, streaming: bool) -> Read
         ending_timestamps=_timestamps(lowered, "endingoffsetsbytimestamp"),
         timestamp_strategy=strategy,
         include_headers=_bool(lowered, "includeheaders", False),
+        min_offsets_per_trigger=_int(lowered, "minoffsetspertrigger", None),
+        max_trigger_delay_ms=_duration_ms(lowered, "maxtriggerdelay", 15 * 60 * 1000),
     )
 
 

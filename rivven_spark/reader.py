@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -234,6 +235,7 @@ class RivvenStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvaila
         super().__init__(options)
         self._target: Offsets | None = None  # the AvailableNow end
         self._latest: Offsets | None = None  # for reportLatestOffset
+        self._last_batch_s = time.monotonic()  # for maxTriggerDelay (from the query's start)
 
     def initialOffset(self) -> dict:
         """Resolve ``startingOffsets``. Blocks (two round trips)."""
@@ -258,7 +260,12 @@ class RivvenStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvaila
                                            earliest=False)
         self._latest = from_pairs({(s.topic, s.partition): s.latest for s in snapshot})
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        admission = admit(start, snapshot, max_rows=max_rows, target=self._target)
+        admission = admit(start, snapshot, max_rows=max_rows, target=self._target,
+                          min_rows=options.min_offsets_per_trigger,
+                          waited_ms=int((time.monotonic() - self._last_batch_s) * 1000),
+                          max_delay_ms=options.max_trigger_delay_ms)
+        if admission.end != canonical(start):
+            self._last_batch_s = time.monotonic()
         for (topic, partition), reached, latest in admission.went_backwards:
             part = RivvenInputPartition(topic, partition, latest, reached)
             _lost(options, part, latest, reached,

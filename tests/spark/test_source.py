@@ -77,6 +77,19 @@ def test_max_offsets_per_trigger_splits_the_intake(spark, broker, tmp_path):
     assert json.loads(latest) == {"stream-limit": {"0": 500, "1": 500}}  # reportLatestOffset
 
 
+def test_min_offsets_per_trigger_is_accepted_and_available_now_ignores_it(
+        spark, broker, tmp_path):
+    """As Spark's Kafka source: an AvailableNow run reads everything whatever
+    minOffsetsPerTrigger asks (the wait applies to processing-time triggers; its decision is
+    unit-tested in tests/unit/spark/test_options.py)."""
+    topic = broker.create("stream-min", partitions=1)
+    broker.produce(topic, ((0, None, b"x") for i in range(50)))
+    df = stream(spark, broker, subscribe=topic, startingOffsets="earliest",
+                minOffsetsPerTrigger="1000000", maxTriggerDelay="10m")
+    query = run_available_now(df, tmp_path / "checkpoint")
+    assert sum(p["numInputRows"] for p in query.recentProgress) == 50
+
+
 @pytest.mark.parametrize("fail_on_data_loss", [True, False])
 def test_fail_on_data_loss_after_retention_removed_needed_offsets(
         spark, broker, tmp_path, fail_on_data_loss):

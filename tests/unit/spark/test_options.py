@@ -141,3 +141,27 @@ def test_timestamp_options():
     with pytest.raises(Refused, match="error or latest"):
         parse_reader_options({"subscribe": "a", "startingOffsetsByTimestampStrategy": "x"},
                              streaming=True)
+
+
+def test_min_offsets_per_trigger_waits_for_rows_or_the_delay():
+    from rivven_spark.offsets import PartitionSnapshot, admit
+
+    options = parse_reader_options({"subscribe": "a", "minOffsetsPerTrigger": "100",
+                                    "maxTriggerDelay": "30s"}, streaming=True)
+    assert (options.min_offsets_per_trigger, options.max_trigger_delay_ms) == (100, 30_000)
+    assert parse_reader_options({"subscribe": "a"}, streaming=True).max_trigger_delay_ms == (
+        15 * 60_000)
+    start = {"a": {"0": 10}}
+    snapshot = [PartitionSnapshot("a", 0, 0, 60)]  # 50 new offsets
+    wait = dict(min_rows=100, max_delay_ms=30_000)
+    assert admit(start, snapshot, waited_ms=1_000, **wait).end == {"a": {"0": 10}}  # not yet
+    assert admit(start, snapshot, waited_ms=30_000, **wait).end == {"a": {"0": 60}}  # delay
+    more = [PartitionSnapshot("a", 0, 0, 200)]
+    assert admit(start, more, waited_ms=0, **wait).end == {"a": {"0": 200}}  # enough rows
+    assert admit(start, snapshot, waited_ms=0, target={"a": {"0": 60}},
+                 **wait).end == {"a": {"0": 60}}  # AvailableNow ignores it, as Spark
+    for bad in ("soon", "5 parsecs", "-3s"):
+        with pytest.raises(OptionError, match="duration"):
+            parse_reader_options({"subscribe": "a", "maxTriggerDelay": bad}, streaming=True)
+    with pytest.raises(OptionError, match="streaming reads only"):
+        parse_reader_options({"subscribe": "a", "minOffsetsPerTrigger": "5"}, streaming=False)
