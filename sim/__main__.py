@@ -104,7 +104,7 @@ def _banner(scenario: Scenario, path: str, seeds: list[int]) -> None:
     seed_text = str(seeds[0]) if len(seeds) == 1 else f"{seeds[0]}..{seeds[-1]}"
     print(f"sim: scenario {scenario.name} ({path}, sha256 {scenario.sha256}) seed {seed_text}")
     print(f"sim: python {platform.python_version()}, trio {trio.__version__}, "
-          f"rivven {_version('rivven')}, git {_git_commit()}, "
+          f"rivven-trio {_version('rivven-trio')}, git {_git_commit()}, "
           f"PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED', 'random')}")
     if scenario.test.any:
         print(f"sim: TEST SWITCHES ON: {scenario.test}")
