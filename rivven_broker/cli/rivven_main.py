@@ -282,22 +282,29 @@ def _alter(admin: Admin, args: argparse.Namespace, out: Output) -> None:
     out.document(doc, lambda o: o.write("".join(lines)))
 
 
-def _log_offsets(admin: Admin, description: Any) -> dict[int, tuple[int | None, int | None]]:
-    """``partition -> (log start, high watermark)`` from the leaders (None: not available,
-    e.g. a partition without a leader)."""
-    found: dict[int, tuple[int | None, int | None]] = {}
+def _log_offsets(admin: Admin,
+                 description: Any) -> dict[int, tuple[int | None, int | None, int | None]]:
+    """``partition -> (log start, high watermark, size in bytes)`` from the leaders (None:
+    not available, e.g. a partition without a leader)."""
+    try:
+        logs = admin.describe_logs(description.name)
+    except RivvenError:
+        logs = {}
+    found: dict[int, tuple[int | None, int | None, int | None]] = {}
     for info in description.partition_info:
         tp = TopicPartition(description.name, info.partition)
         try:
-            start = admin.list_offsets({tp: -2})[tp].offset
             end = admin.list_offsets({tp: -1})[tp].offset
         except RivvenError:
-            start = end = None
-        found[info.partition] = (start, end)
+            end = None
+        log = logs.get(info.partition)
+        found[info.partition] = (None if log is None else log.log_start_offset, end,
+                                 None if log is None else log.size_bytes)
     return found
 
 
-def _describe(description: Any, offsets: dict[int, tuple[int | None, int | None]],
+def _describe(description: Any,
+              offsets: dict[int, tuple[int | None, int | None, int | None]],
               out: Output) -> None:
     doc = {
         "topic": description.name,
@@ -305,7 +312,8 @@ def _describe(description: Any, offsets: dict[int, tuple[int | None, int | None]
         "replication_factor": description.replication_factor,
         "configs": {k: v._asdict() for k, v in sorted(description.configs.items())},
         "partition_info": [dict(p._asdict(), log_start_offset=offsets[p.partition][0],
-                                high_watermark=offsets[p.partition][1])
+                                high_watermark=offsets[p.partition][1],
+                                size_bytes=offsets[p.partition][2])
                            for p in description.partition_info],
     }
 
@@ -313,7 +321,7 @@ def _describe(description: Any, offsets: dict[int, tuple[int | None, int | None]
         o.write(f"topic {description.name}: {description.partitions} partitions, "
                 f"replication factor {description.replication_factor}\n\n")
         _table(o, ["PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR", "LOG START",
-                   "HIGH WATERMARK", "ERROR"],
+                   "HIGH WATERMARK", "BYTES", "ERROR"],
                [(p.partition, p.leader, p.leader_epoch, ",".join(map(str, p.replicas)),
                  ",".join(map(str, p.isr)), *offsets[p.partition], p.error)
                 for p in description.partition_info])

@@ -45,6 +45,7 @@ from rivven_broker.client.requests import (
 )
 from rivven_broker.client.types import (
     ClusterStatus,
+    LogInfo,
     PartitionOffset,
     TopicDescription,
     TopicListing,
@@ -197,6 +198,26 @@ class Admin:
             request = delete_records_request(dict(entries), timeout_ms)
             out.update(delete_records_results(self._client.call(request, node_id=node)))
         return out
+
+    def describe_logs(self, topic: str) -> dict[int, LogInfo]:
+        """Each partition's bytes on disk and log start and end offsets, from its leader
+        (Kafka's DescribeLogDirs).
+
+        Raises:
+            UnknownTopicOrPartitionError and other per-partition errors.
+        """
+        tps = self._partitions(topic)
+        out: dict[int, LogInfo] = {}
+        for node, entries in self._by_leader({tp: 0 for tp in tps}).items():
+            request = m.DescribeLogDirs((m.DescribeLogDirsTopic(
+                topic, tuple(tp.partition for tp, _ in entries)),))
+            answer = self._client.call(request, node_id=node)
+            for entry in answer.topics:
+                for part in entry.partitions:
+                    raise_for(part.error_code, None, f"log of {topic}-{part.partition}")
+                    out[part.partition] = LogInfo(part.size_bytes, part.log_start_offset,
+                                                  part.log_end_offset)
+        return dict(sorted(out.items()))
 
     def _by_leader(
         self, items: Mapping[TopicPartition, int]

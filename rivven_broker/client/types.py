@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 __all__ = [
+    "LogInfo",
     "TopicPartition",
     "RecordMetadata",
     "Record",
@@ -162,6 +163,15 @@ class OffsetSpec:
 
     EARLIEST = -2
     LATEST = -1
+
+
+class LogInfo(NamedTuple):
+    """One replica's bytes on disk and offsets, as its broker reports them
+    (``Admin.describe_logs``)."""
+
+    size_bytes: int
+    log_start_offset: int
+    log_end_offset: int
 
 
 class PartitionOffset(NamedTuple):

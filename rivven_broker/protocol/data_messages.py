@@ -35,6 +35,7 @@ from rivven_broker.protocol.message_base import (
     error_code,
     i32,
     i64,
+    ints,
     structs,
     text,
 )
@@ -73,6 +74,11 @@ __all__ = [
     "OffsetsForLeaderEpochResponse",
     "OffsetsForLeaderEpochTopicResponse",
     "EpochEndOffset",
+    "DescribeLogDirs",
+    "DescribeLogDirsTopic",
+    "DescribeLogDirsResponse",
+    "DescribeLogDirsTopicResponse",
+    "LogDirPartition",
     "DeleteRecords",
     "DeleteRecordsTopic",
     "DeleteRecordsPartition",
@@ -411,3 +417,52 @@ class DeleteRecordsResponse(Response):
 
     API_KEY: ClassVar[ApiKey] = ApiKey.DELETE_RECORDS
     topics: tuple[DeleteRecordsTopicResponse, ...] = structs(DeleteRecordsTopicResponse)
+
+
+# --- DescribeLogDirs -------------------------------------------------------------------------
+
+
+@attrs.frozen
+class DescribeLogDirsTopic(Struct):
+    """The partitions asked about in one topic."""
+
+    name: str = text(_NAME)
+    partitions: tuple[int, ...] = ints()
+
+
+@attrs.frozen
+class DescribeLogDirs(Request):
+    """The bytes and offsets of the replicas this broker holds (Kafka's DescribeLogDirs, for
+    our one log directory): what ``rivven topic describe`` shows per partition."""
+
+    API_KEY: ClassVar[ApiKey] = ApiKey.DESCRIBE_LOG_DIRS
+    topics: tuple[DescribeLogDirsTopic, ...] = structs(DescribeLogDirsTopic)
+
+
+@attrs.frozen
+class LogDirPartition(Struct):
+    """One replica held here: its bytes on disk (segments), its log start and log end
+    offsets; -1 with an error (UNKNOWN_TOPIC_OR_PARTITION: no replica here)."""
+
+    partition: int = i32()
+    error_code: ErrorCode = error_code()
+    size_bytes: int = i64(-1, lo=-1)
+    log_start_offset: int = i64(-1, lo=-1)
+    log_end_offset: int = i64(-1, lo=-1)
+
+
+@attrs.frozen
+class DescribeLogDirsTopicResponse(Struct):
+    """Per-partition answers in one topic."""
+
+    name: str = text(_NAME)
+    partitions: tuple[LogDirPartition, ...] = structs(LogDirPartition)
+
+
+@attrs.frozen
+class DescribeLogDirsResponse(Response):
+    """The answer to ``DescribeLogDirs``."""
+
+    API_KEY: ClassVar[ApiKey] = ApiKey.DESCRIBE_LOG_DIRS
+    topics: tuple[DescribeLogDirsTopicResponse, ...] = structs(DescribeLogDirsTopicResponse)
+

@@ -80,6 +80,7 @@ class ApiKey(enum.IntEnum):
     DELETE_RECORDS = 11
     CREATE_PARTITIONS = 12
     OFFSETS_FOR_LEADER_EPOCH = 13
+    DESCRIBE_LOG_DIRS = 14
     ERROR = 19  # responses only: the generic frame-level error answer
     # 20-39: consumer groups (group_messages.py)
     JOIN_GROUP = 20

@@ -1,5 +1,5 @@
-"""The data path: Produce, Fetch, ListOffsets, OffsetsForLeaderEpoch and DeleteRecords against
-the partition logs.
+"""The data path: Produce, Fetch, ListOffsets, OffsetsForLeaderEpoch, DescribeLogDirs and
+DeleteRecords against the partition logs.
 
 Theory of operation
 -------------------
@@ -82,6 +82,10 @@ from rivven_broker.protocol.messages import (
     ListOffsetsTopicResponse,
     EpochEndOffset,
     OffsetsForLeaderEpoch,
+    DescribeLogDirs,
+    DescribeLogDirsResponse,
+    DescribeLogDirsTopicResponse,
+    LogDirPartition,
     OffsetsForLeaderEpochPartition,
     OffsetsForLeaderEpochResponse,
     OffsetsForLeaderEpochTopicResponse,
@@ -500,6 +504,24 @@ class DataPath:
             return EpochEndOffset(part.partition, ErrorCode.NONE, 0, end)
         epoch, offset = plog.epochs.end_offset_for(part.leader_epoch, end)
         return EpochEndOffset(part.partition, ErrorCode.NONE, epoch, offset)
+
+    def describe_log_dirs(self, request: DescribeLogDirs) -> DescribeLogDirsResponse:
+        """Bytes and offsets of the replicas held here (leader or follower). Never blocks."""
+        topics = []
+        for topic in request.topics:
+            partitions = []
+            for partition in topic.partitions:
+                try:
+                    if topic_name_error(topic.name) is not None:
+                        raise UnknownTopicOrPartitionError(topic.name, partition)
+                    plog = self._context.logs.get_log(topic.name, partition)
+                    partitions.append(LogDirPartition(
+                        partition, ErrorCode.NONE, plog.size_bytes, plog.log_start_offset,
+                        plog.log_end_offset))
+                except (StorageError, OSError) as exc:
+                    partitions.append(LogDirPartition(partition, error_of(exc)[0]))
+            topics.append(DescribeLogDirsTopicResponse(topic.name, tuple(partitions)))
+        return DescribeLogDirsResponse(tuple(topics))
 
     def delete_records(self, request: DeleteRecords) -> DeleteRecordsResponse:
         """Advance log start offsets. Blocks on the checkpoint's fsync (rare, administrative)."""

@@ -54,6 +54,7 @@ from rivven_broker.protocol.messages import (
     HandshakeResponse,
     ListOffsets,
     OffsetsForLeaderEpoch,
+    DescribeLogDirs,
     ListTopics,
     ListTopicsResponse,
     Metadata,
@@ -106,6 +107,7 @@ class Handlers:
             ListOffsets: lambda request, call: self.data.list_offsets(request),
             OffsetsForLeaderEpoch: lambda request, call: self.data.offsets_for_leader_epoch(
                 request),
+            DescribeLogDirs: lambda request, call: self.data.describe_log_dirs(request),
             DeleteRecords: lambda request, call: self.data.delete_records(request),
             DescribeCluster: self._describe_cluster,
         }

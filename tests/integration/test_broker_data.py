@@ -333,3 +333,20 @@ async def test_large_batches_are_sent_from_the_segment_file_byte_for_byte(start_
         FetchTopic("t", (FetchPartition(0, 4, 1 << 22), FetchPartition(1, 0, 1 << 22))),)))
     first, second = both.topics[0].partitions
     assert values_of(first.records) == large[2:] and values_of(second.records) == [b"p1"]
+
+
+async def test_describe_log_dirs_reports_bytes_and_offsets_of_local_replicas(broker, connect):
+    from rivven_broker.protocol.messages import DescribeLogDirs, DescribeLogDirsTopic
+
+    client = await connect(broker.port)
+    await client.call(CreateTopic("sized", 2))
+    await client.call(produce("sized", 1, batch(b"a" * 100, b"b" * 100)))
+    answer = await client.call(DescribeLogDirs((DescribeLogDirsTopic("sized", (0, 1, 7)),
+                                                DescribeLogDirsTopic("nope", (0,)))))
+    (sized, nope) = answer.topics
+    empty, full, missing = sized.partitions
+    assert (empty.error_code, empty.size_bytes, empty.log_end_offset) == (ErrorCode.NONE, 0, 0)
+    assert full.error_code == ErrorCode.NONE and full.size_bytes > 200
+    assert (full.log_start_offset, full.log_end_offset) == (0, 2)
+    assert missing.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and missing.size_bytes == -1
+    assert nope.partitions[0].error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION

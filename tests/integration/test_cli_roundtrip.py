@@ -161,3 +161,4 @@ def test_keys_headers_formats_and_starting_points(proc):
     described = json.loads(run(*b, "--json", "topic", "describe", "fmt").stdout)
     (partition,) = described["partition_info"]
     assert (partition["log_start_offset"], partition["high_watermark"]) == (0, 6)
+    assert partition["size_bytes"] > 6 * 10  # six batches of a record each, on disk

@@ -169,7 +169,7 @@ def test_bad_envelopes_are_invalid(payload):
     _refused(payload, INVALID, response=True)
 
 
-@pytest.mark.parametrize("api_key", [14, 18, 19, 99, 2**40, -1])
+@pytest.mark.parametrize("api_key", [15, 18, 19, 99, 2**40, -1])
 def test_unknown_request_api_keys_are_unsupported(api_key):
     message = _refused(_raw(api_key, 0, {}), UNSUPPORTED)
     assert str(api_key) in message
@@ -386,9 +386,9 @@ def test_every_request_that_names_partitions_refuses_a_repeated_one():
     from rivven_broker.protocol.message_base import field_kind
 
     names = sorted(cls.__name__ for cls in PARTITIONED_REQUESTS)
-    assert names == ["AddPartitionsToTxn", "DeleteRecords", "Fetch", "ListOffsets",
-                     "OffsetCommit", "OffsetFetch", "OffsetsForLeaderEpoch", "Produce",
-                     "TxnOffsetCommit"]
+    assert names == ["AddPartitionsToTxn", "DeleteRecords", "DescribeLogDirs", "Fetch",
+                     "ListOffsets", "OffsetCommit", "OffsetFetch", "OffsetsForLeaderEpoch",
+                     "Produce", "TxnOffsetCommit"]
     for cls in PARTITIONED_REQUESTS:
         topic_cls = field_kind(attrs.fields_dict(cls)["topics"]).cls
         part_kind = field_kind(attrs.fields_dict(topic_cls)["partitions"])
