@@ -116,6 +116,7 @@ from rivven_broker.protocol.message_base import Request, Response
 from rivven_broker.protocol.names import group_id_error
 from rivven_broker.records.builder import BatchBuilder
 from rivven_broker.server.context import Pending, RequestContext
+from rivven_broker.server.coordinator_shards import ownership_changes
 from rivven_broker.server.log_replay import keyed_records, replay
 from rivven_broker.storage.errors import StorageError, SyncFailedError, TopicExistsError
 
@@ -306,14 +307,13 @@ class GroupDriver:
         COORDINATOR_LOAD_IN_PROGRESS. Never blocks."""
         assert self.clustered
         self.partitions = partitions
-        for partition, shard in list(self._shards.items()):
-            if leading.get(partition) != shard.epoch:
-                self._unload(shard)
-        for partition, epoch in sorted(leading.items()):
-            if partition not in self._shards:
-                shard = self._shards[partition] = _Shard(partition, epoch)
-                if self._nursery is not None:  # (else run() starts it)
-                    self._nursery.start_soon(self._serve, shard)
+        drop, start = ownership_changes({p: s.epoch for p, s in self._shards.items()}, leading)
+        for partition in drop:
+            self._unload(self._shards[partition])
+        for partition, epoch in start:
+            shard = self._shards[partition] = _Shard(partition, epoch)
+            if self._nursery is not None:  # (else run() starts it)
+                self._nursery.start_soon(self._serve, shard)
 
     def _unload(self, shard: _Shard) -> None:
         del self._shards[shard.partition]
