@@ -90,11 +90,15 @@ class BrokerIO:
         Raises:
             RivvenError: a non-retriable error, or retriable ones past the timeout.
         """
+        return self._retrying(self._snapshot_once, subscription, isolation_level, earliest)
+
+    def _retrying(self, once: Any, *args: Any) -> Any:
+        """``once(*args)`` again after retriable errors, until the request timeout."""
         deadline = _now_ms() + self._timeout_ms
         attempt = 0
         while True:
             try:
-                return self._snapshot_once(subscription, isolation_level, earliest)
+                return once(*args)
             except RivvenError as error:
                 attempt = self._backoff_or_raise(error, attempt, deadline)
 
@@ -107,13 +111,7 @@ class BrokerIO:
         Raises:
             RivvenError: a non-retriable error, or retriable ones past the timeout.
         """
-        deadline = _now_ms() + self._timeout_ms
-        attempt = 0
-        while True:
-            try:
-                return self._offsets_at_once(times, isolation_level)
-            except RivvenError as error:
-                attempt = self._backoff_or_raise(error, attempt, deadline)
+        return self._retrying(self._offsets_at_once, times, isolation_level)
 
     def _offsets_at_once(
         self, times: Mapping[tuple[str, int], int], isolation_level: str

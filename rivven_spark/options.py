@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Mapping
+from typing import Any, Mapping
 
 from rivven_broker.protocol import limits
 from rivven_broker.protocol.names import topic_name_error
@@ -282,21 +282,31 @@ def _offsets_spec(
         return text.lower()
     if not text.startswith("{"):
         raise OptionError(f"option {key} must be one of {allowed} or JSON, not {text!r}")
+
+    def check(topic: str, partition: str, offset: object) -> None:
+        if type(offset) is not int or offset < EARLIEST:
+            raise OptionError(f"option {key}: bad offset {offset!r} for {topic}/{partition}")
+        if offset == EARLIEST and "earliest" not in allowed:
+            raise OptionError(f"option {key}: -2 (earliest) is not allowed here")
+
+    return _per_partition(text, key, '{"topic": {"0": 42}}', check)
+
+
+def _per_partition(text: str, key: str, example: str, check: Any) -> Timestamps:
+    """A ``{"topic": {"partition": int}}`` option as sorted tuples; ``check(topic,
+    partition, value)`` refuses a bad value."""
     topics = []
     for topic, partitions in sorted(_json(text, key).items()):
         if not isinstance(partitions, dict):
-            raise OptionError(f'option {key}: want {{"topic": {{"0": 42}}}}, got {text!r}')
+            raise OptionError(f"option {key}: want {example}, got {text!r}")
         entries = []
-        for partition, offset in partitions.items():
+        for partition, value in partitions.items():
             try:
                 number = int(partition)
             except ValueError:
                 raise OptionError(f"option {key}: bad partition {partition!r}") from None
-            if type(offset) is not int or offset < EARLIEST:
-                raise OptionError(f"option {key}: bad offset {offset!r} for {topic}/{partition}")
-            if offset == EARLIEST and "earliest" not in allowed:
-                raise OptionError(f"option {key}: -2 (earliest) is not allowed here")
-            entries.append((number, offset))
+            check(topic, partition, value)
+            entries.append((number, value))
         topics.append((_topic(topic, key), tuple(sorted(entries))))
     return tuple(topics)
 
@@ -306,36 +316,12 @@ def _timestamps(options: dict[str, str], key: str) -> Timestamps:
     text = options.get(key)
     if text is None:
         return ()
-    topics = []
-    for topic, partitions in sorted(_json(text, key).items()):
-        if not isinstance(partitions, dict) or not partitions:
-            raise OptionError(f'option {key}: want {{"topic": {{"0": 1700000000000}}}}, '
-                              f"got {text!r}")
-        entries = []
-        for partition, ms in partitions.items():
-            try:
-                number = int(partition)
-            except ValueError:
-                raise OptionError(f"option {key}: bad partition {partition!r}") from None
-            if type(ms) is not int or ms < 0:
-                raise OptionError(f"option {key}: bad timestamp {ms!r} for {topic}/{partition}")
-            entries.append((number, ms))
-        topics.append((_topic(topic, key), tuple(sorted(entries))))
-    return tuple(topics)
 
+    def check(topic: str, partition: str, ms: object) -> None:
+        if type(ms) is not int or ms < 0:
+            raise OptionError(f"option {key}: bad timestamp {ms!r} for {topic}/{partition}")
 
-_DURATION_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
-
-
-def _duration_ms(options: dict[str, str], key: str, default: int) -> int:
-    """A Spark duration: ``500ms``, ``30s``, ``15m``, ``1h`` (a bare number is ms)."""
-    text = options.get(key)
-    if text is None:
-        return default
-    match = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", text.lower())
-    if match is None or match.group(2) not in ("", *_DURATION_UNITS):
-        raise OptionError(f"option {key} must be a duration such as 30s or 15m, not {text!r}")
-    return int(match.group(1)) * _DURATION_UNITS.get(match.group(2), 1)
+    return _per_partition(text, key, '{"topic": {"0": 1700000000000}}', check)
 
 
 def _spec_dict(spec: str | tuple) -> str | dict[str, dict[int, int]]:
