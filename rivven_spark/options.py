@@ -324,6 +324,20 @@ def _timestamps(options: dict[str, str], key: str) -> Timestamps:
     return _per_partition(text, key, '{"topic": {"0": 1700000000000}}', check)
 
 
+_DURATION_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
+
+
+def _duration_ms(options: dict[str, str], key: str, default: int) -> int:
+    """A Spark duration: ``500ms``, ``30s``, ``15m``, ``1h`` (a bare number is ms)."""
+    text = options.get(key)
+    if text is None:
+        return default
+    match = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", text.lower())
+    if match is None or match.group(2) not in ("", *_DURATION_UNITS):
+        raise OptionError(f"option {key} must be a duration such as 30s or 15m, not {text!r}")
+    return int(match.group(1)) * _DURATION_UNITS.get(match.group(2), 1)
+
+
 def _spec_dict(spec: str | tuple) -> str | dict[str, dict[int, int]]:
     if isinstance(spec, str):
         return spec
