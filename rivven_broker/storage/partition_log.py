@@ -431,6 +431,7 @@ class PartitionLog:
                 end, next_offset, count = segment.whole_batches(
                     position, first, position + want, max_offset)
                 assert count >= 1
+                segment.remember(next_offset, end)
                 return ReadResult(segment.region(position, end - position), next_offset, count)
             data = segment.read(position, want)
         except OSError as exc:
@@ -448,6 +449,7 @@ class PartitionLog:
         if count == 0:  # find_batch found a sound header, but the batch's bytes are not whole
             raise CorruptRecordsError(segment.log_path, position, first.base_offset,
                                       "the batch does not parse where its header says it is")
+        segment.remember(next_offset, position + end)
         # A view, not a slice: the tail past the last whole batch is dropped without copying.
         return ReadResult(data if end == len(data) else memoryview(data)[:end], next_offset, count)
 

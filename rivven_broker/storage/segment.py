@@ -118,6 +118,10 @@ class IndexCursor:
         return offset_entry, time_entry
 
 
+#: Read hints a segment keeps (see ``Segment.remember``).
+_READ_HINTS_MAX = 8
+
+
 class Segment:
     """The files and in-memory state of one segment. See the module docstring."""
 
@@ -144,6 +148,10 @@ class Segment:
         self.first_append_ms: int | None = None  # when the active segment got its first batch
         self.synced = False  # log and indexes fsynced since the segment stopped growing
         self.version = 0  # bumped by every change, so a sync ticket can tell it is stale
+        #: Where reads ended: offset -> the position of the first batch holding it or after
+        #: it (``remember``), so the next read from there skips the index walk. A few only
+        #: (one per reader that reads on: followers, tailing consumers); cleared on truncation.
+        self._read_hints: dict[int, int] = {}
 
     # --- files -------------------------------------------------------------------------------
 
@@ -373,9 +381,24 @@ class Segment:
             expected = header.next_offset
             position += header.batch_length + LOG_OVERHEAD_BYTES
 
+    def remember(self, offset: int, position: int) -> None:
+        """A read ended at ``position``, before ``offset``: the next read from ``offset`` may
+        start there (``find_batch`` checks the header it finds). Never blocks."""
+        hints = self._read_hints
+        if offset not in hints and len(hints) >= _READ_HINTS_MAX:
+            del hints[next(iter(hints))]  # the oldest
+        hints[offset] = position
+
     def find_batch(self, offset: int) -> tuple[int, BatchHeader]:
-        """Position and header of the batch holding ``offset`` (``base <= offset < next``)."""
+        """Position and header of the batch holding ``offset`` (``base <= offset < next``),
+        or the first one after it when compaction left a gap there."""
         assert self.base_offset <= offset < self.next_offset, (offset, self.next_offset)
+        position = self._read_hints.get(offset)
+        if position is not None and position + HEADER_BYTES <= self.size:
+            header = parse_header(self.store.pread(self.log_handle, HEADER_BYTES, position))
+            if header.base_offset + header.last_offset_delta >= offset and self.damage(
+                    position, header, 0) is None:
+                return position, header
         start = self.offset_index.lookup(offset - self.base_offset)
         for position, header in self.iter_headers(start):
             if header.base_offset + header.last_offset_delta >= offset:
@@ -397,6 +420,7 @@ class Segment:
     def truncate(self, position: int, next_offset: int) -> None:
         """Drop every batch at ``position`` (a batch boundary) and beyond. Blocks on I/O."""
         assert 0 <= position <= self.size
+        self._read_hints.clear()
         self.store.truncate(self.log_handle, position)
         self.size = self.allocated = position
         self.next_offset = next_offset

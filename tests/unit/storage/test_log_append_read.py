@@ -170,3 +170,22 @@ def test_statistics_count_appends(log: PartitionLog) -> None:
     stats = log.statistics()
     assert (stats.appends, stats.appended_batches, stats.log_end_offset) == (3, 3, 9)
     assert stats.appended_bytes == stats.size_bytes == log.size_bytes
+
+
+def test_a_read_from_where_the_last_one_ended_skips_the_index_walk(log: PartitionLog) -> None:
+    """``Segment.remember``: a follower or a tailing consumer reads on from the offset the last
+    read ended at; that read starts at the remembered position, and a truncation forgets it."""
+    fill(log, 20, records=2, size=30)
+    first = log.read(0, 300)
+    segment = log._segments[-1]
+    walks = []
+    lookup = segment.offset_index.lookup
+    segment.offset_index.lookup = lambda relative: walks.append(relative) or lookup(relative)
+    second = log.read(first.next_offset, 300)
+    assert walks == [] and second.next_offset > first.next_offset
+    assert bytes(second.records) == bytes(log.read(first.next_offset, 300).records)
+    log.truncate_to(first.next_offset - 2)  # the first read's last batch and all after
+    kept = fill(log, 5, records=2, size=70)  # other sizes: the old positions mean nothing
+    again = log.read(first.next_offset, 300)
+    assert walks  # the hint was forgotten: found through the index
+    assert bytes(again.records).startswith(kept[1])
