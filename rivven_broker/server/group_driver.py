@@ -549,6 +549,8 @@ class GroupDriver:
                     await replicas.wait_committed(head.plog, head.last_offset)
                     if not replicas.committed(head.plog, head.last_offset):
                         head.error = ErrorCode.NOT_COORDINATOR
+            if shard.gone or not shard.fifo or shard.fifo[0] is not head:
+                return  # unloaded while it waited: _unload answered everything queued
             shard.fifo.popleft()
             if head.error is None:
                 head.on_durable()

@@ -21,7 +21,9 @@ import msgpack
 __all__ = ["ReplicaMessageError", "FetchedPartition", "PartitionFetch", "ReplicaFetch",
            "ReplicaFetchAnswer", "encode", "decode_fetch", "decode_answer"]
 
-NO_DIVERGENCE = -1
+#: ``diverging_epoch`` of an answer without divergence. Not -1: -1 is a real answer (the
+#: leader knows no epoch at or before the follower's last one, so everything diverges).
+NO_DIVERGENCE = -2
 
 
 class ReplicaMessageError(ValueError):
