@@ -25,7 +25,7 @@ EXPECTED = {
     "ProducerFencedError", "OutOfOrderSequenceError", "UnknownProducerIdError",
     "InvalidTxnStateError", "TransactionAbortedError", "CommitFailedError",
     "ConsumerGroupMetadata",
-    "GroupListing", "GroupDescription", "GroupMemberInfo", "GroupPartitionOffset",
+    "GroupListing", "GroupDescription", "GroupMemberInfo", "GroupPartitionOffset", "LogInfo",
 }
 EXPECTED_TRIO = {
     "open_producer", "open_consumer", "open_admin", "TrioProducer", "TrioConsumer", "TrioAdmin",
