@@ -371,10 +371,15 @@ class ReplicaManager:
         leading = self._by_log.get(id(plog))
         if leading is None:
             return None
+        if not self.config.faults.high_watermark_ignores_followers and \
+                leading.state.on_local_durable(self._durable(plog)):
+            self._committed(leading)
+        return self._served_high_watermark(leading, plog)
+
+    def _served_high_watermark(self, leading: _Leading, plog: PartitionLog) -> int:
+        """The high watermark this leader serves now, without advancing it."""
         if self.config.faults.high_watermark_ignores_followers:
             return self._durable(plog)
-        if leading.state.on_local_durable(self._durable(plog)):
-            self._committed(leading)
         return leading.state.high_watermark
 
     def committed(self, plog: PartitionLog, offset: int) -> bool:
@@ -680,14 +685,11 @@ class ReplicaManager:
         views = {key: ReplicaView(False, f.leader, f.leader_epoch, f.high_watermark)
                  for key, f in self._following.items()}
         for key, leading in self._leading.items():
-            state = leading.state
-            hw = state.high_watermark
-            if self.config.faults.high_watermark_ignores_followers:
-                try:
-                    hw = self._durable(self._context.logs.get_log(*key))
-                except UnknownTopicOrPartitionError:
-                    pass
-            views[key] = ReplicaView(True, self.node_id, state.leader_epoch, hw)
+            try:
+                hw = self._served_high_watermark(leading, self._context.logs.get_log(*key))
+            except UnknownTopicOrPartitionError:  # (deleted meanwhile)
+                hw = leading.state.high_watermark
+            views[key] = ReplicaView(True, self.node_id, leading.state.leader_epoch, hw)
         return views
 
 

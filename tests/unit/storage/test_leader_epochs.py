@@ -60,22 +60,23 @@ def test_the_highest_epoch_outlives_a_cut_of_all_its_records() -> None:
     assert empty.highest_epoch == 2
 
 
-def test_a_version_1_checkpoint_is_read() -> None:
+def _checkpoint_holding(text: bytes) -> MemoryFileStore:
     store = MemoryFileStore()
     store.makedirs("p")
     handle = store.open(f"p/{LEADER_EPOCH_FILE}")
-    store.pwrite(handle, b"rivven-leader-epochs 1\n1 0\n4 12\n", 0)
+    store.pwrite(handle, text, 0)
     store.close(handle)
+    return store
+
+
+def test_a_version_1_checkpoint_is_read() -> None:
+    store = _checkpoint_holding(b"rivven-leader-epochs 1\n1 0\n4 12\n")
     cache = LeaderEpochCache.open(store, "p", 20)
     assert cache.entries == [(1, 0), (4, 12)] and cache.highest_epoch == 4
 
 
 def test_a_damaged_checkpoint_starts_empty() -> None:
-    store = MemoryFileStore()
-    store.makedirs("p")
-    handle = store.open(f"p/{LEADER_EPOCH_FILE}")
-    store.pwrite(handle, b"garbage\n1 x\n", 0)
-    store.close(handle)
+    store = _checkpoint_holding(b"garbage\n1 x\n")
     assert LeaderEpochCache.open(store, "p", 10).entries == []
 
 
