@@ -270,6 +270,7 @@ async def _accept_loop(
                     if exc.errno == errno.EMFILE:
                         if spare is not None:
                             os.close(spare)
+                            spare = None  # its number may be anyone's now, even if we stop here
                             await _refuse_one(listener)
                         spare = _reopen_spare()
                     await trio.sleep(pause_s)

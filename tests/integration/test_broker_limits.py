@@ -251,7 +251,7 @@ def test_at_the_descriptor_limit_clients_are_refused_at_once_not_left_hanging(
             except OSError:
                 assert time.monotonic() < deadline, "/metrics never answered again"
                 time.sleep(0.2)
-        assert process.terminate() == 0
+        assert process.terminate() == 0, log_path.read_text()[-3000:]
     assert refused > 0, "no connection was refused"
     assert failures >= 1
     log_text = log_path.read_text()
