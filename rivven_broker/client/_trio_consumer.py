@@ -33,7 +33,7 @@ from rivven_broker.client._group import (
     group_metadata_of,
 )
 from rivven_broker.client._trio_group import TrioGroupMember
-from rivven_broker.client._trio_net import ClientEnv, Signal, TrioCluster
+from rivven_broker.client._trio_net import Background, ClientEnv, Signal, Spawner, TrioCluster
 from rivven_broker.client.config import (
     ConnectionConfig,
     ConsumerConfig,
@@ -109,7 +109,7 @@ def _tp(item: Any) -> TopicPartition:
 class TrioConsumer:
     """Use through ``open_consumer``; options as the blocking ``Consumer``."""
 
-    def __init__(self, bootstrap: str, env: Any, nursery: trio.Nursery, **options: Any) -> None:
+    def __init__(self, bootstrap: str, env: Any, nursery: Spawner, **options: Any) -> None:
         self.consumer_timeout_ms = options.pop("consumer_timeout_ms", None)
         self._config, conn_config = build_configs(options, ConsumerConfig, ConnectionConfig)
         self._deserializing = self._config.key_deserializer is not None or (
@@ -700,14 +700,18 @@ async def open_consumer(
     bootstrap, _ = bootstrap_and_topics(() if bootstrap is None else (bootstrap,), None,
                                         options, takes_topics=False)
     async with trio.open_nursery() as nursery:
-        consumer = TrioConsumer(bootstrap, env or ClientEnv(), nursery, **options)
-        nursery.start_soon(consumer._run_fetcher)
+        background = Background(nursery)  # outlives an outer cancellation: _leave needs it
+        consumer = TrioConsumer(bootstrap, env or ClientEnv(), background, **options)
+        background.start_soon(consumer._run_fetcher)
         try:
             yield consumer
         finally:
-            await consumer._leave()
-            consumer._shutdown()
-            nursery.cancel_scope.cancel()
+            try:
+                await consumer._leave()
+            finally:
+                consumer._shutdown()
+                background.stop()
+                nursery.cancel_scope.cancel()
 
 
 @asynccontextmanager

@@ -30,7 +30,7 @@ from rivven_broker.client._group import (
     normalise_offsets,
     warn_poll_timeout,
 )
-from rivven_broker.client._trio_net import Signal, TrioCluster
+from rivven_broker.client._trio_net import Signal, Spawner, TrioCluster
 from rivven_broker.client.config import ConnectionConfig, ConsumerConfig
 from rivven_broker.client.errors import ClientTimeoutError, RivvenError, error_for
 from rivven_broker.client.group_core import (
@@ -59,7 +59,7 @@ class TrioGroupMember:
 
     def __init__(
         self, bootstrap: str, config: ConsumerConfig, conn_config: ConnectionConfig, env: Any,
-        nursery: trio.Nursery, fetch: Any, arrived: Signal,
+        nursery: Spawner, fetch: Any, arrived: Signal,
     ) -> None:
         """``fetch`` is the consumer: ``_positions(tps)``, ``_set_assignment(owned, seeks)``."""
         assert config.group_id is not None

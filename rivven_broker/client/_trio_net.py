@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import trio
 
@@ -47,7 +47,7 @@ from rivven_broker.protocol import messages as m
 from rivven_broker.protocol.connection import ClientConnection
 from rivven_broker.protocol.errors import ErrorCode, ProtocolError
 
-__all__ = ["ClientEnv", "Signal", "TrioConnection", "TrioCluster", "env_rng"]
+__all__ = ["Background", "ClientEnv", "Signal", "Spawner", "TrioConnection", "TrioCluster", "env_rng"]
 
 _RECEIVE_BYTES = 1 << 20
 
@@ -106,6 +106,47 @@ class Signal:
                 await event.wait()
 
 
+class Background:
+    """A client's own tasks (connection readers, fetches, heartbeats), started in its nursery,
+    each in a shielded scope that only ``stop`` cancels.
+
+    When the scope around an ``async with open_consumer(...)`` is cancelled, the consumer still
+    closes properly (commit, LeaveGroup), shielded; that close needs the task that reads its
+    connection. Plain nursery tasks would be cancelled with the outer scope at once, the
+    answer never read, and the close would wait out its whole request timeout. So these
+    tasks run on until the client's ``finally`` calls ``stop``, after its close. A task
+    started after ``stop`` runs already cancelled (``trio.aclose_forcefully`` still closes)."""
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+        self._scopes: set[trio.CancelScope] = set()
+        self._stopped = False
+
+    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Start ``fn(*args)``. Raises RuntimeError when the nursery is closed."""
+        self._nursery.start_soon(self._run, fn, args)
+
+    async def _run(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
+        with trio.CancelScope(shield=True) as scope:
+            if self._stopped:
+                scope.cancel()
+            self._scopes.add(scope)
+            try:
+                await fn(*args)
+            finally:
+                self._scopes.discard(scope)
+
+    def stop(self) -> None:
+        """Cancel every task started here, and any started later. Never blocks."""
+        self._stopped = True
+        for scope in self._scopes:
+            scope.cancel()
+
+
+#: Where a client starts its tasks: a nursery, or a ``Background`` over one.
+Spawner = trio.Nursery | Background
+
+
 class _Waiter:
     __slots__ = ("event", "response", "error")
 
@@ -119,7 +160,7 @@ class TrioConnection:
     """One pipelined stream to one broker."""
 
     def __init__(
-        self, address: Address, stream: trio.abc.Stream, in_flight_max: int, nursery: trio.Nursery
+        self, address: Address, stream: trio.abc.Stream, in_flight_max: int, nursery: Spawner
     ) -> None:
         self.address = address
         self.stream = stream
@@ -208,7 +249,7 @@ class TrioCluster:
         bootstrap: str,
         config: ConnectionConfig,
         env: Any,
-        nursery: trio.Nursery,
+        nursery: Spawner,
         *,
         in_flight_max: int,
         allow_auto_topic_creation: bool = False,

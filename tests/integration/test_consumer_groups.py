@@ -311,3 +311,25 @@ async def test_trio_consumers_share_a_topic(start_broker):
         assert set(offsets.values()) == {0}
         await admin.delete_group("trio")
         assert await admin.list_groups() == []
+
+
+async def test_a_trio_consumer_closed_by_a_cancelled_scope_leaves_at_once(start_broker):
+    """Found by the simulator (cluster-groups-txn seed 12): a trio consumer closed because the
+    scope around it was cancelled sent its LeaveGroup, but the task reading its connection
+    had been cancelled with the scope, so the answer was never read and the close waited out
+    the whole request timeout (5 s there; 40 s here, twice the guard, which cannot cut a
+    close short: the leave is shielded) before the member could start again."""
+    running = await start_broker(group_initial_rebalance_delay_ms=200)
+    await trio.to_thread.run_sync(create_topic, running.address, 2)
+    with trio.fail_after(20):  # a hang guard: the close must not wait for the request timeout
+        with trio.CancelScope() as outside:
+            async with open_consumer(running.address, group_id="leaving",
+                                     request_timeout_ms=40_000, **FAST) as consumer:
+                consumer.subscribe([TOPIC])
+                while not consumer.assignment():
+                    await consumer.poll(timeout_ms=100)
+                outside.cancel()  # the user's code is cancelled; the consumer closes
+                await trio.sleep_forever()
+        async with open_admin(running.address) as admin:
+            described = await admin.describe_group("leaving")
+    assert not described.members  # it left: no member remains
