@@ -34,6 +34,7 @@ from typing import Iterator, Sequence
 
 import trio
 
+from sim import log_context
 from sim.scenario import Fault, Scenario, ScenarioError, load
 from sim.schedule import ScheduleFile, dump_schedule, load_schedule
 from sim.shrink import shrink
@@ -238,7 +239,9 @@ def _results(scenario: Scenario, seeds: list[int], faults: list[Fault] | None,
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.CRITICAL,
-                        format="%(levelname)s %(name)s: %(message)s")
+                        format=log_context.FORMAT)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(log_context.ActorFilter())
     if args.verbose:
         logging.getLogger("rivven_broker").setLevel(logging.INFO)
     try:

@@ -50,6 +50,7 @@ from rivven_broker.client.types import TopicPartition
 from rivven_broker.protocol.errors import ErrorCode
 from sim.clock import SimClock
 from sim.history import FAIL, INFO, OK, History
+from sim.log_context import ACTOR
 from sim.net import SimNet
 from sim.scenario import ConsumerSpec, ProducerSpec
 from sim.trace import Trace
@@ -89,6 +90,7 @@ class _ClientProcess:
 
     async def run(self) -> None:
         """Run a client, start a new one whenever it fails. Runs until cancelled."""
+        ACTOR.set(self.name)
         while True:
             try:
                 await self.session()

@@ -66,6 +66,7 @@ from rivven_broker.records import BatchBuilder, BatchError, decode_records, iter
 from rivven_broker.records.header import ATTR_CONTROL
 from sim.clock import WALL_EPOCH_MS
 from sim.history import FAIL, INFO, OK, History
+from sim.log_context import ACTOR
 from sim.net import SimNet
 from sim.rpc import ConnectionLost, RpcConnection, open_rpc
 from sim.scenario import ConsumerSpec, ProducerSpec, TopicSpec
@@ -119,6 +120,7 @@ class _Process:
 
     async def run(self) -> None:
         """Connect, run sessions, reconnect after failures. Runs until cancelled."""
+        ACTOR.set(self.name)
         while True:
             try:
                 async with open_rpc(self.net, self.target.host, self.target.port) as rpc:

@@ -59,6 +59,7 @@ from sim.clients import ClientConsumerProcess, ClientProducerProcess, read_group
 from sim.clock import SimClock
 from sim.disk import SimDisk
 from sim.env import SimEnv
+from sim.log_context import ACTOR
 from sim.history import History
 from rivven_broker.server.cluster.controller_host import ControllerUnavailable
 from rivven_cluster.metadata import CreateTopic
@@ -250,6 +251,7 @@ class NodeHost:
 
     async def _run(self, incarnation: int) -> None:
         identity = self.name if incarnation == 0 else f"{self.name}@{incarnation}"
+        ACTOR.set(identity)
         env = SimEnv(seed=self.world.seed, identity=identity, clock=self.clock,
                      net=self.world.network.endpoint(self.name), disk=self.disk)
         self.world.history.note(self.name, "start", {"incarnation": incarnation})
