@@ -119,7 +119,8 @@ class Background:
 
     def __init__(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
-        self._scopes: set[trio.CancelScope] = set()
+        #: (a dict, not a set: cancelled in the order started, the same in every run)
+        self._scopes: dict[trio.CancelScope, None] = {}
         self._stopped = False
 
     def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
@@ -130,16 +131,16 @@ class Background:
         with trio.CancelScope(shield=True) as scope:
             if self._stopped:
                 scope.cancel()
-            self._scopes.add(scope)
+            self._scopes[scope] = None
             try:
                 await fn(*args)
             finally:
-                self._scopes.discard(scope)
+                del self._scopes[scope]
 
     def stop(self) -> None:
         """Cancel every task started here, and any started later. Never blocks."""
         self._stopped = True
-        for scope in self._scopes:
+        for scope in list(self._scopes):
             scope.cancel()
 
 

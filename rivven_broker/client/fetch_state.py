@@ -141,8 +141,10 @@ class FetchState:
         self, tps: Iterable[TopicPartition], seeks: dict[TopicPartition, int]
     ) -> list[TopicPartition]:
         """Replace the assignment, then seek the assigned partitions ``seeks`` names (a group
-        rebalance: committed offsets). Returns the new assignment in order."""
-        wanted = list(tps)
+        rebalance: committed offsets). Returns the new assignment, sorted: a group's
+        assignment arrives as a set, whose order must not decide the order of fetches and
+        dials (it changes with the process' string hashing)."""
+        wanted = sorted(tps)
         self.assign(wanted)
         for tp, offset in seeks.items():
             if tp in self._partitions:

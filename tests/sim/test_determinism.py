@@ -139,7 +139,8 @@ sync_policy = "always"
 [workload]
 topics = [{ name = "t", partitions = 2, replication_factor = 3, min_insync_replicas = 2 }]
 producers = [{ count = 1, client = "rivven", rate = 20, acks = "all" }]
-consumers = [{ count = 1, client = "rivven", max_wait = "300ms" }]
+consumers = [{ count = 1, client = "rivven", max_wait = "300ms" },
+             { count = 1, client = "rivven", group = "g", restart_every = "4s", max_wait = "300ms" }]
 [[faults]]
 at = "3s"
 kind = "crash"
@@ -158,8 +159,10 @@ disabled = ["membership_detects_crashes", "membership_no_false_dead"]
 @pytest.mark.slow
 def test_a_cluster_run_is_the_same_under_hash_seeds_and_jobs(tmp_path: pathlib.Path) -> None:
     """A replicating cluster (membership, controller, replication, the replication monitor,
-    role-resolved faults): the same digests under two ``PYTHONHASHSEED`` values, with
-    ``--jobs 1`` and ``--jobs 2``."""
+    role-resolved faults, a restarting group member): the same digests under two
+    ``PYTHONHASHSEED`` values, with ``--jobs 1`` and ``--jobs 2``. (The group member found a
+    group assignment fetched in the order of a set of partitions, which string hashing
+    decides.)"""
     path = tmp_path / "cluster.toml"
     path.write_bytes(CLUSTER_TOML)
     runs = [(["--seeds", "1..2"], "1"), (["--seeds", "1..2", "--jobs", "2"], "2")]
