@@ -157,7 +157,7 @@ class TopicSpec:
 
 CLIENTS = ("thin", "rivven")
 REPLICATION_BUGS = ("hw_ignores_followers", "truncate_to_hw", "elect_outside_isr",
-                    "coordinator_skips_load", "lead_same_epoch_again")
+                    "coordinator_skips_load", "lead_same_epoch_again", "stamp_first_epoch")
 
 
 @attrs.frozen

@@ -261,7 +261,8 @@ class NodeHost:
                                    truncate_to_high_watermark=bug == "truncate_to_hw",
                                    elect_outside_isr=bug == "elect_outside_isr",
                                    coordinator_skips_load=bug == "coordinator_skips_load",
-                                   lead_same_epoch_again=bug == "lead_same_epoch_again")
+                                   lead_same_epoch_again=bug == "lead_same_epoch_again",
+                                   stamp_first_epoch=bug == "stamp_first_epoch")
         broker = self.broker = Broker(env, self.config(), key_ring=self.key_ring(),
                                       controller_observer=self.world.controller_monitor,
                                       replication_faults=faults)

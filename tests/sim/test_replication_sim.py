@@ -15,6 +15,11 @@ reported within 20 seeds (today: seeds 1, 1, 3 and 1):
   (``replication_replicas_agree``; the data checkers usually see the lost writes too);
 - a restarted broker deciding from the epochs its log still holds whether it led an epoch
   before: two processes lead one epoch (``replication_one_leader_per_epoch``).
+
+A leader stamping its batches with the first epoch its process led the partition at needs a
+process that leads, loses the leadership and leads again without a restart, which a crash
+nemesis never gives: it runs in ``cluster-partitions`` (leaders cut off, then moved back to
+their preferred replica) and must be reported as ``replication_epochs_grow`` (today: seed 2).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import pytest
 
 from sim.replication_check import ReplicationMonitor
 from sim.scenario import loads
-from tests.sim.pool import first_caught
+from tests.sim.pool import first_caught, first_seeds_reporting
 
 SCENARIO = pathlib.Path(__file__).resolve().parents[2] / "sim" / "scenarios" / \
     "replication-nemesis.toml"
@@ -50,6 +55,16 @@ def test_each_replication_bug_is_caught_within_20_seeds(bug: str) -> None:
     caught = first_caught(loads(text.encode(), name=f"bite-{bug}"), range(1, 21))
     assert caught is not None, f"{bug} was not caught in 20 seeds"
     assert BITES[bug] in caught[1], caught
+
+
+@pytest.mark.slow
+def test_a_leader_stamping_a_stale_epoch_is_caught_within_20_seeds() -> None:
+    text = (SCENARIO.parent / "cluster-partitions.toml").read_text().replace(
+        "\n[checks]", '\n[test]\nreplication_bug = "stamp_first_epoch"\n\n[checks]')
+    scenario = loads(text.encode(), name="bite-stamp_first_epoch")
+    assert scenario.test.replication_bug == "stamp_first_epoch"
+    found = first_seeds_reporting(scenario, range(1, 21), {"replication_epochs_grow"})
+    assert "replication_epochs_grow" in found, "a stale epoch stamp was not caught in 20 seeds"
 
 
 class _Header:

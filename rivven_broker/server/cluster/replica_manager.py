@@ -109,6 +109,9 @@ class ReplicationFaults:
     #: still holds, not from the highest it ever had: after a crash cut an epoch's every
     #: record, two processes of one broker lead that epoch.
     lead_same_epoch_again: bool = False
+    #: A leader stamps its batches with the first epoch this process led the partition at
+    #: (a stale cached value), not the epoch it leads now: the epochs of a log go back.
+    stamp_first_epoch: bool = False
 
 
 @attrs.frozen
@@ -175,6 +178,7 @@ class ReplicaManager:
         self._following: dict[Key, _Following] = {}
         self._fetchers: set[int] = set()
         self._claiming: set[Key] = set()
+        self._first_led: dict[Key, int] = {}  # (only for the planted stamp_first_epoch)
         self._checkpointed: dict[Key, int] = {}
         self._nursery: trio.Nursery | None = None
         #: What happened, for /metrics: truncations, fenced fetches, ISR proposals ...
@@ -259,6 +263,8 @@ class ReplicaManager:
             stop_on_io_error(exc, f"{key[0]}-{key[1]}: the epoch checkpoint")
             log.error("%s-%d: cannot lead epoch %d: %s", *key, epoch, exc)
             return
+        if self.config.faults.stamp_first_epoch:
+            plog.leader_epoch = self._first_led.setdefault(key, epoch)
         state = LeaderState(
             leader_id=self.node_id, leader_epoch=epoch, replicas=replicas, isr=isr,
             partition_epoch=partition_epoch, epoch_start_offset=plog.log_end_offset,
