@@ -428,13 +428,18 @@ class TrioCluster:
         """Send ``request`` (to ``node_id`` or any broker) and return the answer.
 
         Raises as ``SyncClient.call`` does (ConnectionFailedError, ClientTimeoutError,
-        BrokerError for an ErrorResponse).
+        BrokerError for an ErrorResponse). A ``node_id`` the metadata does not list (a
+        broker with a stale view answered the last refresh) fails at once, retriably, with a
+        refresh requested: the caller finds its target again (a group its coordinator).
         """
         timeout_ms = self.config.request_timeout_ms if timeout_ms is None else timeout_ms
         deadline = self.now_ms() + timeout_ms
         attempts = dial_failures = 0
         while True:
             failed_before = self.failed_dials
+            if node_id is not None and self.metadata.address_of(node_id) is None:
+                self.metadata.request_update()
+                raise ConnectionFailedError(f"broker {node_id} is not in the metadata")
             conn = await self._target(node_id)
             now = self.now_ms()
             if conn is None:
@@ -468,8 +473,7 @@ class TrioCluster:
         if node_id is None:
             return await self.any_connection()
         address = self.metadata.address_of(node_id)
-        if address is None:
-            return None
+        assert address is not None, "call() checks it"
         if self.connection(address) is None and not self.can_dial(address, self.now_ms()):
             return None
         try:

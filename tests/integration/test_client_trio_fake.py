@@ -21,6 +21,9 @@ from rivven_broker.client import (
     TopicAlreadyExistsError,
     TopicPartition,
 )
+from rivven_broker.client._trio_net import ClientEnv, TrioCluster
+from rivven_broker.client.config import ConnectionConfig
+from rivven_broker.client.requests import metadata_request
 from rivven_broker.client.trio import open_admin, open_consumer, open_producer
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.records import partition_for_key
@@ -117,3 +120,23 @@ async def test_consumer_seek_and_latest(fake):
                 records += await consumer.poll(timeout_ms=1000)
             assert [r.offset for r in records] == [7, 8, 9]
             assert await consumer.position(tp) == 10
+
+
+async def test_a_call_to_a_broker_the_metadata_no_longer_lists_fails_at_once(fake):
+    """Found by the simulator (cluster-groups-txn seed 11): a broker with a stale view
+    answered a refresh without the group's coordinator, and the member's SyncGroup (then its
+    LeaveGroup) retried every millisecond until its timeout (60 s) with no refresh asked for.
+    Now such a call fails at once, retriably, and asks for a refresh: the group finds its
+    coordinator again."""
+    async with trio.open_nursery() as nursery:
+        cluster = TrioCluster(fake.bootstrap, ConnectionConfig(request_timeout_ms=60_000),
+                              ClientEnv(), nursery, in_flight_max=4)
+        await cluster.refresh()
+        assert cluster.metadata.brokers and 99 not in cluster.metadata.brokers
+        with trio.fail_after(10):  # a hang guard, far below the call's own timeout
+            with pytest.raises(ConnectionFailedError) as failed:
+                await cluster.call(metadata_request([], False), node_id=99)
+        assert failed.value.retriable and "not in the metadata" in str(failed.value)
+        assert cluster.metadata.needs_update(cluster.now_ms() + 60_000)
+        cluster.close()
+        nursery.cancel_scope.cancel()
