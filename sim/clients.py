@@ -214,7 +214,9 @@ class ClientConsumerProcess(_ClientProcess):
         async with open_consumer(self.bootstrap, env=self.env, group_id=spec.group,
                                  auto_offset_reset="earliest", enable_auto_commit=False,
                                  isolation_level=spec.isolation, fetch_max_wait_ms=spec.max_wait_ms,
-                                 request_timeout_ms=spec.request_timeout_ms) as consumer:
+                                 request_timeout_ms=spec.request_timeout_ms,
+                                 session_timeout_ms=spec.session_timeout_ms,
+                                 heartbeat_interval_ms=spec.heartbeat_interval_ms) as consumer:
             if spec.group is not None:
                 consumer.subscribe([spec.topic])
             else:

@@ -193,6 +193,11 @@ class ConsumerSpec:
     #: The real client only: close the consumer and start a new one about this often (0:
     #: never) - a group member leaves and joins again, so partitions move between members.
     restart_every_ms: int = 0
+    #: The real client's group session: how long a member that went away (a restart whose
+    #: LeaveGroup was lost, or one the new coordinator read back from the log) holds up a
+    #: rebalance; and how often members notice one.
+    session_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 3_000
 
 
 @attrs.frozen
@@ -521,6 +526,8 @@ def _workload(table: _Table) -> tuple[tuple[TopicSpec, ...], tuple[ProducerSpec,
             request_timeout_ms=c.duration("request_timeout", 5_000),
             group=c.take("group", None, str),
             restart_every_ms=c.duration("restart_every", 0),
+            session_timeout_ms=c.duration("session_timeout", 10_000),
+            heartbeat_interval_ms=c.duration("heartbeat_interval", 3_000),
         ))
         c.done()
         if consumers[-1].isolation not in ISOLATIONS:
