@@ -21,7 +21,9 @@ from its group commit. From these:
   against this leader and holds every committed record) and whose durable offset reached the
   high watermark of its previous fetch (everything committed then is on its disk; the rest
   follows at its next fsync). Under steady load its durable offset never catches the moving
-  high watermark itself, so waiting for that would keep it out for good.
+  high watermark itself, so waiting for that would keep it out for good. Its fetch offset
+  must still reach the high watermark when the change is *proposed*: committed since its
+  fetch without it, a record would be missing from an ISR member the controller may elect;
 
 A replica taken out of the ISR (by this leader, or by the controller because it is not live)
 must fetch again before it can rejoin. ISR changes are proposals: the driver commits them through the controller (``UpdateIsr``,
@@ -122,8 +124,9 @@ class LeaderState:
             if replica in members:
                 if now_ms - progress.caught_up_ms > self.lag_max_ms:
                     members.discard(replica)
-            elif progress.eligible and now_ms - progress.previous_fetch_ms <= self.lag_max_ms // 2:
-                members.add(replica)
+            elif (progress.eligible and progress.fetch_offset >= self.high_watermark
+                  and now_ms - progress.previous_fetch_ms <= self.lag_max_ms // 2):
+                members.add(replica)  # (it holds every record committed now)
         if members == set(self.isr):
             return None
         proposed = tuple(r for r in self.replicas if r in members)

@@ -97,6 +97,50 @@ def test_a_refused_proposal_is_proposed_again() -> None:
     assert state.isr_change(LAG_MS + 11) == (1, 2)
 
 
+def test_a_replica_the_high_watermark_passed_since_its_fetch_is_not_proposed() -> None:
+    """Found by the simulator (cluster-groups-txn seed 163: an acknowledged record lost).
+    Broker 3 caught up (eligible) and died; the high watermark then passed a record it never
+    had; the next ISR pass proposed it from that stale fetch, the controller added it, and
+    after the leader's crash elected it: the record was gone. Eligibility must hold against
+    the high watermark of the proposal, not of the fetch."""
+    state = _leader(isr=(1, 2))
+    state.on_local_durable(36)
+    state.on_fetch(2, 36, 36, 36, 10)
+    state.on_fetch(3, 36, 36, 36, 11)  # caught up at high watermark 36, then dies
+    state.on_local_durable(37)
+    state.on_fetch(2, 37, 37, 37, 12)
+    assert state.high_watermark == 37  # offset 36 committed without broker 3
+    assert state.isr_change(13) is None
+    state.on_fetch(3, 37, 36, 37, 14)  # it has offset 36 now (its fsync follows)
+    assert state.isr_change(15) == (1, 2, 3)
+
+
+@given(st.lists(st.tuples(st.sampled_from([0, 2, 3, 4]), st.integers(0, 50),
+                          st.integers(0, 50)), max_size=60))
+def test_a_replica_joins_the_isr_only_holding_every_committed_record(steps) -> None:
+    """Any order of fetches, syncs and ISR passes (4: propose, and the controller commits):
+    a replica added to the ISR holds every record below the high watermark then."""
+    state = _leader(isr=(1, 2))
+    fetched = {2: 0, 3: 0}
+    durable = {1: 0, 2: 0, 3: 0}
+    end = 0
+    for now_ms, (who, grow, lag) in enumerate(steps):
+        end += grow
+        if who == 0:
+            durable[1] = max(durable[1], end - lag)
+            state.on_local_durable(durable[1])
+        elif who == 4:
+            proposed = state.isr_change(now_ms)
+            if proposed is not None:
+                for joined in set(proposed) - set(state.isr):
+                    assert fetched[joined] >= state.high_watermark, (joined, fetched)
+                state.isr_committed(proposed, state.partition_epoch + 1)
+        else:
+            fetched[who] = max(fetched[who], end - lag)
+            durable[who] = max(durable[who], fetched[who] - lag)
+            state.on_fetch(who, fetched[who], durable[who], end, now_ms)
+
+
 @given(st.lists(st.tuples(st.sampled_from([0, 2, 3]), st.integers(0, 50),
                           st.integers(0, 50)), max_size=40))
 def test_the_high_watermark_only_grows_and_stays_under_every_isr_durable(steps) -> None:
