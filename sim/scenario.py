@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 import attrs
 
+from rivven_broker.client.config import ConsumerConfig
 from sim.datagrams import DatagramConfig
 from sim.disk import DiskConfig
 from sim.net import NetworkConfig
@@ -155,6 +156,9 @@ class TopicSpec:
     min_insync_replicas: int = 1
 
 
+#: The real client's consumer options, whose defaults the workload's consumers share.
+_CLIENT_CONSUMER = attrs.fields(ConsumerConfig)
+
 CLIENTS = ("thin", "rivven")
 REPLICATION_BUGS = ("hw_ignores_followers", "truncate_to_hw", "elect_outside_isr",
                     "coordinator_skips_load", "lead_same_epoch_again", "stamp_first_epoch")
@@ -196,8 +200,8 @@ class ConsumerSpec:
     #: The real client's group session: how long a member that went away (a restart whose
     #: LeaveGroup was lost, or one the new coordinator read back from the log) holds up a
     #: rebalance; and how often members notice one.
-    session_timeout_ms: int = 10_000
-    heartbeat_interval_ms: int = 3_000
+    session_timeout_ms: int = _CLIENT_CONSUMER.session_timeout_ms.default
+    heartbeat_interval_ms: int = _CLIENT_CONSUMER.heartbeat_interval_ms.default
 
 
 @attrs.frozen
@@ -526,8 +530,10 @@ def _workload(table: _Table) -> tuple[tuple[TopicSpec, ...], tuple[ProducerSpec,
             request_timeout_ms=c.duration("request_timeout", 5_000),
             group=c.take("group", None, str),
             restart_every_ms=c.duration("restart_every", 0),
-            session_timeout_ms=c.duration("session_timeout", 10_000),
-            heartbeat_interval_ms=c.duration("heartbeat_interval", 3_000),
+            session_timeout_ms=c.duration("session_timeout",
+                                          _CLIENT_CONSUMER.session_timeout_ms.default),
+            heartbeat_interval_ms=c.duration("heartbeat_interval",
+                                             _CLIENT_CONSUMER.heartbeat_interval_ms.default),
         ))
         c.done()
         if consumers[-1].isolation not in ISOLATIONS:

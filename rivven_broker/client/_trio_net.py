@@ -47,7 +47,8 @@ from rivven_broker.protocol import messages as m
 from rivven_broker.protocol.connection import ClientConnection
 from rivven_broker.protocol.errors import ErrorCode, ProtocolError
 
-__all__ = ["Background", "ClientEnv", "Signal", "Spawner", "TrioConnection", "TrioCluster", "env_rng"]
+__all__ = ["Background", "ClientEnv", "Signal", "Spawner", "TrioConnection", "TrioCluster",
+           "env_rng"]
 
 _RECEIVE_BYTES = 1 << 20
 

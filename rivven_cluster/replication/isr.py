@@ -22,8 +22,9 @@ from its group commit. From these:
   high watermark of its previous fetch (everything committed then is on its disk; the rest
   follows at its next fsync). Under steady load its durable offset never catches the moving
   high watermark itself, so waiting for that would keep it out for good. Its fetch offset
-  must still reach the high watermark when the change is *proposed*: committed since its
-  fetch without it, a record would be missing from an ISR member the controller may elect;
+  is judged against the high watermark when the change is *proposed*, not at the fetch: a
+  record committed since without it would be missing from an ISR member the controller may
+  elect.
 
 A replica taken out of the ISR (by this leader, or by the controller because it is not live)
 must fetch again before it can rejoin. ISR changes are proposals: the driver commits them through the controller (``UpdateIsr``,
@@ -48,7 +49,8 @@ class FollowerProgress:
     previous_fetch_ms: int = 0
     #: The high watermark when the follower last fetched.
     previous_high_watermark: int = 0
-    #: At its last fetch, the follower could rejoin the ISR (see ``LeaderState``).
+    #: At its last fetch, the follower could rejoin the ISR if it holds the high watermark
+    #: when proposed (see ``LeaderState``).
     eligible: bool = False
 
 
@@ -91,7 +93,7 @@ class LeaderState:
             progress.caught_up_ms = now_ms
         elif fetch_offset >= progress.previous_leader_end >= 0:
             progress.caught_up_ms = max(progress.caught_up_ms, progress.previous_fetch_ms)
-        progress.eligible = (fetch_offset >= max(self.high_watermark, self.epoch_start_offset)
+        progress.eligible = (fetch_offset >= self.epoch_start_offset
                              and durable_offset >= progress.previous_high_watermark)
         progress.previous_leader_end, progress.previous_fetch_ms = leader_end, now_ms
         progress.previous_high_watermark = self.high_watermark
