@@ -9,16 +9,22 @@ its name; the ``SimNetwork`` behind them is shared.
 
 A connection is two one-way *halves*. ``send_all`` appends a chunk to its half's queue with a
 delivery time ``max(previous delivery, now + latency)`` (latency drawn per chunk from the
-network's seeded stream), so each half is FIFO whatever the latencies. One *pump* task per half
-(in the network's own nursery, so a node's crash does not stop other nodes' traffic) waits for
-the head chunk's delivery time and moves it into the receiver's inbox. Latency is drawn from
-``[latency_min_ms, latency_max_ms]``, or from the link's own range in ``link_latency``. Flow control: a sender
-waits while its half holds ``buffer_bytes_max`` bytes queued or unread, as a TCP window would.
+network's seeded stream), so each half is FIFO whatever the latencies. Delivery is *lazy*: no
+task moves chunks. A chunk whose delivery time has come is in the receiver's inbox as far as
+anyone can tell, so the receiver takes every due chunk when it reads (``_settle``), and a
+receiver waiting for data sleeps in a cancel scope whose deadline the sender sets to the head
+chunk's delivery time: one wake-up per delivery, none for a network task. Because a fault
+changes what "due" means (a partition holds data), every change of topology first settles all
+halves under the topology that held until then, so lazy delivery gives the same answers as
+eager delivery would have. Latency is drawn from ``[latency_min_ms, latency_max_ms]``, or from
+the link's own range in ``link_latency``. Flow control: a sender waits while its half holds
+``buffer_bytes_max`` bytes queued or unread, as a TCP window would.
 
 Faults, all keyed by endpoint names:
 
-- *Partition* between two endpoints: pumps crossing it hold their data (TCP retransmitting);
-  a half that stays held for ``stall_timeout_ms`` breaks the connection (a TCP user timeout);
+- *Partition* between two endpoints: halves crossing it hold their data (TCP retransmitting);
+  a half whose data stays held for ``stall_timeout_ms`` breaks the connection (a TCP user
+  timeout; one watchdog task keeps these deadlines, and sleeps while nothing is partitioned);
   after a heal held data flows again, in order. Partitions are counted, so overlapping ones
   compose. A dial across a partition waits for the heal up to ``connect_timeout_ms`` and then
   fails with ``TimeoutError`` (an ``OSError``), like a connect whose SYNs are lost.
@@ -32,16 +38,18 @@ Faults, all keyed by endpoint names:
   refused) and its ``SimNet`` is revoked: the dead incarnation can neither dial nor listen.
 
 A dial to an endpoint with no listener on the port fails with ``ConnectionRefusedError``; to
-an unknown host, ``OSError(EHOSTUNREACH)``. Every delivery, open, close and reset goes into the
-run's ``Trace``.
+an unknown host, ``OSError(EHOSTUNREACH)``. Every delivery (when the receiver takes it), open,
+close and reset goes into the run's ``Trace``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import math
 import random
 from collections import deque
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 import attrs
 import trio
@@ -82,7 +90,7 @@ class _Half:
 
     __slots__ = (
         "source", "target", "queue", "buffered_bytes", "last_delivery_s", "inbox", "eof",
-        "fin_queued", "receiver_closed", "pump_lot", "reader_lot", "writer_lot",
+        "fin_queued", "receiver_closed", "reader_scope", "writer_lot",
     )
 
     def __init__(self, source: str, target: str) -> None:
@@ -95,18 +103,24 @@ class _Half:
         self.eof = False
         self.fin_queued = False
         self.receiver_closed = False
-        self.pump_lot = trio.lowlevel.ParkingLot()
-        self.reader_lot = trio.lowlevel.ParkingLot()
+        #: The scope a reader waiting for data sleeps in (its deadline: the head's delivery).
+        self.reader_scope: trio.CancelScope | None = None
         self.writer_lot = trio.lowlevel.ParkingLot()
 
+    def wake_reader(self, deadline: float = -math.inf) -> None:
+        """Make a waiting reader look again no later than ``deadline`` (at once by default)."""
+        scope = self.reader_scope
+        if scope is not None and deadline < scope.deadline:
+            scope.deadline = deadline
+
     def wake_all(self) -> None:
-        self.pump_lot.unpark_all()
-        self.reader_lot.unpark_all()
+        self.wake_reader()
         self.writer_lot.unpark_all()
 
 
 class _Connection:
-    __slots__ = ("number", "client", "server", "port", "forward", "backward", "broken")
+    __slots__ = ("number", "client", "server", "port", "forward", "backward", "broken",
+                 "open_ends")
 
     def __init__(self, number: int, client: str, server: str, port: int) -> None:
         self.number = number
@@ -116,6 +130,7 @@ class _Connection:
         self.forward = _Half(client, server)
         self.backward = _Half(server, client)
         self.broken = False
+        self.open_ends = 2
 
     def touches(self, endpoint: str) -> bool:
         return endpoint in (self.client, self.server)
@@ -179,11 +194,18 @@ class SimStream(trio.abc.Stream):
         ``aclose``.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        incoming = self._in
-        while not incoming.inbox and not incoming.eof:
+        network, incoming = self._network, self._in
+        while True:
             self._check()
-            await incoming.reader_lot.park()
-        self._check()
+            network._settle(self._connection, incoming)
+            if incoming.inbox or incoming.eof:
+                break
+            with trio.CancelScope(deadline=network._due_at(incoming)) as scope:
+                incoming.reader_scope = scope
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    incoming.reader_scope = None
         size = _RECEIVE_BYTES_DEFAULT if max_bytes is None else max_bytes
         data = bytes(incoming.inbox[:size])
         del incoming.inbox[:size]
@@ -215,26 +237,26 @@ class SimNetwork:
         self.datagrams = SimDatagrams(
             self, config.datagrams, datagram_rng or random.Random(0), trace
         )
-        self._nursery: trio.Nursery | None = None
         self._listeners: dict[tuple[str, int], trio.MemorySendChannel[SimStream]] = {}
         self._connections: dict[int, _Connection] = {}
         self._next_connection = 1
         self._next_port: dict[str, int] = {}
         self._blocked: dict[tuple[str, str], int] = {}
+        self._blocked_since: dict[tuple[str, str], float] = {}
         self._paused: dict[str, int] = {}
         self._stalled: dict[tuple[str, str], int] = {}
         self._link_latency = {_pair(a, b): bounds for (a, b), bounds in config.link_latency}
         self._generation: dict[str, int] = {}
         self._topology = trio.lowlevel.ParkingLot()
+        self._watchdog: trio.CancelScope | None = None
         self.resets = 0
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Host the pump tasks until cancelled."""
+        """Host the datagram path and the stall watchdog until cancelled."""
         async with trio.open_nursery() as nursery:
-            self._nursery = nursery
             await nursery.start(self.datagrams.run)
             task_status.started()
-            await trio.sleep_forever()
+            await self._watch_stalls()
 
     def endpoint(self, name: str) -> SimNet:
         """A fresh ``SimNet`` for a new incarnation of endpoint ``name``. Never blocks."""
@@ -245,12 +267,15 @@ class SimNetwork:
     # --- state queries ----------------------------------------------------------------------
 
     def partitioned(self, a: str, b: str) -> bool:
-        return self._blocked.get(_pair(a, b), 0) > 0
+        return _pair(a, b) in self._blocked
 
     def held(self, a: str, b: str) -> bool:
         """True when traffic between ``a`` and ``b`` cannot flow now."""
-        return (self.partitioned(a, b) or a in self._paused or b in self._paused
-                or self._stalled.get(_pair(a, b), 0) > 0)
+        return bool(
+            (self._blocked or self._paused or self._stalled)
+            and (self.partitioned(a, b) or a in self._paused or b in self._paused
+                 or _pair(a, b) in self._stalled)
+        )
 
     def connection_count(self) -> int:
         return len(self._connections)
@@ -262,57 +287,62 @@ class SimNetwork:
         pairs = sorted(
             {_pair(a, b) for i, g in enumerate(groups) for h in groups[i + 1 :] for a in g for b in h}
         )
-        for pair in pairs:
-            assert pair[0] != pair[1], f"an endpoint in two groups: {pair[0]}"
-            self._blocked[pair] = self._blocked.get(pair, 0) + 1
+        with self._changing_topology():
+            now = trio.current_time()
+            for pair in pairs:
+                assert pair[0] != pair[1], f"an endpoint in two groups: {pair[0]}"
+                count = self._blocked.get(pair, 0)
+                self._blocked[pair] = count + 1
+                if not count:
+                    self._blocked_since[pair] = now
         self._trace.event("net.partition", pairs)
-        self._topology.unpark_all()
         return pairs
 
     def heal(self, pairs: Sequence[tuple[str, str]]) -> None:
         """Undo one ``partition`` (the pairs it returned)."""
-        for pair in pairs:
-            count = self._blocked.get(pair, 0) - 1
-            assert count >= 0, pair
-            if count:
-                self._blocked[pair] = count
-            else:
-                self._blocked.pop(pair, None)
+        with self._changing_topology():
+            for pair in pairs:
+                count = self._blocked.get(pair, 0) - 1
+                assert count >= 0, pair
+                if count:
+                    self._blocked[pair] = count
+                else:
+                    self._blocked.pop(pair, None)
+                    self._blocked_since.pop(pair, None)
         self._trace.event("net.heal", list(pairs))
-        self._topology.unpark_all()
 
     def stall(self, a: str, b: str) -> None:
         """Hold traffic between ``a`` and ``b`` (no timeout, no reset) until ``unstall``."""
         pair = _pair(a, b)
-        self._stalled[pair] = self._stalled.get(pair, 0) + 1
+        with self._changing_topology():
+            self._stalled[pair] = self._stalled.get(pair, 0) + 1
         self._trace.event("net.stall", pair)
-        self._topology.unpark_all()
 
     def unstall(self, a: str, b: str) -> None:
         pair = _pair(a, b)
-        count = self._stalled.get(pair, 0) - 1
-        assert count >= 0, pair
-        if count:
-            self._stalled[pair] = count
-        else:
-            self._stalled.pop(pair, None)
+        with self._changing_topology():
+            count = self._stalled.get(pair, 0) - 1
+            assert count >= 0, pair
+            if count:
+                self._stalled[pair] = count
+            else:
+                self._stalled.pop(pair, None)
         self._trace.event("net.unstall", pair)
-        self._topology.unpark_all()
 
     def pause(self, endpoint: str) -> None:
-        self._paused[endpoint] = self._paused.get(endpoint, 0) + 1
+        with self._changing_topology():
+            self._paused[endpoint] = self._paused.get(endpoint, 0) + 1
         self._trace.event("net.pause", endpoint)
-        self._topology.unpark_all()
 
     def resume(self, endpoint: str) -> None:
-        count = self._paused.get(endpoint, 0) - 1
-        assert count >= 0, endpoint
-        if count:
-            self._paused[endpoint] = count
-        else:
-            self._paused.pop(endpoint, None)
+        with self._changing_topology():
+            count = self._paused.get(endpoint, 0) - 1
+            assert count >= 0, endpoint
+            if count:
+                self._paused[endpoint] = count
+            else:
+                self._paused.pop(endpoint, None)
         self._trace.event("net.resume", endpoint)
-        self._topology.unpark_all()
 
     def reset(self, a: str, b: str | None = None) -> int:
         """Break every connection between ``a`` and ``b`` (or all of ``a``'s). Returns count."""
@@ -343,22 +373,73 @@ class SimNetwork:
             _pair(a, b), (self.config.latency_min_ms, self.config.latency_max_ms))
         return (low if low == high else self._rng.uniform(low, high)) / 1000.0
 
+    @contextlib.contextmanager
+    def _changing_topology(self) -> Iterator[None]:
+        """Around a change of what is held: deliver what was due under the old topology
+        first (lazy delivery must not judge the past by the new one), then wake the readers
+        whose link changed, the stall watchdog and the dials waiting for a heal."""
+        halves = [half for connection in self._connections.values()
+                  for half in (connection.forward, connection.backward)]
+        for connection in list(self._connections.values()):
+            self._settle(connection, connection.forward)
+            self._settle(connection, connection.backward)
+        before = [self.held(half.source, half.target) for half in halves]
+        yield
+        for half, was_held in zip(halves, before):
+            if was_held != self.held(half.source, half.target):
+                half.wake_reader()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self._topology.unpark_all()
+
+    def _due_at(self, half: _Half) -> float:
+        """When a reader of ``half`` must look again: the head's delivery, never if held."""
+        if not half.queue or self.held(half.source, half.target):
+            return math.inf
+        return half.queue[0][0]
+
+    def _settle(self, connection: _Connection, half: _Half) -> None:
+        """Move every chunk whose delivery time has come into the inbox, unless held."""
+        queue = half.queue
+        if not queue or connection.broken:
+            return
+        now = trio.current_time()
+        if queue[0][0] > now or self.held(half.source, half.target):
+            return
+        while queue and queue[0][0] <= now:
+            _, chunk = queue.popleft()
+            if chunk is None:
+                half.eof = True
+                self._trace.event("net.fin", connection.number, half.source)
+                break
+            half.inbox += chunk
+            self._trace.event("net.data", connection.number, half.source, payload=chunk)
+
     def _enqueue(self, half: _Half, chunk: bytes | None) -> None:
+        if half.receiver_closed and chunk is not None:
+            return  # the far end closed: the bytes land nowhere (and free no window)
         latency_s = self._latency_s(half.source, half.target)
         delivery = max(half.last_delivery_s, trio.current_time() + latency_s)
         half.last_delivery_s = delivery
         half.queue.append((delivery, chunk))
         if chunk is not None:
             half.buffered_bytes += len(chunk)
-        half.pump_lot.unpark_all()
+        if half.reader_scope is not None and not self.held(half.source, half.target):
+            half.wake_reader(half.queue[0][0])
+        if self._watchdog is not None and self.partitioned(half.source, half.target):
+            self._watchdog.cancel()
 
     def _close_half(self, connection: _Connection, outgoing: _Half, incoming: _Half) -> None:
         incoming.receiver_closed = True
-        incoming.buffered_bytes -= len(incoming.inbox)
+        incoming.buffered_bytes = 0
         incoming.inbox.clear()
+        incoming.queue.clear()
         if not outgoing.fin_queued:
             outgoing.fin_queued = True
             self._enqueue(outgoing, None)
+        connection.open_ends -= 1
+        if connection.open_ends == 0:
+            self._connections.pop(connection.number, None)
         self._trace.event("net.close", connection.number, outgoing.source)
 
     def _break(self, connection: _Connection, why: str) -> None:
@@ -372,48 +453,34 @@ class SimNetwork:
             half.wake_all()
         self._trace.event("net.break", connection.number, why)
 
-    def _retire_if_done(self, connection: _Connection) -> None:
-        if connection.forward.eof and connection.backward.eof:
-            self._connections.pop(connection.number, None)
-
-    async def _pump(self, connection: _Connection, half: _Half) -> None:
+    def _overdue_stalls(self) -> float:
+        """Break every connection whose data has been held by a partition for the stall
+        timeout; answer the next such deadline (``inf`` when none is pending)."""
+        if not self._blocked:
+            return math.inf
         stall_s = self.config.stall_timeout_ms / 1000.0
-        while not connection.broken:
-            if not half.queue:
-                await half.pump_lot.park()
-                continue
-            delivery_s, chunk = half.queue[0]
-            if delivery_s > trio.current_time():
-                await trio.sleep_until(delivery_s)
-                continue
-            stalled_since: float | None = None
-            while self.held(half.source, half.target) and not connection.broken:
-                if self.partitioned(half.source, half.target):
-                    now = trio.current_time()
-                    stalled_since = now if stalled_since is None else stalled_since
-                    if now >= stalled_since + stall_s:
-                        self._break(connection, "stall")
-                        return
-                    with trio.move_on_at(stalled_since + stall_s):
-                        await self._topology.park()
-                else:
-                    await self._topology.park()
-            if connection.broken:
-                return
-            half.queue.popleft()
-            if chunk is None:
-                half.eof = True
-                half.reader_lot.unpark_all()
-                self._trace.event("net.fin", connection.number, half.source)
-                self._retire_if_done(connection)
-                return
-            if half.receiver_closed:
-                half.buffered_bytes -= len(chunk)
-            else:
-                half.inbox += chunk
-            half.reader_lot.unpark_all()
-            half.writer_lot.unpark_all()
-            self._trace.event("net.data", connection.number, half.source, payload=chunk)
+        now = trio.current_time()
+        next_deadline = math.inf
+        for connection in list(self._connections.values()):
+            for half in (connection.forward, connection.backward):
+                pair = _pair(half.source, half.target)
+                if not half.queue or pair not in self._blocked:
+                    continue
+                deadline = max(half.queue[0][0], self._blocked_since[pair]) + stall_s
+                if deadline <= now:
+                    self._break(connection, "stall")
+                    break
+                next_deadline = min(next_deadline, deadline)
+        return next_deadline
+
+    async def _watch_stalls(self) -> None:
+        while True:
+            with trio.CancelScope(deadline=self._overdue_stalls()) as scope:
+                self._watchdog = scope
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    self._watchdog = None
 
     async def _connect(self, source: str, generation: int, host: str, port: int) -> SimStream:
         if host not in self._generation:
@@ -437,9 +504,6 @@ class SimNetwork:
         self._next_connection += 1
         connection = _Connection(number, source, host, port)
         self._connections[number] = connection
-        assert self._nursery is not None, "SimNetwork.run is not running"
-        self._nursery.start_soon(self._pump, connection, connection.forward)
-        self._nursery.start_soon(self._pump, connection, connection.backward)
         server_end = SimStream(self, connection, connection.backward, connection.forward)
         listener.send_nowait(server_end)
         self._trace.event("net.open", number, source, host, port)

@@ -189,7 +189,8 @@ class MemoryFileStore:
 
     def pread(self, handle: int, size: int, position: int) -> bytes:
         assert size >= 0 and position >= 0
-        return bytes(self._inode(handle).data[position : position + size])
+        with memoryview(self._inode(handle).data) as data:  # one copy, not two
+            return bytes(data[position : position + size])
 
     def region(self, handle: int, size: int, position: int) -> bytes:
         return self.pread(handle, size, position)  # no real file to send from

@@ -100,6 +100,7 @@ OFFSET_DISCONTINUITY = "offset discontinuity"
 FOLLOWS_CUT = "segment follows a cut"
 
 _SCAN_CHUNK_BYTES = 1024 * 1024
+_ZERO_CHUNK = bytes(_SCAN_CHUNK_BYTES)  # a chunk is zero when this starts with it (a memcmp)
 _WALK_CHUNK_BYTES = 64 * 1024
 _MIN_BATCH_LENGTH = HEADER_BYTES - LOG_OVERHEAD_BYTES
 
@@ -165,7 +166,7 @@ def _all_zero(store: FileStore, handle: int, start: int, end: int) -> bool:
     position = start
     while position < end:
         chunk = store.pread(handle, min(_SCAN_CHUNK_BYTES, end - position), position)
-        if not chunk or chunk.count(0) != len(chunk):
+        if not chunk or not _ZERO_CHUNK.startswith(chunk):
             return False
         position += len(chunk)
     return True
