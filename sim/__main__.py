@@ -34,6 +34,7 @@ from typing import Iterator, Sequence
 
 import trio
 
+from rivven_broker.process_memory import keep_freed_memory
 from sim import log_context
 from sim.scenario import Fault, Scenario, ScenarioError, load
 from sim.schedule import ScheduleFile, dump_schedule, load_schedule
@@ -238,6 +239,7 @@ def _results(scenario: Scenario, seeds: list[int], faults: list[Fault] | None,
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    keep_freed_memory()  # as rivven-broker does: the simulated disks copy MiB buffers
     logging.basicConfig(level=logging.INFO if args.verbose else logging.CRITICAL,
                         format=log_context.FORMAT)
     for handler in logging.getLogger().handlers:

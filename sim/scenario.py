@@ -239,6 +239,9 @@ class ChecksSpec:
     invariants_every_ms: int = 1_000
     #: Membership: a crashed node is seen dead by everyone within this.
     detect_within_ms: int = 5_000
+    #: End the run at the first online violation of any of these invariants (a checker's
+    #: bite test needs only that one; a planted bug can make the rest of a run slow).
+    stop_at: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -611,9 +614,11 @@ def _nemesis(table: _Table) -> NemesisSpec:
 
 def _checks(table: _Table) -> ChecksSpec:
     disabled = tuple(table.take("disabled", [], list))
-    for name in disabled:
-        if name not in INVARIANTS:
-            raise ScenarioError(f"checks.disabled: unknown invariant {name!r}")
+    stop_at = tuple(table.take("stop_at", [], list))
+    for key, names in (("disabled", disabled), ("stop_at", stop_at)):
+        for name in names:
+            if name not in INVARIANTS:
+                raise ScenarioError(f"checks.{key}: unknown invariant {name!r}")
     spec = ChecksSpec(
         liveness_within_ms=table.duration("liveness_within", 15_000),
         disabled=disabled,
@@ -621,6 +626,7 @@ def _checks(table: _Table) -> ChecksSpec:
         fsync_stop_within_ms=table.duration("fsync_stop_within", 5_000),
         invariants_every_ms=table.duration("invariants_every", 1_000),
         detect_within_ms=table.duration("detect_within", 5_000),
+        stop_at=stop_at,
     )
     table.done()
     return spec

@@ -49,6 +49,7 @@ import trio
 import trio.testing
 
 from rivven_broker.client.errors import RivvenError
+from rivven_broker.process_memory import keep_freed_memory
 from rivven_broker.server.broker import Broker, BrokerState
 from rivven_broker.server.cluster.replica_manager import ReplicationFaults
 from rivven_broker.server.config import BrokerConfig, HostPort, Peer
@@ -92,6 +93,10 @@ _CLUSTER_KEY = "the-simulated-cluster-key-0123456789"
 #: Segment files a node keeps open: a handful, far fewer than a world's files, so every run
 #: crosses the descriptor cache's evictions and reopenings, crashes included.
 _OPEN_FILES_MAX = 8
+#: Segments grow in steps of this much preallocated space (the broker's default with
+#: ``sync_policy=always`` is 4 MiB): a run crosses many preallocation boundaries, whose zero
+#: tails recovery must tell from torn writes, and the in-memory disks copy far fewer zeros.
+_PREALLOCATE_BYTES = 64 * 1024
 _WRONG_KEY = "somebody-elses-cluster-key-0123456789"
 
 
@@ -254,7 +259,7 @@ class NodeHost:
         return BrokerConfig(
             node_id=self.node_id, data_dir=".", listen=HostPort(self.name, spec.port),
             http=None, sync_policy=policy, auto_create_topics=False, peers=peers,
-            open_files_max=_OPEN_FILES_MAX,
+            open_files_max=_OPEN_FILES_MAX, preallocate_bytes=_PREALLOCATE_BYTES,
             rack=spec.racks[self.node_id - 1] if spec.racks else None,
         )
 
@@ -418,6 +423,8 @@ class World:
         self._given_schedule = schedule
         self._trace_sink = trace_sink
         self._online: list[Violation] = []
+        self.stopped_at_violation = False
+        self.nursery: trio.Nursery | None = None
         self._monitor: MembershipMonitor | None = None
         #: Hears every controller of a cluster run (``controller_check.py``).
         self.controller_monitor = ControllerMonitor() if scenario.nodes.cluster else None
@@ -475,6 +482,9 @@ class World:
     def online(self, violation: Violation) -> None:
         self.history.note("checker", "violation", {"invariant": violation.invariant})
         self._online.append(violation)
+        if violation.invariant in self.scenario.checks.stop_at and self.nursery is not None:
+            self.stopped_at_violation = True
+            self.nursery.cancel_scope.cancel()
 
     def run(self) -> RunResult:
         """Run the scenario to its verdict. Blocks (in real time) for the run's CPU time."""
@@ -552,10 +562,12 @@ class World:
             nursery.cancel_scope.cancel()
         if self.guard.report is not None:
             self._online.append(Violation("liveness", self.guard.report))
+        if self.guard.report is not None or self.stopped_at_violation:
             end_ms = trio.current_time() * 1000
         facts = RunFacts(final, self.producer_names, self.consumer_names, self.nemesis.last_heal_ms,
                          scenario.duration_ms, tuple(self._online), read_error,
-                         stopped=self.guard.report is not None, group_offsets=group_offsets)
+                         stopped=self.guard.report is not None or self.stopped_at_violation,
+                         group_offsets=group_offsets)
         violations = check(scenario, self.history, facts)
         return RunResult(scenario, self.seed, self.trace.digest(), tuple(violations), self.history,
                          tuple(self.schedule), self._stats(end_ms))
@@ -712,6 +724,8 @@ def run_scenario(scenario: Scenario, seed: int, *, schedule: list[Fault] | None 
 
 def run_in_worker(scenario: Scenario, seed: int, schedule: list[Fault] | None) -> RunResult:
     """``run_scenario`` in a worker process of ``python -m sim --jobs`` (silent but for its
-    result, which is pickled back)."""
+    result, which is pickled back). The worker's allocator keeps freed blocks, as
+    ``rivven-broker``'s does (``process_memory.py``): the simulated disks copy MiB buffers."""
     logging.basicConfig(level=logging.CRITICAL)
+    keep_freed_memory()
     return run_scenario(scenario, seed, schedule=schedule)

@@ -60,7 +60,8 @@ def test_each_replication_bug_is_caught_within_20_seeds(bug: str) -> None:
 @pytest.mark.slow
 def test_a_leader_stamping_a_stale_epoch_is_caught_within_20_seeds() -> None:
     text = (SCENARIO.parent / "cluster-partitions.toml").read_text().replace(
-        "\n[checks]", '\n[test]\nreplication_bug = "stamp_first_epoch"\n\n[checks]')
+        "\n[checks]", '\n[test]\nreplication_bug = "stamp_first_epoch"\n\n[checks]'
+        '\nstop_at = ["replication_epochs_grow"]')
     scenario = loads(text.encode(), name="bite-stamp_first_epoch")
     assert scenario.test.replication_bug == "stamp_first_epoch"
     found = first_seeds_reporting(scenario, range(1, 21), {"replication_epochs_grow"})
