@@ -385,10 +385,9 @@ class Consumer:
         self, timestamps: Mapping[TopicPartition, int]
     ) -> dict[TopicPartition, PartitionOffset | None]:
         """Per partition, the first offset whose record's timestamp is at or after the
-        timestamp (ms) given for it; None when there is none (as kafka-python and Kafka's
-        ``offsetsForTimes``). The broker answers at batch granularity (the first offset of
-        the first batch reaching the time) and does not report the record's timestamp yet
-        (``timestamp_ms`` is -1). Blocks on the network.
+        timestamp (ms) given for it, with that record's timestamp; None when there is none
+        (as kafka-python and Kafka's ``offsetsForTimes``: exact inside a batch too). Blocks
+        on the network.
 
         Raises:
             ValueError: a negative timestamp.

@@ -96,6 +96,7 @@ from rivven_broker.protocol.messages import (
 from rivven_broker.protocol.fast_codec import produce_partition_appended, produce_response_of
 from rivven_broker.protocol.names import topic_name_error
 from rivven_broker.records.header import BatchError, BatchHeader
+from rivven_broker.records.reader import iter_records
 from rivven_broker.storage.errors import (
     CorruptRecordsError,
     StorageError,
@@ -466,16 +467,16 @@ class DataPath:
             if committed:  # read_committed readers end at the last stable offset
                 state = self._context.producer_states.get(name, partition, plog)
                 high_watermark = state.last_stable_offset(high_watermark)
+            record_timestamp = -1
             if timestamp == EARLIEST_TIMESTAMP:
                 offset = plog.log_start_offset
             elif timestamp == LATEST_TIMESTAMP:
                 offset = high_watermark
             else:
-                found = plog.offset_for_timestamp(timestamp)
-                offset = -1 if found is None or found >= high_watermark else found
-        except (StorageError, OSError) as exc:
+                offset, record_timestamp = _record_at_time(plog, timestamp, high_watermark)
+        except (StorageError, OSError, BatchError) as exc:
             return ListOffsetsPartitionResponse(partition, error_of(exc)[0])
-        return ListOffsetsPartitionResponse(partition, ErrorCode.NONE, offset, -1)
+        return ListOffsetsPartitionResponse(partition, ErrorCode.NONE, offset, record_timestamp)
 
     def offsets_for_leader_epoch(
         self, request: OffsetsForLeaderEpoch
@@ -562,6 +563,31 @@ def _unacknowledged(deposed: bool) -> _PartitionError:
         return (ErrorCode.REQUEST_TIMED_OUT,
                 "leadership moved before the in-sync replicas had the data; outcome unknown")
     return ErrorCode.REQUEST_TIMED_OUT, "not acknowledged within timeout_ms"
+
+
+def _record_at_time(plog: PartitionLog, timestamp_ms: int, below: int) -> tuple[int, int]:
+    """``(offset, timestamp)`` of the first record below ``below`` (the high watermark) whose
+    timestamp is ``>= timestamp_ms``, or ``(-1, -1)``: Kafka's lookup. The log finds the first
+    batch whose max timestamp reaches the time (timestamps need not grow with offsets); its
+    records are decoded to find the record. A batch whose qualifying records lie below the
+    log start (cut inside it) sends the search on to the next such batch. Blocks on reads.
+
+    Raises:
+        StorageError, BatchError: the log could not be read or a batch did not decode.
+    """
+    start = 0
+    while True:
+        base = plog.offset_for_timestamp(timestamp_ms, start)
+        if base is None or base >= below:
+            return -1, -1
+        read = plog.read(base, 1, max_offset=below)  # the one batch holding ``base``
+        records = read.records
+        if not records:
+            return -1, -1
+        for record in iter_records(records):
+            if record.offset >= base and record.timestamp_ms >= timestamp_ms:
+                return (record.offset, record.timestamp_ms) if record.offset < below else (-1, -1)
+        start = read.next_offset
 
 
 def _produce_error(partition: int, error: _PartitionError) -> ProducePartitionResponse:

@@ -526,15 +526,17 @@ class PartitionLog:
         except OSError as exc:
             raise StorageError(f"reading batch headers of {self._directory} failed: {exc}") from exc
 
-    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
-        """The first offset (at or above the log start) whose batch's max timestamp is
-        ``>= timestamp_ms``, or None. Blocks on reads.
+    def offset_for_timestamp(self, timestamp_ms: int, from_offset: int = 0) -> int | None:
+        """The first offset (at or above the log start and ``from_offset``) whose batch's max
+        timestamp is ``>= timestamp_ms``, or None: the batch to look in for the first record
+        at that time (the storage layer never decodes records; the data path does). Blocks
+        on reads.
 
         Raises:
             StorageError: the store failed.
         """
         assert not self._closed
-        start = self._log_start_offset
+        start = max(self._log_start_offset, from_offset)
         for segment in self._segments:
             if segment.next_offset <= start or segment.max_timestamp is None:
                 continue

@@ -135,7 +135,7 @@ async def test_offsets_for_times_in_both_clients(broker):
                                     timestamp_ms=1_000 * (i + 1))
         async with open_consumer(broker.address) as consumer:
             found = await consumer.offsets_for_times({tp: 2_500})
-            assert found[tp].offset == 2  # (timestamp_ms: -1, the broker does not say yet)
+            assert found[tp] == (2, 3_000)  # the record's offset and its timestamp
             assert (await consumer.offsets_for_times({tp: 9_000})) == {tp: None}
             with pytest.raises(ValueError):
                 await consumer.offsets_for_times({tp: -1})
@@ -155,6 +155,38 @@ async def test_offsets_for_times_in_both_clients(broker):
             assert consumer.offsets_for_times({tp: 4_001}) == {tp: None}
 
     await trio.to_thread.run_sync(blocking)
+
+
+def test_offsets_for_times_find_the_record_inside_a_batch(broker_process):
+    """Kafka's lookup by time answers the first *record* (in offset order) whose timestamp
+    reaches the time, with that record's timestamp, even inside one compressed batch whose
+    timestamps do not grow with the offsets, and past a log start cut inside the batch."""
+    proc = broker_process()
+    tp = TopicPartition("stamps", 0)
+    stamps = [1_000, 3_000, 2_000, 4_000, 2_500, 5_000]
+    with Admin(proc.address) as admin:
+        admin.create_topic("stamps", partitions=1)
+    with Producer(proc.address, linger_ms=200, compression="zstd") as producer:
+        futures = [producer.send("stamps", value=b"v%d" % i, partition=0, timestamp_ms=ms)
+                   for i, ms in enumerate(stamps)]
+        producer.flush()
+    assert [f.result().offset for f in futures] == list(range(6))
+    with Consumer(proc.address) as consumer:
+        def at(ms: int) -> tuple[int, int] | None:
+            found = consumer.offsets_for_times({tp: ms})[tp]
+            return None if found is None else tuple(found)
+
+        assert consumer.end_offsets([tp]) == {tp: 6}
+        assert at(0) == (0, 1_000)
+        assert at(1_500) == (1, 3_000)  # not offset 0, the batch's first
+        assert at(3_500) == (3, 4_000)
+        assert at(4_001) == (5, 5_000)
+        assert at(5_001) is None
+        with Admin(proc.address) as admin:
+            admin.delete_records({tp: 2})  # the log now starts inside the batch
+        assert at(0) == (2, 2_000)
+        assert at(2_100) == (3, 4_000)
+        assert at(4_500) == (5, 5_000)
 
 
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4"])

@@ -195,7 +195,7 @@ def test_read_committed_skips_aborted_transactions(spark, broker, tmp_path):
 
 def test_batch_read_between_timestamps(spark, broker):
     """Spark Kafka's startingTimestamp / startingOffsetsByTimestamp / endingOffsetsByTimestamp:
-    the first offset at or after each time (batch granularity), a time with no record that
+    the first offset at or after each time, a time with no record that
     late an error unless startingOffsetsByTimestampStrategy=latest."""
     topic = broker.create("by-time", partitions=1)
     with Producer(broker.address, acks="all", linger_ms=50) as producer:
