@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Iterable
 import attrs
 import trio
 
+from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.message_base import Response
 from rivven_broker.server.producer_state_driver import ProducerStates
 from rivven_broker.storage.sync_worker import SyncPolicy, SyncWorker
@@ -175,6 +176,18 @@ class ServerContext:
     @property
     def policy(self) -> SyncPolicy:
         return self.sync_worker.policy
+
+    def read_refusal(self, key: TopicPartition, client_epoch: int = -1) -> ErrorCode | None:
+        """Why a client may not read ``key`` here now (None: it may). A clustered broker
+        serves reads only as the partition's leader (``ReplicaManager.read_error``), and
+        none at all while its cluster is starting: its client port opens before the
+        controller and replicas run, and until then it leads nothing (a read answered from
+        the local log could pass the cluster's high watermark)."""
+        if self.replicas is not None:
+            return self.replicas.read_error(key, client_epoch)
+        if self.cluster is not None:
+            return ErrorCode.NOT_LEADER
+        return None
 
     def high_watermark(self, log: PartitionLog) -> int:
         """Offsets below this are visible to consumers (see the module docstring)."""

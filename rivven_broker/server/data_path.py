@@ -379,10 +379,9 @@ class DataPath:
         if topic_name_error(name) is not None:
             return FetchPartitionResponse(partition, ErrorCode.INVALID_TOPIC_NAME)
         aborted: tuple[AbortedTransaction, ...] = ()
-        if context.replicas is not None:  # clients read from the leader, at its epoch
-            refused = context.replicas.read_error((name, partition), part.current_leader_epoch)
-            if refused is not None:
-                return FetchPartitionResponse(partition, refused)
+        refused = context.read_refusal((name, partition), part.current_leader_epoch)
+        if refused is not None:  # clients read from the leader, at its epoch
+            return FetchPartitionResponse(partition, refused)
         try:
             plog = context.logs.get_log(name, partition)
             high_watermark = context.high_watermark(plog)
@@ -457,10 +456,9 @@ class DataPath:
     ) -> ListOffsetsPartitionResponse:
         if topic_name_error(name) is not None:
             return ListOffsetsPartitionResponse(partition, ErrorCode.INVALID_TOPIC_NAME)
-        if self._context.replicas is not None:
-            refused = self._context.replicas.read_error((name, partition))
-            if refused is not None:
-                return ListOffsetsPartitionResponse(partition, refused)
+        refused = self._context.read_refusal((name, partition))
+        if refused is not None:
+            return ListOffsetsPartitionResponse(partition, refused)
         try:
             plog = self._context.logs.get_log(name, partition)
             high_watermark = self._context.high_watermark(plog)
@@ -491,11 +489,9 @@ class DataPath:
     def _epoch_end(self, name: str, part: OffsetsForLeaderEpochPartition) -> EpochEndOffset:
         if topic_name_error(name) is not None:
             return EpochEndOffset(part.partition, ErrorCode.INVALID_TOPIC_NAME)
-        replicas = self._context.replicas
-        if replicas is not None:
-            refused = replicas.read_error((name, part.partition), part.current_leader_epoch)
-            if refused is not None:
-                return EpochEndOffset(part.partition, refused)
+        refused = self._context.read_refusal((name, part.partition), part.current_leader_epoch)
+        if refused is not None:
+            return EpochEndOffset(part.partition, refused)
         try:
             plog = self._context.logs.get_log(name, part.partition)
         except (StorageError, OSError) as exc:
