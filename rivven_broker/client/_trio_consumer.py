@@ -149,6 +149,22 @@ class TrioConsumer:
     def assignment(self) -> set[TopicPartition]:
         return self._state.assignment()
 
+    def subscription(self) -> set[str]:
+        """As the blocking ``Consumer.subscription``: the topics subscribed to (empty
+        without a subscription; a pattern lists the topics it currently matches)."""
+        group = self._group
+        if group is None or not group.core.subscribed:
+            return set()
+        return set(group.core.topics)
+
+    async def topics(self) -> set[str]:
+        """As the blocking ``Consumer.topics``: every topic the cluster has, internal ones
+        left out."""
+        answer = check_response(await self._cluster.call(metadata_request(None, False)),
+                                m.MetadataResponse)
+        return {topic.name for topic in answer.topics
+                if topic.error_code == ErrorCode.NONE and not topic.is_internal}
+
     def subscribe(
         self,
         topics: Iterable[str] | str | re.Pattern[str] = (),
@@ -505,12 +521,19 @@ class TrioConsumer:
         self._arrived.fire()
         self._wake.fire()
 
-    async def _leave(self) -> None:
+    async def aclose(self, autocommit: bool = True) -> None:
+        """As the blocking ``Consumer.close``: commit (with auto-commit, unless
+        ``autocommit=False``), leave the group, stop fetching. Idempotent; leaving the
+        ``open_consumer`` block does the same with ``autocommit=True``."""
+        await self._leave(autocommit)
+        self._shutdown()
+
+    async def _leave(self, autocommit: bool = True) -> None:
         """Commit, revoke and leave the group (as the blocking ``close``)."""
         if self._group is not None and not self._closed:
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(self._conn_config.request_timeout_ms / 1000):
-                    await self._group.close()
+                    await self._group.close(autocommit=autocommit)
 
     def _abandon(self) -> None:
         """Stop without committing or leaving (a crash, as the group sees it). For tests."""

@@ -312,12 +312,13 @@ class TrioGroupMember:
 
     # --- closing ---------------------------------------------------------------------------
 
-    async def close(self) -> None:
-        """Commit (auto-commit), revoke, leave (dynamic members), stop. Failures are logged."""
+    async def close(self, autocommit: bool = True) -> None:
+        """Commit (auto-commit, unless ``autocommit`` is False), revoke, leave (dynamic
+        members), stop. Failures are logged."""
         try:
             owned = set(self.core.owned)
             member = self.core.subscribed
-            if self.config.enable_auto_commit:
+            if self.config.enable_auto_commit and autocommit:
                 await self._commit(self._fetch._positions(None), None)
             if member and owned:
                 self._callbacks.revoked(owned, lost=False)

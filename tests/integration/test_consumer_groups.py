@@ -333,3 +333,34 @@ async def test_a_trio_consumer_closed_by_a_cancelled_scope_leaves_at_once(start_
         async with open_admin(running.address) as admin:
             described = await admin.describe_group("leaving")
     assert not described.members  # it left: no member remains
+
+
+async def test_trio_consumer_subscription_topics_and_close_without_commit(start_broker):
+    """The trio consumer's subscription(), topics() and aclose(autocommit=...), as the
+    blocking consumer's: closing with autocommit=False commits nothing, the default does."""
+    running = await start_broker(group_initial_rebalance_delay_ms=0)
+    await trio.to_thread.run_sync(create_topic, running.address, 2)
+    await trio.to_thread.run_sync(produce, running.address, TOPIC, 20, 2)
+
+    async def consume_and_close(autocommit: bool) -> None:
+        async with open_consumer(running.address, group_id=f"close-{autocommit}",
+                                 auto_offset_reset="earliest", **FAST) as consumer:
+            assert consumer.subscription() == set()
+            consumer.subscribe([TOPIC])
+            assert consumer.subscription() == {TOPIC}
+            assert TOPIC in await consumer.topics()
+            assert not any(name.startswith("__") for name in await consumer.topics())
+            got = 0
+            while got < 20:
+                got += len(await consumer.poll(timeout_ms=500))
+            await consumer.aclose(autocommit=autocommit)
+            await consumer.aclose()  # idempotent; leaving the block adds nothing
+
+    with trio.fail_after(60):
+        await consume_and_close(False)
+        await consume_and_close(True)
+    async with open_admin(running.address) as admin:
+        kept = await admin.describe_group("close-False")
+        assert [p.committed_offset for p in kept.partitions] in ([], [None, None])
+        committed = await admin.describe_group("close-True")
+        assert sorted(p.committed_offset for p in committed.partitions) == [10, 10]
