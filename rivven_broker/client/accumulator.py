@@ -46,6 +46,7 @@ from typing import Any, Callable, NamedTuple
 
 import crc32c as _crc32c
 
+from rivven_broker.records.batch import RecordTooLargeError
 from rivven_broker.records.builder import BatchBuilder
 from rivven_broker.records.header import ATTR_TRANSACTIONAL, CRC_START, HEADER_BYTES
 from rivven_broker.records.murmur2 import partition_for_key
@@ -258,6 +259,11 @@ class RecordAccumulator:
                 if batch is not None:
                     del self._open[tp]
                     batch.sealed = True
+        size = RECORD_ESTIMATE_OVERHEAD_BYTES + len(key or b"") + len(value or b"")
+        if size > self.request_bytes_max:  # (joining an open batch, it could not be)
+            raise RecordTooLargeError(
+                f"a record of {size} bytes is larger than request_bytes_max (kafka-python's "
+                f"max_request_size), {self.request_bytes_max}")
         batch = self._new_batch(tp, now_ms)
         try:
             accepted = batch.builder.append(timestamp_ms, key, value, headers)
@@ -287,7 +293,8 @@ class RecordAccumulator:
         self.buffered_bytes += size
 
     def _new_batch(self, tp: tuple[str, int], now_ms: int) -> ProducerBatch:
-        builder = BatchBuilder(batch_bytes_max=self.batch_size_bytes, compression=self.compression)
+        builder = BatchBuilder(batch_bytes_max=min(self.batch_size_bytes, self.request_bytes_max),
+                               compression=self.compression)
         self._sequence += 1
         batch = ProducerBatch(
             tp[0], tp[1], builder, self._sequence, now_ms, now_ms + self.delivery_timeout_ms

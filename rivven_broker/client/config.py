@@ -33,6 +33,7 @@ __all__ = [
     "serialize",
     "deserialize",
     "KAFKA_PYTHON_ALIASES",
+    "KAFKA_PYTHON_UNSUPPORTED",
 ]
 
 ACKS_BY_NAME = {"all": -1, "-1": -1, -1: -1, "1": 1, 1: 1, "0": 0, 0: 0}
@@ -260,7 +261,26 @@ KAFKA_PYTHON_ALIASES = {
 #: (None: any value), so a ported script runs; anything else fails as unknown would.
 KAFKA_PYTHON_IGNORED: dict[str, tuple[object, ...] | None] = {
     "api_version": None,  # our client speaks our protocol; there is nothing to negotiate
+    "api_version_auto_timeout_ms": None,
     "security_protocol": ("PLAINTEXT",),  # no TLS or SASL yet: anything else must not pass
+    "exclude_internal_topics": (True,),  # internal topics are never listed or matched
+}
+#: kafka-python options this client does not have, with what to do instead: an unknown
+#: option fails, but one a kafka-python user will try says why instead of a wrong guess.
+KAFKA_PYTHON_UNSUPPORTED: dict[str, str] = {
+    "partitioner": "pass partition= to send(), or a key (murmur2, as Kafka's default)",
+    "connections_max_idle_ms": "connections stay open while the client lives",
+    "receive_buffer_bytes": "sockets keep the operating system's buffer sizes",
+    "send_buffer_bytes": "sockets keep the operating system's buffer sizes",
+    "socket_options": "sockets keep the operating system's defaults (TCP_NODELAY on)",
+    "selector": "the client runs its own threads",
+    "metric_reporters": "metrics() returns the figures; there are no reporters",
+    "metrics_num_samples": "metrics() returns the figures; there are no reporters",
+    "metrics_sample_window_ms": "metrics() returns the figures; there are no reporters",
+    "metric_group_prefix": "metrics() returns the figures; there are no reporters",
+    "default_offset_commit_callback": "pass callback= to commit_async()",
+    "ssl_context": "no TLS yet (security_protocol PLAINTEXT only)",
+    "sasl_mechanism": "no SASL yet (security_protocol PLAINTEXT only)",
 }
 
 
@@ -370,6 +390,13 @@ def build_configs(options: dict, *classes: type) -> tuple:
     if remaining:
         hints = []
         for key in sorted(remaining):
+            instead = KAFKA_PYTHON_UNSUPPORTED.get(key) or (
+                "no TLS or SASL yet (security_protocol PLAINTEXT only)"
+                if key.startswith(("ssl_", "sasl_")) else None)
+            if instead is not None:
+                hints.append(f"{key} (a kafka-python option this client does not have: "
+                             f"{instead})")
+                continue
             close = difflib.get_close_matches(
                 key, sorted(known | {k for k, v in KAFKA_PYTHON_ALIASES.items() if v in known}),
                 n=1, cutoff=0.6)

@@ -13,10 +13,14 @@ says how to send it, a lone topic name is not taken for a host.
 from __future__ import annotations
 
 import json
+import pathlib
+import subprocess
+import sys
 
 import pytest
 
 from rivven_broker.client import Admin
+from rivven_broker.client.errors import MessageTooLargeError
 from rivven_broker.client import Consumer as KafkaConsumer
 from rivven_broker.client import Producer as KafkaProducer
 
@@ -83,3 +87,39 @@ def test_what_fails_says_what_was_meant(broker_process):
         with pytest.raises(TypeError, match=r"not str: .*value.encode\(\).* "
                                             r"value_serializer="):
             producer.send("t", value="text")
+    with pytest.raises(TypeError, match="connections_max_idle_ms .a kafka-python option this "
+                                        "client does not have: connections stay open"):
+        KafkaProducer(bootstrap_servers=process.address, connections_max_idle_ms=540_000)
+    with pytest.raises(TypeError, match="sasl_plain_username .a kafka-python option this "
+                                        "client does not have: no TLS or SASL"):
+        KafkaConsumer(bootstrap_servers=process.address, sasl_plain_username="u")
+    with pytest.raises(ValueError, match="batch_size_bytes is given twice"):
+        KafkaProducer(process.address, batch_size=10, batch_size_bytes=10)
+
+
+def test_the_memory_and_request_size_spellings_bound_the_producer(broker_process):
+    """buffer_memory and max_request_size are kafka-python's names for ours: a record larger
+    than max_request_size is refused before it is sent."""
+    process = broker_process()
+    with KafkaProducer(bootstrap_servers=process.address, buffer_memory=4 * 1024 * 1024,
+                       max_request_size=64 * 1024) as producer:
+        producer.send("sizes", value=b"x" * 1_000, partition=0).get(timeout=30)
+        with pytest.raises(MessageTooLargeError, match="max_request_size"):
+            producer.send("sizes", value=b"x" * 100_000, partition=0).get(timeout=30)
+
+
+def test_the_script_in_client_md_runs_as_written(broker_process, tmp_path):
+    """docs/client.md's kafka-python block, run unchanged but for the address, in a fresh
+    interpreter: what a user copies must work."""
+    process = broker_process("--group-initial-rebalance-delay-ms", "0")
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "client.md").read_text()
+    section = text[text.index("## Coming from kafka-python"):]
+    script = section[section.index("```python\n") + 10: section.index("```\n", 10)]
+    assert "127.0.0.1:9092" in script
+    path = tmp_path / "script.py"
+    path.write_text(script.replace("127.0.0.1:9092", process.address))
+    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    key, amount, timestamp = done.stdout.split()
+    assert (key, amount) == ("b'o-1'", "3") and int(timestamp) > 0  # no key_deserializer
