@@ -162,3 +162,60 @@ def test_keys_headers_formats_and_starting_points(proc):
     (partition,) = described["partition_info"]
     assert (partition["log_start_offset"], partition["high_watermark"]) == (0, 6)
     assert partition["size_bytes"] > 6 * 10  # six batches of a record each, on disk
+
+
+def test_partition_time_json_and_group_reset_as_a_user_runs_them(proc):
+    """Each as its own `rivven` process: produce --partition; consume from a time in the
+    middle of the log (@ms and ISO-8601, exact to the record though all records share one
+    batch); consume --json; group reset-offsets as a dry run, then --execute, --shift-by and
+    --to-datetime."""
+    from rivven_broker.client import Admin, Consumer, Producer, TopicPartition
+
+    b = ("--bootstrap", proc.address)
+    assert run(*b, "topic", "create", "when", "--partitions", "2").returncode == 0
+    # 2030-01-01T00:00:00Z + i minutes, one batch on partition 0
+    base_ms = 1_893_456_000_000
+    with Producer(proc.address, linger_ms=100) as producer:
+        for i in range(6):
+            producer.send("when", value=b"m%d" % i, partition=0, timestamp_ms=base_ms + i * 60_000)
+    assert run(*b, "produce", "when", "--partition", "1", stdin=b"one\ntwo\n").returncode == 0
+    on_one = run(*b, "consume", "when", "--partition", "1", "--from-beginning",
+                 "--format", r"%p %v\n")
+    assert on_one.stdout.decode().splitlines() == ["1 one", "1 two"], on_one.stderr
+
+    def offsets_from(start: str) -> list[int]:
+        done = run(*b, "consume", "when", "--partition", "0", "--offset", start,
+                   "--format", r"%o\n")
+        assert done.returncode == 0, done.stderr
+        return [int(o) for o in done.stdout.split()]
+
+    assert offsets_from(f"@{base_ms + 2 * 60_000}") == [2, 3, 4, 5]
+    assert offsets_from(f"@{base_ms + 2 * 60_000 + 1}") == [3, 4, 5]
+    assert offsets_from("2030-01-01T00:04:00Z") == [4, 5]
+
+    as_json = run(*b, "consume", "when", "--partition", "0", "--offset", "-1", "--json")
+    (doc,) = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert (doc["partition"], doc["offset"], doc["timestamp_ms"]) == (0, 5, base_ms + 300_000)
+
+    with Consumer(proc.address, group_id="planned", enable_auto_commit=False) as consumer:
+        consumer.assign([TopicPartition("when", 0)])
+        consumer.seek(TopicPartition("when", 0), 0)
+        consumer.commit({TopicPartition("when", 0): 3})
+
+    def reset(*extra: str) -> dict:
+        done = run(*b, "--json", "group", "reset-offsets", "planned", "--topic", "when", *extra)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def committed() -> int | None:
+        with Admin(proc.address) as admin:
+            parts = admin.describe_group("planned").partitions
+        return {p.partition: p.committed_offset for p in parts}.get(0)
+
+    plan = reset("--to", "earliest")
+    assert (plan["executed"], plan["offsets"]["0"], plan["current"]["0"]) == (False, 0, 3)
+    assert committed() == 3  # a dry run changes nothing
+    assert reset("--shift-by", "-2", "--execute")["offsets"]["0"] == 1
+    assert committed() == 1
+    assert reset("--to-datetime", "2030-01-01T00:03:30Z", "--execute")["offsets"]["0"] == 4
+    assert committed() == 4
