@@ -197,3 +197,46 @@ def test_peers_without_a_quorum_serve_but_are_not_ready(broker_process, connect_
     assert process.terminate() == 0
     err = capfd.readouterr().err
     assert "NO CLUSTER KEY" in err
+
+
+def test_metrics_of_a_real_broker_process_after_traffic(broker_process):
+    """/metrics of a real `rivven-broker` after a produce, a fetch and a commit: the process
+    and Python collectors, requests by api and error name, bytes and records by topic, the
+    network totals and a group's lag per partition, in Prometheus' naming."""
+    from rivven_broker.client import Consumer, Producer, TopicPartition
+
+    process = broker_process()
+    with Producer(process.address, linger_ms=5) as producer:
+        for i in range(10):
+            producer.send("metered", value=b"v%d" % i, partition=0)
+        producer.flush()
+    with Consumer(process.address, group_id="meter", enable_auto_commit=False,
+                  auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition("metered", 0)])
+        got = []
+        while len(got) < 10:
+            got += consumer.poll(timeout_ms=1_000)
+        consumer.commit({TopicPartition("metered", 0): 4})
+    with urllib.request.urlopen(f"http://127.0.0.1:{process.http_port}/metrics",
+                                timeout=10) as page:
+        text = page.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+
+    def value(name: str) -> float:
+        assert name in samples, f"{name} not in /metrics"
+        return samples[name]
+
+    assert value("process_cpu_seconds_total") > 0 and value("process_open_fds") > 0
+    assert value("process_resident_memory_bytes") > 0
+    assert any(name.startswith("python_gc_collections_total") for name in samples)
+    assert value('rivven_topic_produced_records_total{topic="metered"}') == 10
+    assert value('rivven_topic_produced_bytes_total{topic="metered"}') > 0
+    assert value('rivven_topic_fetched_bytes_total{topic="metered"}') > 0
+    assert value('rivven_requests_total{api="Produce",error="NONE"}') >= 1
+    assert value("rivven_network_received_bytes_total") > 0
+    assert value("rivven_network_sent_bytes_total") > 0
+    assert value('rivven_consumer_lag{group="meter",partition="0",topic="metered"}') == 6
