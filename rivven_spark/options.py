@@ -59,7 +59,7 @@ _READER_KEYS = frozenset(
         "startingoffsets", "endingoffsets", "maxoffsetspertrigger", "minpartitions",
         "maxrecordsperpartition", "failondataloss", "isolation.level", "isolationlevel",
         "fetchmaxbytes", "requesttimeoutms", "path", "startingtimestamp",
-        "startingoffsetsbytimestamp", "endingoffsetsbytimestamp",
+        "startingoffsetsbytimestamp", "endingoffsetsbytimestamp", "endingtimestamp",
         "startingoffsetsbytimestampstrategy", "includeheaders", "minoffsetspertrigger",
         "maxtriggerdelay",
     }
@@ -137,6 +137,8 @@ class ReaderOptions:
     starting_timestamp: int | None = None
     starting_timestamps: Timestamps = ()
     ending_timestamps: Timestamps = ()
+    #: ``endingTimestamp``: one end time for every partition (batch reads).
+    ending_timestamp: int | None = None
     #: No record at or after a starting timestamp: "error" (Spark's default) or "latest".
     timestamp_strategy: str = "error"
     #: The ``headers`` column, only when asked (Spark's Kafka source: ``includeHeaders``).
@@ -360,8 +362,10 @@ def parse_reader_options(options: Mapping[str, str], *, streaming: bool) -> Read
                       ("maxtriggerdelay", "maxTriggerDelay")):
         if not streaming and key in lowered:
             raise OptionError(f"option {name} applies to streaming reads only")
-    if streaming and "endingoffsetsbytimestamp" in lowered:
-        raise OptionError("option endingOffsetsByTimestamp applies to batch reads only")
+    for key, name in (("endingoffsetsbytimestamp", "endingOffsetsByTimestamp"),
+                      ("endingtimestamp", "endingTimestamp")):
+        if streaming and key in lowered:
+            raise OptionError(f"option {name} applies to batch reads only")
     strategy = lowered.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
     if strategy not in ("error", "latest"):
         raise OptionError("option startingOffsetsByTimestampStrategy must be error or latest")
@@ -374,6 +378,11 @@ def parse_reader_options(options: Mapping[str, str], *, streaming: bool) -> Read
         raise OptionError(f"option fetchMaxBytes must be <= {limits.fetch_partition_bytes_max}")
     timeout_ms = _int(lowered, "requesttimeoutms", 30_000)
     assert timeout_ms is not None
+    lowest = _int(lowered, "minoffsetspertrigger", None)
+    highest = _int(lowered, "maxoffsetspertrigger", None)
+    if lowest is not None and highest is not None and lowest > highest:
+        raise OptionError(f"option minOffsetsPerTrigger ({lowest}) is greater than "
+                          f"maxOffsetsPerTrigger ({highest})")
     return ReaderOptions(
         bootstrap=_bootstrap(lowered),
         subscription=_subscription(lowered),
@@ -382,7 +391,7 @@ def parse_reader_options(options: Mapping[str, str], *, streaming: bool) -> Read
             ("earliest", "latest"),
         ),
         ending=_offsets_spec(lowered, "endingoffsets", "latest", ("latest",)),
-        max_offsets_per_trigger=_int(lowered, "maxoffsetspertrigger", None),
+        max_offsets_per_trigger=highest,
         min_partitions=_int(lowered, "minpartitions", None),
         max_records_per_partition=_int(lowered, "maxrecordsperpartition", None),
         fail_on_data_loss=_bool(lowered, "failondataloss", True),
@@ -392,9 +401,10 @@ def parse_reader_options(options: Mapping[str, str], *, streaming: bool) -> Read
         starting_timestamp=_int(lowered, "startingtimestamp", None, lo=0),
         starting_timestamps=_timestamps(lowered, "startingoffsetsbytimestamp"),
         ending_timestamps=_timestamps(lowered, "endingoffsetsbytimestamp"),
+        ending_timestamp=_int(lowered, "endingtimestamp", None, lo=0),
         timestamp_strategy=strategy,
         include_headers=_bool(lowered, "includeheaders", False),
-        min_offsets_per_trigger=_int(lowered, "minoffsetspertrigger", None),
+        min_offsets_per_trigger=lowest,
         max_trigger_delay_ms=_duration_ms(lowered, "maxtriggerdelay", 15 * 60 * 1000),
     )
 

@@ -304,7 +304,8 @@ class RivvenBatchReader(_Planner, DataSourceReader):
             snapshot = self._broker().snapshot(options.subscription, options.isolation_level)
             start = from_pairs(self._starting(snapshot))
             end = resolve(options.ending_spec(), snapshot)
-            wanted = timestamp_targets(None, options.ending_timestamps, snapshot)
+            wanted = timestamp_targets(options.ending_timestamp, options.ending_timestamps,
+                                       snapshot)
             if wanted:  # no record that late: the end is the latest offset, as in Spark
                 found = self._broker().offsets_at(wanted, options.isolation_level)
                 end = apply_timestamps(end, wanted, found, snapshot, missing="latest")

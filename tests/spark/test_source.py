@@ -194,9 +194,10 @@ def test_read_committed_skips_aborted_transactions(spark, broker, tmp_path):
 
 
 def test_batch_read_between_timestamps(spark, broker):
-    """Spark Kafka's startingTimestamp / startingOffsetsByTimestamp / endingOffsetsByTimestamp:
-    the first offset at or after each time, a time with no record that
-    late an error unless startingOffsetsByTimestampStrategy=latest."""
+    """Spark Kafka's startingTimestamp / startingOffsetsByTimestamp / endingTimestamp /
+    endingOffsetsByTimestamp: the first record at or after each time (inside a batch too), a
+    time with no record that late an error unless startingOffsetsByTimestampStrategy=latest;
+    and the same job with the Kafka source's spellings of its options."""
     topic = broker.create("by-time", partitions=1)
     with Producer(broker.address, acks="all", linger_ms=50) as producer:
         for base in (1_000, 2_000, 3_000):  # three batches, one per second of "time"
@@ -219,3 +220,10 @@ def test_batch_read_between_timestamps(spark, broker):
     with pytest.raises(Exception, match="no record at or after"):
         read(startingTimestamp="9000")
     assert read(startingTimestamp="9000", startingOffsetsByTimestampStrategy="latest") == []
+    inside = read(startingTimestamp="2050", endingTimestamp="3010")
+    assert inside == list(range(2_050, 2_100)) + list(range(3_000, 3_010))
+    assert read(endingTimestamp="9000") == read()  # no record that late: the latest
+    ported = (spark.read.format("rivven").option("kafka.bootstrap.servers", broker.address)
+              .option("subscribe", topic).option("kafka.isolation.level", "read_committed")
+              .option("startingTimestamp", "2050").option("endingTimestamp", "3010").load())
+    assert sorted(int(bytes(r.value)) for r in ported.collect()) == inside

@@ -143,6 +143,17 @@ def test_timestamp_options():
                              streaming=True)
 
 
+def test_min_offsets_above_max_offsets_per_trigger_is_refused_and_ending_timestamp_is_batch_only():
+    with pytest.raises(OptionError, match="minOffsetsPerTrigger .500. is greater than "
+                                          "maxOffsetsPerTrigger .100."):
+        parse_reader_options({"subscribe": "a", "minOffsetsPerTrigger": "500",
+                              "maxOffsetsPerTrigger": "100"}, streaming=True)
+    assert parse_reader_options({"subscribe": "a", "endingTimestamp": "1700000000000"},
+                                streaming=False).ending_timestamp == 1_700_000_000_000
+    with pytest.raises(OptionError, match="endingTimestamp applies to batch reads only"):
+        parse_reader_options({"subscribe": "a", "endingTimestamp": "1"}, streaming=True)
+
+
 def test_min_offsets_per_trigger_waits_for_rows_or_the_delay():
     from rivven_spark.offsets import PartitionSnapshot, admit
 
