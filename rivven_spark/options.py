@@ -171,18 +171,39 @@ class WriterOptions:
     ledger_topic: str | None
 
 
-#: Spark's Kafka source/sink spellings, so a job ports by changing only ``format("kafka")``.
+#: Spark's Kafka source/sink spellings, so a job ports by changing only ``format("kafka")``
+#: (its ``kafka.*`` options are the Kafka client's settings; these mean ours).
 _KAFKA_ALIASES = {
     "kafka.bootstrap.servers": "bootstrap",
     "kafka.isolation.level": "isolation.level",
+    "kafka.max.partition.fetch.bytes": "fetchmaxbytes",
+    "kafka.request.timeout.ms": "requesttimeoutms",
+    "kafka.acks": "acks",
+    "kafka.compression.type": "compression",
+    "kafka.linger.ms": "lingerms",
 }
+#: Spark Kafka options that change nothing here, accepted so a ported job runs: the source
+#: reads without a consumer group, so the group's name has no use.
+_KAFKA_IGNORED = frozenset({"kafka.group.id", "groupidprefix"})
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
-    """Lower-cased keys, Spark Kafka aliases under our names (given twice: refused)."""
+    """Lower-cased keys, Spark Kafka aliases under our names (given twice: refused), the
+    Kafka options that change nothing dropped.
+
+    Raises:
+        OptionError: an option given twice, or a ``kafka.*`` client setting with no
+            counterpart here (named, with the ones that have one).
+    """
     out: dict[str, str] = {}
     for key, value in options.items():
         name = str(key).lower()
+        if name in _KAFKA_IGNORED:
+            continue
+        if name.startswith("kafka.") and name not in _KAFKA_ALIASES:
+            raise OptionError(
+                f"option {key}: this source has no counterpart of that Kafka client setting; "
+                f"the kafka.* options it takes are {sorted(_KAFKA_ALIASES)} (docs/spark.md)")
         name = _KAFKA_ALIASES.get(name, name)
         if name in out:
             raise OptionError(f"option {name} is given twice (under {key!r} too)")

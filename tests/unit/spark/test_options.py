@@ -176,3 +176,24 @@ def test_min_offsets_per_trigger_waits_for_rows_or_the_delay():
             parse_reader_options({"subscribe": "a", "maxTriggerDelay": bad}, streaming=True)
     with pytest.raises(OptionError, match="streaming reads only"):
         parse_reader_options({"subscribe": "a", "minOffsetsPerTrigger": "5"}, streaming=False)
+
+
+def test_the_kafka_client_settings_spark_passes_through():
+    """Spark's Kafka source and sink take the Kafka client's settings as kafka.*: those with
+    a counterpart here mean it, the group id changes nothing, the rest are refused by name."""
+    reader = parse_reader_options({
+        "kafka.bootstrap.servers": "h:1", "subscribe": "a", "kafka.group.id": "job-7",
+        "groupIdPrefix": "spark-kafka", "kafka.max.partition.fetch.bytes": "65536",
+        "kafka.request.timeout.ms": "5000"}, streaming=False)
+    assert (reader.bootstrap, reader.fetch_bytes_max, reader.request_timeout_ms) == \
+        ("h:1", 65_536, 5_000)
+    writer = parse_writer_options({"kafka.bootstrap.servers": "h:1", "topic": "t",
+                                   "kafka.acks": "1", "kafka.compression.type": "lz4",
+                                   "kafka.linger.ms": "20", "exactlyOnce": "false"})
+    assert (writer.acks, writer.compression, writer.linger_ms) == ("1", "lz4", 20)
+    with pytest.raises(OptionError, match="kafka.security.protocol: this source has no "
+                                          "counterpart"):
+        parse_reader_options({"subscribe": "a", "kafka.security.protocol": "SSL"},
+                             streaming=False)
+    with pytest.raises(OptionError, match="acks is given twice"):
+        parse_writer_options({"topic": "t", "acks": "1", "kafka.acks": "all"})
