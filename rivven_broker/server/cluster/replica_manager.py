@@ -572,13 +572,25 @@ class ReplicaManager:
                     continue
                 appended = await self._take(leader, answer)
                 with trio.move_on_after(config.answer_timeout_s):  # (the next fetch reports it)
-                    for plog, last_offset in appended:
-                        if last_offset < plog.log_end_offset:  # (else a truncation cut it)
-                            await self._context.sync_worker.wait_durable(plog, last_offset)
+                    await self._wait_durable(appended)
         finally:
             self._fetchers.discard(leader)
             if link is not None:
                 await link.aclose()
+
+    async def _wait_durable(self, appended: list[tuple[PartitionLog, int]]) -> None:
+        """Until what one answer appended is durable. Another fetcher of this broker (for the
+        partition's next leader) may truncate it meanwhile: that ends the wait, as a failed
+        fsync (which stops the broker) does not."""
+        sync_worker = self._context.sync_worker
+        for plog, last_offset in appended:
+            if last_offset >= plog.log_end_offset:
+                continue  # already cut
+            try:
+                await sync_worker.wait_durable(plog, last_offset)
+            except SyncFailedError:
+                sync_worker.check_healthy()  # an fsync failed: raises, the broker stops
+                self._count("appends_cut_while_syncing")
 
     def _fetch_request(self, leader: int, followed: list[Key]) -> ReplicaFetch:
         now_ms = self._env.clock.monotonic_ms()
