@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import time
 from collections import Counter
 
 import pytest
@@ -88,6 +89,34 @@ def test_min_offsets_per_trigger_is_accepted_and_available_now_ignores_it(
                 minOffsetsPerTrigger="1000000", maxTriggerDelay="10m")
     query = run_available_now(df, tmp_path / "checkpoint")
     assert sum(p["numInputRows"] for p in query.recentProgress) == 50
+
+
+def test_min_offsets_per_trigger_holds_processing_time_batches_back(spark, broker, tmp_path):
+    """Spark Kafka's minOffsetsPerTrigger under a processing-time trigger: while fewer new
+    offsets than asked are available (10 of 50) no micro-batch runs, trigger after trigger
+    (Spark reports each one: noDataProgressEventInterval 0); once enough arrive they are read
+    in one batch. maxTriggerDelay (1 h here) never releases the hold."""
+    topic = broker.create("stream-min-held", partitions=1)
+    broker.produce(topic, ((0, None, b"early") for _ in range(10)))
+    df = stream(spark, broker, subscribe=topic, startingOffsets="earliest",
+                minOffsetsPerTrigger="50", maxTriggerDelay="1h")
+    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "0")
+    query = (df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "c"))
+             .trigger(processingTime="100 milliseconds").start())
+    try:
+        deadline = time.monotonic() + QUERY_TIMEOUT_S
+        while len(query.recentProgress) < 5:  # triggers that found 10 offsets, not 50
+            assert time.monotonic() < deadline, "no triggers reported"
+            time.sleep(0.1)
+        assert all(p["numInputRows"] == 0 for p in query.recentProgress)
+        broker.produce(topic, ((0, None, b"late") for _ in range(45)))
+        while sum(p["numInputRows"] for p in query.recentProgress) < 55:
+            assert time.monotonic() < deadline, "the held batch never ran"
+            time.sleep(0.1)
+        assert [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]] == [55]
+    finally:
+        query.stop()
+        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
 
 
 @pytest.mark.parametrize("fail_on_data_loss", [True, False])
