@@ -291,9 +291,7 @@ class SimNetwork:
             now = trio.current_time()
             for pair in pairs:
                 assert pair[0] != pair[1], f"an endpoint in two groups: {pair[0]}"
-                count = self._blocked.get(pair, 0)
-                self._blocked[pair] = count + 1
-                if not count:
+                if _hold(self._blocked, pair):
                     self._blocked_since[pair] = now
         self._trace.event("net.partition", pairs)
         return pairs
@@ -302,46 +300,31 @@ class SimNetwork:
         """Undo one ``partition`` (the pairs it returned)."""
         with self._changing_topology():
             for pair in pairs:
-                count = self._blocked.get(pair, 0) - 1
-                assert count >= 0, pair
-                if count:
-                    self._blocked[pair] = count
-                else:
-                    self._blocked.pop(pair, None)
-                    self._blocked_since.pop(pair, None)
+                if _release(self._blocked, pair):
+                    del self._blocked_since[pair]
         self._trace.event("net.heal", list(pairs))
 
     def stall(self, a: str, b: str) -> None:
         """Hold traffic between ``a`` and ``b`` (no timeout, no reset) until ``unstall``."""
         pair = _pair(a, b)
         with self._changing_topology():
-            self._stalled[pair] = self._stalled.get(pair, 0) + 1
+            _hold(self._stalled, pair)
         self._trace.event("net.stall", pair)
 
     def unstall(self, a: str, b: str) -> None:
         pair = _pair(a, b)
         with self._changing_topology():
-            count = self._stalled.get(pair, 0) - 1
-            assert count >= 0, pair
-            if count:
-                self._stalled[pair] = count
-            else:
-                self._stalled.pop(pair, None)
+            _release(self._stalled, pair)
         self._trace.event("net.unstall", pair)
 
     def pause(self, endpoint: str) -> None:
         with self._changing_topology():
-            self._paused[endpoint] = self._paused.get(endpoint, 0) + 1
+            _hold(self._paused, endpoint)
         self._trace.event("net.pause", endpoint)
 
     def resume(self, endpoint: str) -> None:
         with self._changing_topology():
-            count = self._paused.get(endpoint, 0) - 1
-            assert count >= 0, endpoint
-            if count:
-                self._paused[endpoint] = count
-            else:
-                self._paused.pop(endpoint, None)
+            _release(self._paused, endpoint)
         self._trace.event("net.resume", endpoint)
 
     def reset(self, a: str, b: str | None = None) -> int:
@@ -586,6 +569,23 @@ class SimNet:
         """
         self._check_alive()
         return await self._network._connect(self.name, self._generation, host, port)
+
+
+def _hold(counts: dict[Any, int], key: Any) -> bool:
+    """Count one more hold of ``key`` (faults compose); True when it is the first."""
+    counts[key] = counts.get(key, 0) + 1
+    return counts[key] == 1
+
+
+def _release(counts: dict[Any, int], key: Any) -> bool:
+    """Undo one ``_hold``; True when it was the last (``key`` is then gone)."""
+    count = counts.get(key, 0) - 1
+    assert count >= 0, key
+    if count:
+        counts[key] = count
+        return False
+    del counts[key]
+    return True
 
 
 def _pair(a: str, b: str) -> tuple[str, str]:

@@ -127,7 +127,6 @@ def seeded_trio_scheduler(seed: int | str) -> Iterator[None]:
         run_module._r.setstate(state)
 
 
-
 #: Of the run loop's zero-timeout polls, one in this many reaches the kernel (see below).
 _POLL_EVERY = 64
 
@@ -164,6 +163,7 @@ def polling_the_kernel_rarely() -> Iterator[None]:
         yield
     finally:
         manager.get_events = original
+
 
 class LivelockGuard(trio.abc.Instrument):
     """Stops a run whose virtual time no longer advances while tasks keep running.
