@@ -66,6 +66,8 @@ PURE_PACKAGES = (
 PURE_EXEMPT = {
     "rivven_broker.storage.file_store": "the real FileStore: the one storage module doing os I/O",
     "rivven_broker.storage.sync_worker": "the trio driver of group commit (fsync off-thread)",
+    "rivven_broker.storage.partition": "its waits (wait_committed, wait_durable) are trio "
+                                       "events; appends and reads never await",
 }
 IO_MODULES = {"trio", "socket", "threading", "time", "asyncio", "selectors", "select"}
 

@@ -127,7 +127,7 @@ assert config_value_bytes_max <= frame_bytes_max
 assert index_interval_bytes > 0
 assert segment_bytes_min <= segment_bytes_default
 
-# --- idempotent producers and transactions (coordinator/producer_state.py, transactions) ---
+# --- idempotent producers and transactions (storage/producer_state.py, transactions) ---
 #: Batches remembered per producer per partition for duplicate detection (Kafka's 5; a
 #: producer keeps at most this many requests in flight per partition).
 producer_batches_retained = 5

@@ -8,7 +8,7 @@ graceful shutdown); ``connection.py`` drives the protocol's ``ServerConnection``
 ``handlers.py`` and ``data_path.py`` answer requests against the ``LogManager``; ``http.py``
 serves /health, /metrics and a dashboard with h11; ``metrics.py`` keeps one Prometheus registry
 per broker; ``config.py`` turns flags and a TOML file into a ``BrokerConfig``;
-``producer_state_driver.py`` keeps every partition's producer state (idempotence, open
+``storage/partition.py`` keeps every partition's producer state (idempotence, open
 transactions, LSO, snapshots) and ``txn_driver.py`` runs the transaction coordinator over
 ``__transaction_state`` (docs/exactly-once.md). Everything from
 the outside world comes through an ``Env`` (``env.py``), so the simulator can run the same

@@ -66,7 +66,7 @@ from rivven_broker.server.cluster.metrics import (
     MembershipCollector,
     ReplicationCollector,
 )
-from rivven_broker.server.context import ServerContext
+from rivven_broker.server.context import PartitionWaker, ServerContext
 from rivven_broker.server.descriptors import (
     connections_max_for,
     descriptor_limit,
@@ -78,7 +78,7 @@ from rivven_broker.server.handlers import Handlers
 from rivven_broker.server.http import json_body, render_dashboard, serve_http_connection
 from rivven_broker.server.log_cleaner import LogCleaner
 from rivven_broker.server.metrics import CONTENT_TYPE, BrokerMetrics, PartitionSnapshot
-from rivven_broker.server.producer_state_driver import ProducerStates
+from rivven_broker.storage.partition import PartitionEvents, Partitions
 from rivven_broker.server.request_budget import RequestBudget
 from rivven_broker.server.scrubber import Scrubber
 from rivven_broker.server.txn_driver import TxnDriver
@@ -196,13 +196,15 @@ class Broker:
     async def _open_and_serve(self, http: HostPort | None, task_status: Any) -> None:
         env, config = self.env, self.config
         logs = await self._open_logs()
-        states = await self._open_producer_states(logs)
         policy = SyncPolicy.parse(config.sync_policy)
         sync_worker = SyncWorker(policy, env.run_fsync)
         self.metrics.track_sync(sync_worker.statistics)
+        committed, appended = PartitionWaker(), PartitionWaker()
+        states = await self._open_partitions(logs, Partitions(sync_worker, PartitionEvents(
+            appended=appended.poke, high_watermark_moved=committed.poke)))
         self.context = ServerContext(
             env, config, logs, sync_worker, self.metrics, _advertised_host(config.listen.host), 0,
-            producer_states=states,
+            waker=committed, appends=appended, partitions=states,
         )
         txn = TxnDriver(
             self.context, states, marker_delay_ms=config.transaction_marker_delay_ms,
@@ -332,10 +334,9 @@ class Broker:
                             cut.bytes_cut, cut.reason)
         return logs
 
-    async def _open_producer_states(self, logs: LogManager) -> ProducerStates:
-        """Rebuild every partition's producer state (snapshots + header replay), off the
-        event loop."""
-        states = ProducerStates()
+    async def _open_partitions(self, logs: LogManager, states: Partitions) -> Partitions:
+        """Open every partition: rebuild its producer state (snapshots + header replay), off
+        the event loop."""
         reports = await self.env.run_sync(states.load_all, list(logs.logs()))
         for (topic, partition), report in sorted(reports.items()):
             if report.snapshots_dropped or report.index_problem:
@@ -533,7 +534,8 @@ class Broker:
         for (topic, partition), plog in context.logs.logs():
             yield PartitionSnapshot(
                 topic, partition, plog.log_start_offset, plog.log_end_offset,
-                context.high_watermark(plog), plog.size_bytes,
+                context.partitions.get(topic, partition, plog).high_watermark,
+                plog.size_bytes,
             )
 
 

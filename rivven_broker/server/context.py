@@ -8,9 +8,12 @@ references to the ``LogManager``, the ``SyncWorker``, the metrics and the ``Env`
 two small coordination devices the handlers need:
 
 - ``PartitionWaker``: a long-polling fetch registers one ``trio.Event`` under every partition it
-  reads; whatever moves a partition forward (an append, a topic deleted) calls
-  ``poke``, which sets and forgets the events registered there. Exact wake-ups, one dict lookup
-  per partition append when nobody waits, and no polling loop anywhere.
+  reads; whatever moves a partition forward calls ``poke``, which sets and forgets the events
+  registered there. Exact wake-ups, one dict lookup per move when nobody waits, and no polling
+  loop anywhere. Two of them: ``waker`` is poked when a partition's high watermark moves (or
+  its topic is created or deleted) and wakes consumer fetches; ``appends`` is poked at every
+  append and wakes the replica fetches a leader holds for its followers (they read above the
+  high watermark). The partitions poke both (``storage/partition.py``, ``PartitionEvents``).
 - ``TopicGates``: deleting a topic has an ``await`` in the middle (the sync worker must let
   go of the topic's files first). While that runs the topic is *gated*: a
   connection about to handle a request that touches it waits for the gate to open, so no
@@ -21,11 +24,11 @@ producing the response. ``serial`` pendings are awaited by the connection's read
 handles the next request (administrative changes keep request order for their effects);
 the others run concurrently and are only answered in order.
 
-The high-watermark rule of a single node lives here too (``high_watermark``): under
-``sync=always`` it is the log's durable offset, so a consumer never reads what a crash could
-take back; under ``interval_ms=N`` and ``none`` it is the log end offset. A clustered broker's
-leader asks the replica manager for the replicated one (the smallest durable offset over the
-ISR).
+The high watermark is the partition's (``Partition.high_watermark``): a single node's is its
+durable offset under ``sync=always`` (a consumer never reads what a crash could take back)
+and its log end offset under ``interval_ms=N`` and ``none``; a clustered broker's leader has
+the replicated one (the smallest durable offset over the ISR). ``partition(topic, index)``
+finds a partition by name.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import trio
 
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.message_base import Response
-from rivven_broker.server.producer_state_driver import ProducerStates
+from rivven_broker.storage.partition import Partition, Partitions
 from rivven_broker.storage.sync_worker import SyncPolicy, SyncWorker
 
 if TYPE_CHECKING:
@@ -51,7 +54,6 @@ if TYPE_CHECKING:
     from rivven_broker.server.metrics import BrokerMetrics
     from rivven_broker.server.txn_driver import TxnDriver
     from rivven_broker.storage.log_manager import LogManager
-    from rivven_broker.storage.partition_log import PartitionLog
 
 __all__ = ["RequestContext", "Pending", "PartitionWaker", "TopicGates", "ServerContext"]
 
@@ -152,11 +154,14 @@ class ServerContext:
     #: The address clients are told to use (the bound client port).
     advertised_host: str
     advertised_port: int
+    #: Consumer fetches wait here for a high watermark to move.
     waker: PartitionWaker = attrs.field(factory=PartitionWaker)
+    #: A leader's replica fetches wait here for appends.
+    appends: PartitionWaker = attrs.field(factory=PartitionWaker)
     gates: TopicGates = attrs.field(factory=TopicGates)
-    #: Producer state (idempotence, open transactions, LSO) of every partition; every append
-    #: goes through it (``producer_state_driver.py``).
-    producer_states: ProducerStates = attrs.field(factory=ProducerStates)
+    #: Every partition: producer state (idempotence, open transactions, LSO), high watermark
+    #: and waits; every append goes through it (``storage/partition.py``).
+    partitions: Partitions = attrs.field(factory=Partitions)
     #: The transaction coordinator's driver, once the broker started it (``txn_driver.py``).
     txn: TxnDriver | None = None
     #: The group coordinator's driver, once the broker opened it (``group_driver.py``).
@@ -189,18 +194,10 @@ class ServerContext:
             return ErrorCode.NOT_LEADER
         return None
 
-    def high_watermark(self, log: PartitionLog) -> int:
-        """Offsets below this are visible to consumers (see the module docstring)."""
-        if self.replicas is not None:
-            replicated = self.replicas.high_watermark(log)
-            if replicated is not None:
-                return replicated
-        return self.durable_end(log)
+    def partition(self, topic: str, index: int) -> Partition:
+        """The partition ``topic``/``index`` (opened now if new: blocks on its files then).
 
-    def durable_end(self, log: PartitionLog) -> int:
-        """What this node holds for good under its sync policy: the durable offset under
-        ``always``, else the log end offset (a single node's high watermark; what a replica
-        reports to its leader)."""
-        if self.sync_worker.policy.mode == "always":
-            return log.durable_offset
-        return log.log_end_offset
+        Raises:
+            UnknownTopicOrPartitionError: no such partition.
+        """
+        return self.partitions.get(topic, index, self.logs.get_log(topic, index))

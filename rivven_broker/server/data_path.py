@@ -6,20 +6,24 @@ Theory of operation
 Every handler has a synchronous first half, run by the connection's reader in request order,
 and, when it must wait, an asynchronous second half returned as a ``Pending``.
 
-Produce (first half): for each partition, the partition's ``PartitionTxnState``
-(``producer_state_driver.py``) appends through ``PartitionLog.append``, which checks every
+Produce (first half): for each partition, its ``Partition`` (``storage/partition.py``)
+appends as the leader through ``PartitionLog.append``, which checks every
 batch's header, size and CRC and appends all of them or none; batches of idempotent or
 transactional producers are first checked against the partition's producer state (and the
 transaction coordinator): a retried batch is answered with its original offsets and
 ``duplicate`` set (nothing written, but the answer still waits for those offsets to be
 durable), a refused one with its code (``OUT_OF_ORDER_SEQUENCE``, ``PRODUCER_FENCED``,
-``UNKNOWN_PRODUCER_ID``, ``INVALID_TXN_STATE`` ...). Then the log is marked dirty for the
-sync worker and long-polling fetches of the partition are poked. Because appends happen in the
-reader, a producer's pipelined requests land in the log in the order it sent them. acks=0
-ends here with no answer. Under ``sync=always`` (acks 1 or all) the second half waits, within
-the request's ``timeout_ms``, until every appended batch is durable; a producer that pipelines
-eight requests therefore waits on one shared group commit, not eight fsyncs. Partitions still
-not durable at the deadline answer ``REQUEST_TIMED_OUT`` (their data stays appended).
+``UNKNOWN_PRODUCER_ID``, ``INVALID_TXN_STATE`` ...). The partition marks its log dirty for
+the sync worker. Because appends happen in the reader, a producer's pipelined requests land
+in the log in the order it sent them. acks=0 ends here with no answer. The second half waits
+on the partitions, within the request's ``timeout_ms``: ``acks=all`` on a replicated leader
+until the high watermark covers every appended batch (``Partition.wait_committed``: on disk
+on every ISR member) — a leader deposed meanwhile answers ``NOT_LEADER`` —, otherwise (a
+single node, or ``acks=1``) until the broker's own copy is durable under its sync policy
+(``Partition.wait_durable``: the group commit under ``sync=always``; at once otherwise). A
+producer that pipelines eight requests therefore waits on one shared group commit, not
+eight fsyncs. Partitions still not covered at the deadline answer ``REQUEST_TIMED_OUT``
+(their data stays appended).
 A batch that fails any check answers ``CORRUPT_MESSAGE`` (bad magic, sizes, counts or CRC: one
 code for all, as Kafka does) and nothing of that partition's request is appended.
 
@@ -29,9 +33,9 @@ a ``FileRegion`` that the connection sends with ``os.sendfile``, never read into
 except that the first partition with data always gets at least one whole batch (so a consumer
 cannot stall on a batch larger than its budget); a later partition whose first batch does not
 fit gets nothing this time. If fewer than ``min_bytes`` are ready, the second half long-polls:
-it registers an event under every partition it reads, sleeps until poked (or, under
-``sync=always``, until data already appended becomes durable) or until ``max_wait_ms``, and
-reads again. Errors on a partition (unknown, out of range, storage) are per partition and end
+it registers an event under every partition it reads, sleeps until a high watermark there
+moves (``ServerContext.waker``; never at an append: nothing above the high watermark is
+served) or until ``max_wait_ms``, and reads again. Errors on a partition (unknown, out of range, storage) are per partition and end
 the wait at once. A ``read_committed`` fetch reads only below the partition's last stable
 offset (the first offset of its oldest open transaction, capped by the high watermark) and
 carries the aborted transactions overlapping what it returns, from the partition's
@@ -53,7 +57,7 @@ answered: it propagates and stops the broker.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable
 
 import trio
 
@@ -105,7 +109,7 @@ from rivven_broker.storage.errors import (
 )
 from rivven_broker.server.context import Pending, ServerContext
 from rivven_broker.server.group_driver import is_internal_topic
-from rivven_broker.server.producer_state_driver import TxnCheck
+from rivven_broker.storage.partition import CommitRule, Partition, TxnCheck
 
 if TYPE_CHECKING:
     from rivven_broker.storage.partition_log import PartitionLog
@@ -158,7 +162,7 @@ class DataPath:
                 for topic in request.topics for part in topic.partitions))
             if unverified:
                 return self._verify_then_produce(request, unverified)
-        waits: list[tuple[str, int, PartitionLog, int]] = []
+        waits: list[tuple[tuple[str, int], Partition, CommitRule | None, int]] = []
         outcome: dict[tuple[str, int], ProducePartitionResponse] = {}
         records_in = 0
         cluster = context.cluster
@@ -192,8 +196,8 @@ class DataPath:
                             part.partition, (ErrorCode.CORRUPT_MESSAGE, "no record batch")
                         )
                         continue
-                    state = context.producer_states.get(topic.name, part.partition, plog)
-                    appended = state.append(
+                    state = context.partitions.get(topic.name, part.partition, plog)
+                    appended = state.append_as_leader(
                         part.records, now_ms, self._txn_check(request, topic.name, part.partition)
                     )
                 except (StorageError, BatchError, OSError) as exc:
@@ -210,10 +214,8 @@ class DataPath:
                         part.partition, ErrorCode.NONE, original.first_offset, -1,
                         plog.log_start_offset, duplicate=True,
                     )
-                    waits.append((topic.name, part.partition, plog, original.last_offset))
+                    waits.append((key, state, state.rule, original.last_offset))
                     continue
-                context.sync_worker.mark_dirty(plog)
-                context.waker.poke(key)
                 count = info.last_offset - info.base_offset + 1
                 records_in += count
                 context.metrics.topic_in(topic.name, count, len(part.records))
@@ -221,7 +223,7 @@ class DataPath:
                     part.partition, info.base_offset, info.log_append_time_ms,
                     plog.log_start_offset,
                 )
-                waits.append((topic.name, part.partition, plog, info.last_offset))
+                waits.append((key, state, state.rule, info.last_offset))
         if records_in:
             context.metrics.records_in(records_in)
         if request.acks == ACKS_NONE:
@@ -234,27 +236,28 @@ class DataPath:
         timeout_ms = min(request.timeout_ms, limits.produce_timeout_ms_max)
         deadline = trio.current_time() + timeout_ms / 1000
 
-        def acknowledged(plog: PartitionLog, last_offset: int) -> bool:
-            if context.policy.mode == "always" and plog.durable_offset <= last_offset:
-                return False
-            return not replicated or replicas.committed(plog, last_offset)  # type: ignore[union-attr]
+        def acknowledged(partition: Partition, rule: CommitRule | None, last_offset: int) -> bool:
+            if replicated:  # acks=all: on disk on every ISR member, under the same leadership
+                return rule is not None and partition.rule is rule and \
+                    partition.committed(last_offset)
+            return partition.local_durable_end > last_offset
 
         async def wait() -> ProduceResponse:
             with trio.CancelScope(deadline=deadline):  # move_on_at without contextlib
-                for _, _, plog, last_offset in waits:
-                    if last_offset < plog.log_end_offset:  # (else cut: leadership moved)
-                        await context.sync_worker.wait_durable(plog, last_offset)
-                    if replicated:  # acks=all: on disk on every ISR member
-                        await replicas.wait_committed(plog, last_offset)  # type: ignore[union-attr]
-            for name, partition, plog, last_offset in waits:
-                if not acknowledged(plog, last_offset):
-                    outcome[(name, partition)] = _produce_error(partition, _unacknowledged(
-                        replicated and not replicas.leads(plog)))  # type: ignore[union-attr]
+                for _, partition, rule, last_offset in waits:
+                    if replicated:
+                        await partition.wait_committed(last_offset, rule)
+                    else:
+                        await partition.wait_durable(last_offset)
+            for key, partition, rule, last_offset in waits:
+                if not acknowledged(partition, rule, last_offset):
+                    outcome[key] = _produce_error(key[1], _unacknowledged(
+                        replicated and partition.rule is not rule))
             return _produce_response(request, outcome)
 
         def ready() -> ProduceResponse | None:
-            for _, _, plog, last_offset in waits:
-                if not acknowledged(plog, last_offset):
+            for _, partition, rule, last_offset in waits:
+                if not acknowledged(partition, rule, last_offset):
                     return None
             context.sync_worker.check_healthy()
             return _produce_response(request, outcome)
@@ -322,32 +325,12 @@ class DataPath:
                 if done or total_bytes >= request.min_bytes:
                     return response
                 event = trio.Event()
-                context.waker.register(event, keys)
+                context.waker.register(event, keys)  # poked when a high watermark moves
                 try:
-                    undurable = self._first_undurable(keys)
-                    if undurable is not None:
-                        await context.sync_worker.wait_durable(
-                            undurable, undurable.log_end_offset - 1
-                        )
-                    else:
-                        await event.wait()
+                    await event.wait()
                 finally:
                     context.waker.unregister(event, keys)
         return self._read(request)[0]
-
-    def _first_undurable(self, keys: Iterable[tuple[str, int]]) -> PartitionLog | None:
-        """A log with appended data not yet visible (sync=always only), or None."""
-        context = self._context
-        if context.policy.mode != "always":
-            return None
-        for topic, partition in keys:
-            try:
-                plog = context.logs.get_log(topic, partition)
-            except UnknownTopicOrPartitionError:
-                continue
-            if plog.durable_offset < plog.log_end_offset:
-                return plog
-        return None
 
     def _read(self, request: Fetch) -> tuple[FetchResponse, int, bool]:
         """The response, its record bytes, and whether a partition error ends the wait."""
@@ -384,8 +367,8 @@ class DataPath:
             return FetchPartitionResponse(partition, refused)
         try:
             plog = context.logs.get_log(name, partition)
-            high_watermark = context.high_watermark(plog)
-            state = context.producer_states.get(name, partition, plog)
+            state = context.partitions.get(name, partition, plog)
+            high_watermark = state.high_watermark
             stable = state.last_stable_offset(high_watermark)
             budget = min(part.partition_max_bytes, remaining, limits.fetch_partition_bytes_max)
             offset = part.fetch_offset
@@ -461,9 +444,9 @@ class DataPath:
             return ListOffsetsPartitionResponse(partition, refused)
         try:
             plog = self._context.logs.get_log(name, partition)
-            high_watermark = self._context.high_watermark(plog)
+            state = self._context.partitions.get(name, partition, plog)
+            high_watermark = state.high_watermark
             if committed:  # read_committed readers end at the last stable offset
-                state = self._context.producer_states.get(name, partition, plog)
                 high_watermark = state.last_stable_offset(high_watermark)
             record_timestamp = -1
             if timestamp == EARLIEST_TIMESTAMP:
@@ -537,7 +520,7 @@ class DataPath:
             return DeleteRecordsPartitionResponse(partition, ErrorCode.INVALID_TOPIC_NAME)
         try:
             plog = self._context.logs.get_log(name, partition)
-            high_watermark = self._context.high_watermark(plog)
+            high_watermark = self._context.partitions.get(name, partition, plog).high_watermark
             target = high_watermark if offset == -1 else offset
             if target > high_watermark:
                 return DeleteRecordsPartitionResponse(

@@ -27,12 +27,11 @@ It keeps no group state of its own.
   ListGroups merges the shards' answers.
 - ``Persist``: the records become one batch (``BatchBuilder``) appended at once, in emission
   order, to the shard's partition (through the partition's producer state, like every
-  append). The append is queued in the shard's FIFO; a task takes the head, waits until it is
-  durable (``SyncWorker.wait_durable``: under ``sync=always`` an fsync; the other policies
-  acknowledge on append, as they do for data) and, in a cluster, until the partition's high
-  watermark passes it (on disk on every in-sync replica: ``acks=all``), then feeds
-  ``Persisted`` (or, for an append that failed or a leadership lost, ``PersistFailed`` with its
-  code). One FIFO per shard keeps its coordinator's view equal to a replay of its partition,
+  append). The append is queued in the shard's FIFO; a task takes the head, waits until the
+  partition's high watermark passes it (``Partition.wait_committed``: a single node's under
+  ``sync=always`` after the fsync, under the other policies at once, as for data; in a
+  cluster, on disk on every in-sync replica: ``acks=all``), then feeds ``Persisted`` (or, for
+  an append that failed or a leadership lost, ``PersistFailed`` with its code). One FIFO per shard keeps its coordinator's view equal to a replay of its partition,
   whose order is the append order.
 - *Timers*: a task per shard feeds ``Tick`` when ``next_deadline_ms`` comes; every fed event
   re-arms it (a new session may bring the deadline forward). Times are wall-clock ms
@@ -119,10 +118,10 @@ from rivven_broker.server.context import Pending, RequestContext
 from rivven_broker.server.coordinator_shards import ownership_changes
 from rivven_broker.server.log_replay import keyed_records, replay
 from rivven_broker.storage.errors import StorageError, SyncFailedError, TopicExistsError
+from rivven_broker.storage.partition import CommitRule, Partition
 
 if TYPE_CHECKING:
     from rivven_broker.server.context import ServerContext
-    from rivven_broker.storage.partition_log import PartitionLog
 
 __all__ = [
     "GroupDriver",
@@ -210,7 +209,8 @@ class _Slot:
 class _Appended:
     """One append waiting in a shard's durability FIFO, and what to feed once it is durable."""
 
-    plog: PartitionLog | None  # None: the append failed
+    partition: Partition | None  # None: the append failed
+    rule: CommitRule | None  # the leadership it was appended under (None: a single node)
     last_offset: int
     on_durable: Callable[[], None]
     on_failure: Callable[[ErrorCode], None]
@@ -539,16 +539,11 @@ class GroupDriver:
                 continue
             head = shard.fifo[0]
             if head.error is None:
-                assert head.plog is not None
-                if head.last_offset < head.plog.log_end_offset:  # (else cut by a truncation)
-                    await context.sync_worker.wait_durable(head.plog, head.last_offset)
-                replicas = context.replicas
-                if replicas is not None and self.clustered:
-                    # on disk on every in-sync replica (bounded: a lagging follower leaves
-                    # the ISR after replica.lag.time.max.ms), or leadership lost
-                    await replicas.wait_committed(head.plog, head.last_offset)
-                    if not replicas.committed(head.plog, head.last_offset):
-                        head.error = ErrorCode.NOT_COORDINATOR
+                assert head.partition is not None
+                # durable (a cluster: on disk on every in-sync replica — bounded, a lagging
+                # follower leaves the ISR after replica.lag.time.max.ms), or leadership lost
+                if not await head.partition.wait_committed(head.last_offset, head.rule):
+                    head.error = ErrorCode.NOT_COORDINATOR
             if shard.gone or not shard.fifo or shard.fifo[0] is not head:
                 return  # unloaded while it waited: _unload answered everything queued
             shard.fifo.popleft()
@@ -600,19 +595,17 @@ class GroupDriver:
         its FIFO."""
         partition = shard.partition
         context = self._context
-        entry = _Appended(None, -1, on_durable, on_failure)
+        entry = _Appended(None, None, -1, on_durable, on_failure)
         try:
-            plog = context.logs.get_log(OFFSETS_TOPIC, partition)
-            if self.clustered and (context.replicas is None or not context.replicas.leads(plog)):
+            state = context.partition(OFFSETS_TOPIC, partition)
+            if self.clustered and state.rule is None:
                 raise _NotLeading()
             builder = BatchBuilder(batch_bytes_max=limits.batch_bytes_max)
             for key, value in records:
                 if not builder.append(now_ms, key, value):
                     raise _TooLarge()
             batch = builder.build()
-            outcome = context.producer_states.get(OFFSETS_TOPIC, partition, plog).append(
-                batch, now_ms, _no_transactions
-            )
+            outcome = state.append_as_leader(batch, now_ms, _no_transactions)
             assert outcome.info is not None, outcome  # a plain batch is never refused
             info = outcome.info
         except _TooLarge:
@@ -627,9 +620,7 @@ class GroupDriver:
             if entry.error == ErrorCode.NONE:  # pragma: no cover - defensive
                 entry.error = ErrorCode.COORDINATOR_NOT_AVAILABLE
         else:
-            context.sync_worker.mark_dirty(plog)
-            context.waker.poke((OFFSETS_TOPIC, partition))
-            entry.plog, entry.last_offset = plog, info.last_offset
+            entry.partition, entry.rule, entry.last_offset = state, state.rule, info.last_offset
         shard.fifo.append(entry)
         shard.fifo_wakeup.set()
 
@@ -638,10 +629,10 @@ class GroupDriver:
         info = context.logs.topics().get(topic)
         if info is None or not 0 <= partition < info.partitions:
             return None
-        plog = context.logs.get_log(topic, partition)
-        if self.clustered and (context.replicas is None or not context.replicas.leads(plog)):
+        state = context.partition(topic, partition)
+        if self.clustered and state.rule is None:
             return _UNCHECKED  # led elsewhere: this broker's copy may lag; Kafka checks nothing
-        return context.high_watermark(plog)
+        return state.high_watermark
 
     # --- introspection -------------------------------------------------------------------
 

@@ -63,7 +63,7 @@ class LocalTopics:
             partitions = context.logs.topics()[name].partitions
             for partition in range(partitions):
                 await context.sync_worker.detach(context.logs.get_log(name, partition))
-            context.producer_states.forget_topic(name)
+            context.partitions.forget_topic(name)
             context.logs.delete_topic(name)
         finally:
             context.gates.open(name)

@@ -34,7 +34,7 @@ transaction state of its own.
   offsets never enter the transaction. A stale producer skips the check: the coordinator
   answers it PRODUCER_FENCED.
 - ``AppendTxnLog``: appended at once, in emission order, to the shard's partition through
-  its ``PartitionTxnState``; a task waits until it is durable (under ``sync=always``; the
+  its ``Partition``; a task waits until it is durable (under ``sync=always``; the
   other policies acknowledge on append, as they do for data) and, in a cluster, until the
   partition's high watermark passes it, and feeds ``TxnLogAppended``. A storage error, or a
   leadership lost, feeds ``TxnLogAppendFailed`` (the requester gets COORDINATOR_NOT_AVAILABLE).
@@ -127,13 +127,15 @@ from rivven_broker.storage.errors import (
 
 if TYPE_CHECKING:
     from rivven_broker.server.context import ServerContext
-    from rivven_broker.server.producer_state_driver import ProducerStates
-    from rivven_broker.storage.partition_log import PartitionLog
+    from rivven_broker.storage.partition import CommitRule, Partition, Partitions
 
 __all__ = ["TxnDriver", "OffsetsSink", "TXN_REQUEST_TYPES"]
 
 log = logging.getLogger(__name__)
 
+#: An append awaiting commitment: the partition, the leadership it was appended under (None:
+#: a single node) and its last offset.
+_Written = tuple["Partition", "CommitRule | None", int]
 TXN_REQUEST_TYPES = (InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit, EndTxn)
 #: ``offsets_sink(group_id, offsets, commit_timestamp_ms)``: make a committed transaction's
 #: consumer offsets durable in ``__consumer_offsets`` and visible to the group coordinator.
@@ -183,7 +185,7 @@ class TxnDriver:
     """Runs the transaction coordinators of one broker. See the module docstring."""
 
     def __init__(
-        self, context: ServerContext, states: ProducerStates, *, marker_delay_ms: int = 0,
+        self, context: ServerContext, states: Partitions, *, marker_delay_ms: int = 0,
         clustered: bool = False,
     ) -> None:
         assert marker_delay_ms >= 0
@@ -515,7 +517,7 @@ class TxnDriver:
         NONE once the marker is below the partition's high watermark."""
         kind = ControlType.COMMIT if body["committed"] else ControlType.ABORT
         producer_id, epoch = int(body["producer_id"]), int(body["epoch"])
-        written: list[tuple[PartitionLog, int]] = []
+        written: list[_Written] = []
         codes, positions = [], {}
         for topic, partition in body["partitions"]:
             before = len(written)
@@ -592,13 +594,11 @@ class TxnDriver:
         context = self._context
         now_ms = context.env.clock.wall_ms()
         try:
-            plog = self._txn_log(shard, now_ms)
+            state = self._txn_log(shard, now_ms)
             builder = BatchBuilder(batch_bytes_max=limits.max_message_bytes_default)
             builder.append(now_ms, instruction.key, instruction.value)
-            state = self._states.get(TRANSACTION_STATE_TOPIC, shard.partition, plog)
-            outcome = state.append(builder.build(), now_ms, _no_transactions)
+            outcome = state.append_as_leader(builder.build(), now_ms, _no_transactions)
             assert outcome.info is not None, outcome
-            context.sync_worker.mark_dirty(plog)
         except SyncFailedError:
             raise
         except (StorageError, BatchError, OSError) as exc:
@@ -608,7 +608,8 @@ class TxnDriver:
             return
         assert shard.nursery is not None
         shard.nursery.start_soon(
-            self._when_durable, shard, plog, outcome.info.last_offset, instruction.append_id
+            self._when_durable, shard, (state, state.rule, outcome.info.last_offset),
+            instruction.append_id
         )
 
     async def _request_producer_ids(self, shard: _Shard, instruction: RequestProducerIds
@@ -623,15 +624,15 @@ class TxnDriver:
         else:
             self._feed(shard, ProducerIdsGranted(instruction.append_id, *block))
 
-    def _txn_log(self, shard: _Shard, now_ms: int) -> PartitionLog:
-        logs = self._context.logs
+    def _txn_log(self, shard: _Shard, now_ms: int) -> Partition:
+        context = self._context
+        logs = context.logs
         if self.clustered:  # the metadata's topic; only its leader appends
-            plog = logs.get_log(TRANSACTION_STATE_TOPIC, shard.partition)
-            replicas = self._context.replicas
-            if replicas is None or not replicas.leads(plog):
+            state = context.partition(TRANSACTION_STATE_TOPIC, shard.partition)
+            if state.rule is None:
                 raise StorageError(f"{TRANSACTION_STATE_TOPIC}-{shard.partition} is not led "
                                    f"here any more")
-            return plog
+            return state
         if TRANSACTION_STATE_TOPIC not in logs.topics():
             try:
                 logs.create_topic(
@@ -640,29 +641,19 @@ class TxnDriver:
                 log.info("created internal topic %s", TRANSACTION_STATE_TOPIC)
             except TopicExistsError:
                 pass
-        return logs.get_log(TRANSACTION_STATE_TOPIC, 0)
+        return context.partition(TRANSACTION_STATE_TOPIC, 0)
 
-    async def _when_durable(self, shard: _Shard, plog: PartitionLog, last_offset: int,
-                            append_id: int) -> None:
-        done = await self._committed([(plog, last_offset)])
+    async def _when_durable(self, shard: _Shard, written: _Written, append_id: int) -> None:
+        done = await self._committed([written])
         event = TxnLogAppended(append_id) if done[0] else TxnLogAppendFailed(append_id)
         self._feed(shard, event)
 
-    async def _committed(self, written: list[tuple[PartitionLog, int]]) -> dict[int, bool]:
-        """Wait until each ``(log, offset)`` is durable and, in a cluster, below its
-        partition's high watermark; which made it (False: leadership lost, or cut)."""
-        context = self._context
-        replicas = context.replicas if self.clustered else None
-        done = {}
-        for index, (plog, offset) in enumerate(written):
-            if offset < plog.log_end_offset:
-                await context.sync_worker.wait_durable(plog, offset)
-            if replicas is not None:
-                await replicas.wait_committed(plog, offset)
-                done[index] = replicas.committed(plog, offset)
-            else:
-                done[index] = offset < plog.log_end_offset
-        return done
+    async def _committed(self, written: list[_Written]) -> dict[int, bool]:
+        """Wait until each ``(partition, rule, offset)`` is below its partition's high
+        watermark (a single node: durable; a cluster: on every in-sync replica); which made
+        it (False: leadership lost, or cut)."""
+        return {index: await partition.wait_committed(offset, rule)
+                for index, (partition, rule, offset) in enumerate(written)}
 
     # --- markers ---------------------------------------------------------------------------
 
@@ -706,7 +697,7 @@ class TxnDriver:
                 failed.append((topic, partition))  # offline: later
             else:
                 remote.setdefault(where[0], []).append((topic, partition))
-        written: list[tuple[PartitionLog, int]] = []
+        written: list[_Written] = []
         owners: list[tuple[str, int]] = []  # the partition of each written marker
         for topic, partition in local:
             before = len(written)
@@ -729,21 +720,18 @@ class TxnDriver:
         return replicas is not None and replicas.leads_partition((topic, partition))
 
     def _append_marker(self, topic: str, partition: int, kind: ControlType, producer_id: int,
-                       epoch: int, written: list[tuple[PartitionLog, int]]) -> ErrorCode:
+                       epoch: int, written: list[_Written]) -> ErrorCode:
         """Append the marker here now (no checkpoint); NONE when appended (``written`` gets
         it) or obsolete, else why not. Drops the producer's verifications there."""
         context = self._context
         try:
-            plog = context.logs.get_log(topic, partition)
+            state = context.partition(topic, partition)
         except UnknownTopicOrPartitionError:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        replicas = context.replicas
-        if self.clustered and (replicas is None or not replicas.leads(plog)):
+        if self.clustered and state.rule is None:
             return ErrorCode.NOT_LEADER
         try:
-            offset = self._states.get(topic, partition, plog).append_marker(
-                kind, producer_id, epoch, context.env.clock.wall_ms()
-            )
+            offset = state.append_marker(kind, producer_id, epoch, context.env.clock.wall_ms())
         except SyncFailedError:
             raise
         except (StorageError, OSError) as exc:
@@ -755,9 +743,7 @@ class TxnDriver:
             self._verified = {k for k in self._verified
                               if (k[0], k[1], k[2]) != (topic, partition, producer_id)}
         if offset is not None:
-            context.sync_worker.mark_dirty(plog)
-            context.waker.poke((topic, partition))
-            written.append((plog, offset))
+            written.append((state, state.rule, offset))
         return ErrorCode.NONE
 
     async def _remote_markers(self, node: int, partitions: list[tuple[str, int]],

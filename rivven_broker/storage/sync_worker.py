@@ -19,6 +19,11 @@ The worker loop (``run``), under ``always``:
 5. go straight back to 1: whatever was appended while the group's fsync ran is already dirty
    and forms the next group.
 
+A log may also have a *listener* (``listen``): the worker calls it after every group that
+synced the log, and after a failure. ``storage/partition.py`` listens so that a partition's
+high watermark follows its durable offset and its waits wake (the server waits on partitions;
+``wait_durable`` serves the storage bench and tools).
+
 So N appenders that arrive while one fsync runs share the next fsync: the fsync count grows
 with the disk's latency, not with the number of appenders. ``interval_ms=N`` runs the same
 group step every N ms in the background and lets ``wait_durable`` return at once; ``none``
@@ -135,6 +140,7 @@ class SyncWorker:
         self._run_sync = run_sync
         self._dirty: dict[int, SyncableLog] = {}  # id(log) -> log, in marking order
         self._waiters: dict[int, list[tuple[int, int, trio.Event]]] = {}  # id(log) -> heap
+        self._listeners: dict[int, Callable[[], None]] = {}  # id(log) -> its listener
         self._sequence = itertools.count()
         self._wakeup = trio.Event()
         self._failure: SyncFailedError | None = None
@@ -160,6 +166,14 @@ class SyncWorker:
             return
         self._dirty[id(log)] = log
         self._wakeup.set()
+
+    def listen(self, log: SyncableLog, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` (on the trio thread, never blocking) after every group that
+        synced ``log``, and when an fsync failed. Replaces an earlier listener of the log."""
+        self._listeners[id(log)] = listener
+
+    def unlisten(self, log: SyncableLog) -> None:
+        self._listeners.pop(id(log), None)
 
     def check_healthy(self) -> None:
         """Raise the worker's failure, if an fsync failed. Never blocks.
@@ -314,6 +328,9 @@ class SyncWorker:
         self._group_done = trio.Event()
 
     def _wake_durable(self, log: SyncableLog) -> None:
+        listener = self._listeners.get(id(log))
+        if listener is not None:
+            listener()
         heap = self._waiters.get(id(log))
         if not heap:
             return
@@ -337,6 +354,8 @@ class SyncWorker:
 
     def _release_waiters(self) -> None:
         """Wake every waiter; each re-checks its offset and raises if it is not durable."""
+        for listener in list(self._listeners.values()):
+            listener()
         for heap in self._waiters.values():
             for _, _, event in heap:
                 event.set()

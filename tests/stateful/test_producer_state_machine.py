@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from rivven_broker.coordinator.producer_state import ProducerStateManager
+from rivven_broker.storage.producer_state import ProducerStateManager
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.records.control import ControlType
-from tests.unit.coordinator.test_producer_state import header
+from tests.unit.storage.test_producer_state import header
 
 pytestmark = pytest.mark.slow
 

@@ -8,10 +8,13 @@ partitions that name this broker among their replicas:
 
 - **Leader** (the metadata's leader is this broker): at a new leader epoch the log records
   that the epoch starts at its log end offset (``PartitionLog.become_leader``: appends are
-  stamped with it from now on) and a ``LeaderState`` (``rivven_cluster.replication``) starts
-  tracking the followers. The high watermark is the smallest durable offset over the ISR (the
-  leader's own from its group commit, each follower's from its fetches), so ``acks=all``
-  produce waits in ``wait_committed`` until it passes the batch, and consumers read below it.
+  stamped with it from now on), and a ``LeaderState`` (``rivven_cluster.replication``) starts
+  tracking the followers; the partition (``storage/partition.py``) commits by it from now on
+  (``Partition.lead``). The high watermark is the smallest durable offset over the ISR (the
+  leader's own, which the partition feeds it after each group commit, and each follower's
+  from its fetches: a report that moves it calls ``Partition.high_watermark_moved``), so an
+  ``acks=all`` produce waits in ``Partition.wait_committed`` until it passes the batch, and
+  consumers read below it and wake when it moves.
   Every ``isr_check_ms`` the leader proposes the ISR ``LeaderState.isr_change`` asks for
   (``UpdateIsr``, compare-and-set on the partition epoch): laggards out after
   ``replica.lag.time.max.ms``, caught-up replicas back in. A leadership at an epoch the log
@@ -32,7 +35,8 @@ partitions that name this broker among their replicas:
 - A leader answers fetches (``serve``) only for partitions it leads, at the epoch the follower
   names: an older one is ``FENCED_LEADER_EPOCH``, a newer one ``UNKNOWN_LEADER_EPOCH`` (its
   metadata is behind), and a broker that no longer leads answers ``NOT_LEADER``. A deposed
-  leader's ``LeaderState`` is dropped at once, so a produce waiting on it fails.
+  leader stops leading its partition at once (``Partition.stop_leading``), so nothing
+  waiting under that leadership is acknowledged by it.
 
 Every ``checkpoint_ms`` the high watermarks known here go to ``replication-offset.checkpoint``
 (``storage/high_watermarks.py``), so a broker that leads after a restart starts from its last
@@ -68,6 +72,7 @@ from rivven_broker.storage.errors import (
     UnknownTopicOrPartitionError,
     stop_on_io_error,
 )
+from rivven_broker.storage.partition import CommitRule, Partition
 from rivven_broker.storage.partition_log import PartitionLog
 from rivven_broker.storage.topic_config import TopicConfig
 from rivven_cluster.membership import KeyRing
@@ -154,10 +159,23 @@ class _Following:
 @attrs.define
 class _Leading:
     key: Key
-    log_id: int  # id() of its PartitionLog: the data path asks by log
+    partition: Partition
     state: LeaderState
+    #: What the partition commits by: the state (or the planted high_watermark bug's rule).
+    rule: CommitRule
     min_insync: int
-    committed: trio.Event = attrs.field(factory=trio.Event)
+
+
+class _LocalOnly:
+    """The planted ``high_watermark_ignores_followers`` bug: the leader's own durable end."""
+
+    def __init__(self) -> None:
+        self.high_watermark = 0
+
+    def on_local_durable(self, durable_offset: int) -> bool:
+        moved = durable_offset > self.high_watermark
+        self.high_watermark = max(self.high_watermark, durable_offset)
+        return moved
 
 
 class ReplicaManager:
@@ -176,7 +194,6 @@ class ReplicaManager:
         self._propose = propose
         self.config = config
         self._leading: dict[Key, _Leading] = {}
-        self._by_log: dict[int, _Leading] = {}  # id(PartitionLog) -> its leadership
         self._following: dict[Key, _Following] = {}
         self._fetchers: set[int] = set()
         self._claiming: set[Key] = set()
@@ -228,12 +245,16 @@ class ReplicaManager:
                 key = (name, index)
                 seen.add(key)
                 try:
-                    plog = self._context.logs.get_log(name, index)
+                    partition = self._context.partition(name, index)
                 except UnknownTopicOrPartitionError:
                     continue  # not reconciled yet: the next apply takes it
+                except (StorageError, OSError) as exc:
+                    stop_on_io_error(exc, f"{name}-{index}: opening the partition")
+                    log.error("%s-%d: cannot open: %s", name, index, exc)
+                    continue
                 if part.leader == self.node_id:
                     self._following.pop(key, None)
-                    self._lead(key, plog, part.leader_epoch, part.replicas, part.isr,
+                    self._lead(key, partition, part.leader_epoch, part.replicas, part.isr,
                                part.partition_epoch, min_insync, now_ms)
                 else:
                     self._resign(key)
@@ -243,17 +264,19 @@ class ReplicaManager:
         for key in [k for k in self._following if k not in seen]:
             del self._following[key]
 
-    def _lead(self, key: Key, plog: PartitionLog, epoch: int, replicas: tuple[int, ...],
+    def _lead(self, key: Key, partition: Partition, epoch: int, replicas: tuple[int, ...],
               isr: tuple[int, ...], partition_epoch: int, min_insync: int, now_ms: int) -> None:
         current = self._leading.get(key)
-        if current is not None and current.state.leader_epoch == epoch:
+        if current is not None and current.state.leader_epoch == epoch and \
+                current.partition is partition:
             current.min_insync = min_insync
             if current.state.partition_epoch != partition_epoch:
                 if current.state.isr_committed(isr, partition_epoch):
-                    self._committed(current)
+                    partition.high_watermark_moved()
             return
         if current is not None:
             self._resign(key)
+        plog = partition.log
         known = (plog.epochs.latest_epoch if self.config.faults.lead_same_epoch_again
                  else plog.epochs.highest_epoch)
         if epoch <= known:
@@ -270,15 +293,15 @@ class ReplicaManager:
         state = LeaderState(
             leader_id=self.node_id, leader_epoch=epoch, replicas=replicas, isr=isr,
             partition_epoch=partition_epoch, epoch_start_offset=plog.log_end_offset,
-            high_watermark=min(self._known_high_watermark(key, plog), self._durable(plog)),
+            high_watermark=min(self._known_high_watermark(key, plog),
+                               partition.local_durable_end),
             now_ms=now_ms, lag_max_ms=self.config.lag_max_ms)
-        leading = _Leading(key, id(plog), state, min_insync)
-        self._leading[key] = leading
-        self._by_log[id(plog)] = leading
+        rule: CommitRule = (_LocalOnly() if self.config.faults.high_watermark_ignores_followers
+                            else state)
+        self._leading[key] = _Leading(key, partition, state, rule, min_insync)
         log.info("%s-%d: leading at epoch %d (ISR %s, log end %d)", *key, epoch, list(isr),
                  plog.log_end_offset)
-        state.on_local_durable(self._durable(plog))
-        self._committed(leading)
+        partition.lead(rule)  # fed the local durable end from now on
 
     def _claim_again(self, key: Key, epoch: int, isr: tuple[int, ...]) -> None:
         """This broker's log was assigned ``epoch`` before: an earlier process of it led (or
@@ -313,9 +336,9 @@ class ReplicaManager:
         leading = self._leading.pop(key, None)
         if leading is None:
             return
-        self._by_log.pop(leading.log_id, None)
-        leading.committed.set()  # waiting produces see they are no longer answered by us
-        self._context.waker.poke(key)
+        if leading.partition.rule is leading.rule:
+            leading.partition.stop_leading()  # waiting produces end: not acknowledged by us
+        self._context.appends.poke(key)  # followers waiting here: NOT_LEADER now
         log.info("%s-%d: no longer leading epoch %d", *key, leading.state.leader_epoch)
 
     def _follow(self, key: Key, leader: int, epoch: int) -> None:
@@ -326,9 +349,9 @@ class ReplicaManager:
         self._following[key] = _Following(leader, epoch, hw)
         if self.config.faults.truncate_to_high_watermark:
             try:
-                plog = self._context.logs.get_log(*key)
-                if hw < plog.log_end_offset:
-                    self._context.producer_states.truncate(key[0], key[1], plog, hw)
+                partition = self._context.partition(*key)
+                if hw < partition.log.log_end_offset:
+                    partition.truncate_to(hw)
             except (StorageError, OSError, UnknownTopicOrPartitionError):
                 pass
         if leader >= 0 and leader not in self._fetchers and self._nursery is not None:
@@ -336,12 +359,6 @@ class ReplicaManager:
             self._nursery.start_soon(self._fetch_loop, leader)
 
     # -- the data path's questions -----------------------------------------------------------
-
-    def _durable(self, plog: PartitionLog) -> int:
-        return self._context.durable_end(plog)
-
-    def leads(self, plog: PartitionLog) -> bool:
-        return id(plog) in self._by_log
 
     def leads_partition(self, key: Key) -> bool:
         return key in self._leading
@@ -373,41 +390,6 @@ class ReplicaManager:
         if is_internal_topic(key[0]) and key not in self._following:
             return None  # a broker-local internal topic (__transaction_state for now)
         return ErrorCode.NOT_LEADER
-
-    def high_watermark(self, plog: PartitionLog) -> int | None:
-        """The replicated high watermark of a partition this broker leads (else None)."""
-        leading = self._by_log.get(id(plog))
-        if leading is None:
-            return None
-        if not self.config.faults.high_watermark_ignores_followers and \
-                leading.state.on_local_durable(self._durable(plog)):
-            self._committed(leading)
-        return self._served_high_watermark(leading, plog)
-
-    def _served_high_watermark(self, leading: _Leading, plog: PartitionLog) -> int:
-        """The high watermark this leader serves now, without advancing it."""
-        if self.config.faults.high_watermark_ignores_followers:
-            return self._durable(plog)
-        return leading.state.high_watermark
-
-    def committed(self, plog: PartitionLog, offset: int) -> bool:
-        """Whether ``offset`` is below the high watermark (and this broker still leads)."""
-        hw = self.high_watermark(plog)
-        return hw is not None and hw > offset
-
-    async def wait_committed(self, plog: PartitionLog, offset: int) -> None:
-        """Return once ``offset`` is committed, or this broker stops leading the partition."""
-        while True:
-            leading = self._by_log.get(id(plog))
-            if leading is None or self.committed(plog, offset):
-                return
-            await leading.committed.wait()
-
-    def _committed(self, leading: _Leading) -> None:
-        """The high watermark moved: wake produces and consumers."""
-        leading.committed.set()
-        leading.committed = trio.Event()
-        self._context.waker.poke(leading.key)
 
     # -- leader: the ISR ---------------------------------------------------------------------
 
@@ -464,11 +446,11 @@ class ReplicaManager:
                 if has_data or wait_ms == 0:
                     return answer
                 event = trio.Event()
-                self._context.waker.register(event, keys)
+                self._context.appends.register(event, keys)  # poked at appends
                 try:
                     await event.wait()
                 finally:
-                    self._context.waker.unregister(event, keys)
+                    self._context.appends.unregister(event, keys)
         return self._read_for(follower, request)[0]
 
     def _read_for(self, follower: int, request: ReplicaFetch) -> tuple[ReplicaFetchAnswer, bool]:
@@ -501,10 +483,7 @@ class ReplicaManager:
             return refuse(ErrorCode.UNKNOWN_LEADER_EPOCH)
         if follower not in state.followers:
             return refuse(ErrorCode.NOT_LEADER)
-        try:
-            plog = self._context.logs.get_log(*key)
-        except UnknownTopicOrPartitionError:
-            return refuse(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        plog = leading.partition.log
         end = plog.log_end_offset
         if part.last_fetched_epoch >= 0:
             epoch, epoch_end = plog.epochs.end_offset_for(part.last_fetched_epoch, end)
@@ -517,9 +496,9 @@ class ReplicaManager:
                                     int(ErrorCode.OFFSET_OUT_OF_RANGE), state.high_watermark,
                                     plog.log_start_offset)
         durable = max(min(part.durable_offset, part.fetch_offset), 0)
-        state.on_local_durable(self._durable(plog))
-        if state.on_fetch(follower, part.fetch_offset, durable, end, now_ms):
-            self._committed(leading)
+        if state.on_fetch(follower, part.fetch_offset, durable, end, now_ms) and \
+                leading.rule is state:
+            leading.partition.high_watermark_moved()
         records = b""
         if budget > 0 and part.fetch_offset < end:
             try:
@@ -578,18 +557,12 @@ class ReplicaManager:
             if link is not None:
                 await link.aclose()
 
-    async def _wait_durable(self, appended: list[tuple[PartitionLog, int]]) -> None:
+    async def _wait_durable(self, appended: list[tuple[Partition, int]]) -> None:
         """Until what one answer appended is durable. Another fetcher of this broker (for the
-        partition's next leader) may truncate it meanwhile: that ends the wait, as a failed
-        fsync (which stops the broker) does not."""
-        sync_worker = self._context.sync_worker
-        for plog, last_offset in appended:
-            if last_offset >= plog.log_end_offset:
-                continue  # already cut
-            try:
-                await sync_worker.wait_durable(plog, last_offset)
-            except SyncFailedError:
-                sync_worker.check_healthy()  # an fsync failed: raises, the broker stops
+        partition's next leader) may truncate it meanwhile: that ends the wait (a failed
+        fsync raises: the broker stops)."""
+        for partition, last_offset in appended:
+            if not await partition.wait_durable(last_offset):
                 self._count("appends_cut_while_syncing")
 
     def _fetch_request(self, leader: int, followed: list[Key]) -> ReplicaFetch:
@@ -600,24 +573,25 @@ class ReplicaManager:
             if following is None or following.leader != leader or following.retry_at_ms > now_ms:
                 continue
             try:
-                plog = self._context.logs.get_log(*key)
-            except UnknownTopicOrPartitionError:
+                partition = self._context.partition(*key)
+            except (UnknownTopicOrPartitionError, StorageError, OSError):
                 continue
+            plog = partition.log
             end = plog.log_end_offset
             last_epoch = plog.epochs.latest_epoch if end > plog.log_start_offset else -1
             if self.config.faults.truncate_to_high_watermark:
                 last_epoch = -1  # (the bug: no divergence check)
             partitions.append(PartitionFetch(key[0], key[1], following.leader_epoch, end,
-                                             last_epoch, min(self._durable(plog), end)))
+                                             last_epoch, min(partition.local_durable_end, end)))
         return ReplicaFetch(self.node_id, self.config.fetch_wait_ms,
                             self.config.fetch_bytes_max, tuple(partitions))
 
     async def _take(self, leader: int,
-                    answer: ReplicaFetchAnswer) -> list[tuple[PartitionLog, int]]:
+                    answer: ReplicaFetchAnswer) -> list[tuple[Partition, int]]:
         """Apply one answer; returns what it appended, ``(log, last offset)``."""
         context = self._context
         now_ms = context.env.clock.wall_ms()
-        appended: list[tuple[PartitionLog, int]] = []
+        appended: list[tuple[Partition, int]] = []
         backoff = False
         for fetched in answer.partitions:
             key = (fetched.topic, fetched.partition)
@@ -634,19 +608,17 @@ class ReplicaManager:
                 backoff = True
                 continue
             try:
-                plog = context.logs.get_log(*key)
+                partition = context.partition(*key)
                 following.high_watermark = max(following.high_watermark, fetched.high_watermark)
                 if fetched.diverging_epoch != NO_DIVERGENCE:
-                    self._truncate_diverged(key, plog, fetched)
+                    self._truncate_diverged(key, partition, fetched)
                     continue
                 if code is ErrorCode.OFFSET_OUT_OF_RANGE:
-                    self._reset_out_of_range(key, plog, fetched)
+                    self._reset_out_of_range(key, partition, fetched)
                     continue
                 if fetched.records:
-                    state = context.producer_states.get(key[0], key[1], plog)
-                    info = state.append_replicated(fetched.records, now_ms)
-                    context.sync_worker.mark_dirty(plog)
-                    appended.append((plog, info.last_offset))
+                    info = partition.append_as_follower(fetched.records, now_ms)
+                    appended.append((partition, info.last_offset))
             except SyncFailedError:
                 raise
             except (StorageError, BatchError, OSError) as exc:
@@ -657,7 +629,9 @@ class ReplicaManager:
             await trio.sleep(self.config.backoff_s)
         return appended
 
-    def _truncate_diverged(self, key: Key, plog: PartitionLog, fetched: FetchedPartition) -> None:
+    def _truncate_diverged(self, key: Key, partition: Partition,
+                           fetched: FetchedPartition) -> None:
+        plog = partition.log
         end = plog.log_end_offset
         own_epoch, own_end = plog.epochs.end_offset_for(fetched.diverging_epoch, end)
         cut = fetched.diverging_end_offset
@@ -667,15 +641,16 @@ class ReplicaManager:
         log.warning("%s-%d: diverged from the leader at epoch %d: truncating from %d to %d",
                     *key, fetched.diverging_epoch, end, cut)
         self._count("truncations")
-        self._context.producer_states.truncate(key[0], key[1], plog, cut)
+        partition.truncate_to(cut)
 
-    def _reset_out_of_range(self, key: Key, plog: PartitionLog, fetched: FetchedPartition) -> None:
-        if fetched.log_start_offset > plog.log_end_offset:  # the leader deleted what we lack
+    def _reset_out_of_range(self, key: Key, partition: Partition,
+                            fetched: FetchedPartition) -> None:
+        end = partition.log.log_end_offset
+        if fetched.log_start_offset > end:  # the leader deleted what we lack
             log.warning("%s-%d: the leader's log starts at %d, past ours (%d): starting over "
-                        "there", *key, fetched.log_start_offset, plog.log_end_offset)
+                        "there", *key, fetched.log_start_offset, end)
             self._count("resets")
-            self._context.producer_states.truncate(key[0], key[1], plog,
-                                                   fetched.log_start_offset)
+            partition.truncate_to(fetched.log_start_offset)
         else:
             self._following[key].retry_at_ms = self._env.clock.monotonic_ms() + 1000
 
@@ -695,11 +670,8 @@ class ReplicaManager:
         views = {key: ReplicaView(False, f.leader, f.leader_epoch, f.high_watermark)
                  for key, f in self._following.items()}
         for key, leading in self._leading.items():
-            try:
-                hw = self._served_high_watermark(leading, self._context.logs.get_log(*key))
-            except UnknownTopicOrPartitionError:  # (deleted meanwhile)
-                hw = leading.state.high_watermark
-            views[key] = ReplicaView(True, self.node_id, leading.state.leader_epoch, hw)
+            views[key] = ReplicaView(True, self.node_id, leading.state.leader_epoch,
+                                     leading.partition.high_watermark)
         return views
 
 

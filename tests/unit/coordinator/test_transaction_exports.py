@@ -13,7 +13,7 @@ import pathlib
 import pytest
 
 EXPECTED = {
-    "rivven_broker.coordinator.producer_state": """SEQUENCE_MAX NO_OFFSET increment_sequence
+    "rivven_broker.storage.producer_state": """SEQUENCE_MAX NO_OFFSET increment_sequence
         BatchMetadata ProducerInfo Verdict CompletedTxn CorruptSnapshotError
         ProducerStateManager""",
     "rivven_broker.coordinator.transaction_coordinator": "FIRST_PRODUCER_ID TransactionCoordinator",

@@ -1,13 +1,15 @@
-"""Producer state beside every partition log: idempotence on produce, markers, LSO, snapshots.
+"""``Partition``: one replica of a partition (Kafka's Partition + UnifiedLog) — its log, its
+producer state, its aborted-transaction index, and its high watermark.
 
 Theory of operation
 -------------------
-``PartitionTxnState`` pairs one ``PartitionLog`` with its pure ``ProducerStateManager``
-(``coordinator/producer_state.py``) and its persisted ``AbortedTxnIndex``
-(``storage/txn_index.py``). Every append to a partition goes through it, so the manager's
-``end_offset`` always equals the log end offset:
+``Partition`` pairs one ``PartitionLog`` (which keeps the leader-epoch cache) with its pure
+``ProducerStateManager`` (``storage/producer_state.py``) and its persisted
+``AbortedTxnIndex`` (``storage/txn_index.py``). Every append to a partition goes through it,
+so the manager's ``end_offset`` always equals the log end offset:
 
-- ``append`` (the produce path, in the connection reader, no checkpoint inside): the batch
+- ``append_as_leader`` (the produce path, in the connection reader, no checkpoint inside):
+  offsets are assigned here. The batch
   headers are parsed once. When no batch carries a producer id, the transactional bit or the
   control bit, the records go straight to ``PartitionLog.append`` and each header is recorded
   with ``update`` (about a microsecond per batch, nothing per record). Otherwise the partition must
@@ -15,9 +17,38 @@ Theory of operation
   transaction coordinator (``txn_check``), then ``check`` decides: a duplicate is answered with
   the original offsets and nothing is written, a refusal is answered with its code and
   nothing is written, anything else is appended and ``update``\\ d.
+- ``append_as_follower`` keeps the leader's offsets and epochs and rebuilds the producer
+  state from the copied headers, as recovery does: a follower answers a retried batch with its
+  original offsets once it leads.
 - ``append_marker`` writes a COMMIT/ABORT control batch for the transaction coordinator's
   driver and appends the aborted-transaction entry it produces to the index (page cache).
+- ``truncate_to`` cuts the log (a follower diverging from its new leader) and rebuilds the
+  producer state and index from the snapshots and the log, in place.
 - ``last_stable_offset`` and ``aborted_in`` serve ``read_committed`` fetches.
+
+Every append marks the log dirty for the group commit (``SyncWorker.mark_dirty``) and tells
+``PartitionEvents.appended`` (replica fetches long-polling at a leader wake).
+
+High watermark and waits
+------------------------
+Offsets below the high watermark are committed: visible to consumers, acknowledged to
+``acks=all`` producers. A partition nobody replicates — a single node, or a follower — has
+its *local durable end* as high watermark: the durable offset under ``sync=always``, else the
+log end offset. A leader of a replicated partition is given a ``CommitRule`` (``lead``;
+``rivven_cluster.replication.LeaderState``: the smallest durable offset over the ISR), fed
+with the local durable end as it moves, and told (``high_watermark_moved``) when a follower's
+report moved it. The local durable end moves when the sync worker completes a group commit
+of the log (it calls the partition back: ``SyncWorker.listen``) and, when the policy is not
+``always``, at every append. Whenever the high watermark moves, ``PartitionEvents.
+high_watermark_moved`` wakes consumer long-polls: they wake on commitment, not on appends.
+
+``wait_committed(offset)`` (an ``acks=all`` produce, the group and transaction coordinators'
+writes) and ``wait_durable(offset)`` (``acks=1``, a follower's report) return True once
+the offset is covered, and False as soon as it never will be under the leadership the wait
+began in: the rule changed (deposed, or led again at a new epoch), the log was cut at or
+below the offset, the log failed, or the partition closed. A failed fsync raises
+``SyncFailedError`` (the broker stops). Callers answer from the result; they never wait on
+the fsync directly.
 
 Snapshots (``<end offset, 20 digits>.snapshot`` in the partition directory, written ``.tmp`` +
 fsync + rename + fsync of the directory, the newest ``limits.producer_snapshots_kept`` kept)
@@ -32,17 +63,22 @@ index file was damaged, the index is rebuilt from the log start. The log always 
 The index file (``aborted-txns.index``) is created at a partition's first aborted transaction
 (``LazyTxnIndex``), so partitions that never saw one hold no extra file handle.
 
-``ProducerStates`` holds one ``PartitionTxnState`` per partition, opened eagerly at broker
-start (``load_all``, off the event loop) and lazily for partitions created later.
+``Partitions`` holds one ``Partition`` per partition, opened eagerly at broker
+start (``load_all``, off the event loop) and lazily for partitions created later. A partition
+keeps its identity for its log's life (truncations included); a topic deleted and created
+again gets new ones.
 """
 
 from __future__ import annotations
 
 import logging
 import posixpath
-from typing import Callable, Iterable, NamedTuple
+from typing import Callable, Iterable, NamedTuple, Protocol
 
-from rivven_broker.coordinator.producer_state import (
+import attrs
+import trio
+
+from rivven_broker.storage.producer_state import (
     BatchMetadata,
     CorruptSnapshotError,
     ProducerStateManager,
@@ -62,6 +98,7 @@ from rivven_broker.records.header import (
 )
 from rivven_broker.storage.file_store import FileStore
 from rivven_broker.storage.partition_log import AppendInfo, PartitionLog
+from rivven_broker.storage.sync_worker import SyncWorker
 from rivven_broker.storage.txn_index import (
     TXN_INDEX_FILE,
     AbortedTxn,
@@ -71,10 +108,12 @@ from rivven_broker.storage.txn_index import (
 
 __all__ = [
     "SNAPSHOT_SUFFIX",
+    "CommitRule",
+    "PartitionEvents",
     "ProduceOutcome",
     "StateLoadReport",
-    "PartitionTxnState",
-    "ProducerStates",
+    "Partition",
+    "Partitions",
     "LazyTxnIndex",
     "TxnCheck",
     "snapshot_file_name",
@@ -89,6 +128,31 @@ _SPECIAL_BITS = ATTR_TRANSACTIONAL | ATTR_CONTROL
 _CONTROL_READ_BYTES = 512
 #: ``txn_check(header) -> ErrorCode``: may this transactional batch be written now?
 TxnCheck = Callable[[BatchHeader], ErrorCode]
+Key = tuple[str, int]
+
+
+class CommitRule(Protocol):
+    """How a leader's high watermark moves (``rivven_cluster.replication.LeaderState``)."""
+
+    high_watermark: int
+
+    def on_local_durable(self, durable_offset: int) -> bool:
+        """The leader's own durable end moved to ``durable_offset``; True when that moved
+        the high watermark."""
+
+
+def _nobody(key: Key) -> None:
+    return None
+
+
+@attrs.frozen
+class PartitionEvents:
+    """What the partitions tell the server (see the module docstring)."""
+
+    #: Records were appended (replica fetches waiting at a leader wake).
+    appended: Callable[[Key], None] = _nobody
+    #: The high watermark moved (consumer fetches wake).
+    high_watermark_moved: Callable[[Key], None] = _nobody
 
 
 def snapshot_file_name(end_offset: int) -> str:
@@ -123,26 +187,42 @@ class StateLoadReport(NamedTuple):
     index_problem: str | None  # the aborted-transaction index was damaged and rebuilt
 
 
-class PartitionTxnState:
-    """The producer state of one partition log. Use ``PartitionTxnState.open``."""
+class Partition:
+    """One replica of a partition (see the module docstring). Use ``Partition.open``."""
 
     def __init__(
-        self, plog: PartitionLog, state: ProducerStateManager, index: LazyTxnIndex,
-        snapshot_offset: int | None,
+        self, key: Key, plog: PartitionLog, loaded: _Loaded, sync: SyncWorker | None,
+        events: PartitionEvents,
     ) -> None:
-        assert state.end_offset == plog.log_end_offset, (state.end_offset, plog.log_end_offset)
+        self.key = key
         self.log = plog
-        self.state = state
-        self.index = index
-        self._snapshot_offset = snapshot_offset
-        self._active_base = plog.segment_base_offsets[-1]
+        self._take(loaded)
+        self._sync = sync
+        self._events = events
+        #: Under ``sync=always`` only the durable offset is held for good.
+        self._durable_is_synced = sync is not None and sync.policy.mode == "always"
+        self._rule: CommitRule | None = None
+        self._progress = trio.Event()
         self._closed = False
+        if sync is not None:
+            sync.listen(plog, self._local_durable_moved)
+
+    def _take(self, loaded: _Loaded) -> None:
+        state = loaded.state
+        assert state.end_offset == self.log.log_end_offset, (state.end_offset,
+                                                             self.log.log_end_offset)
+        self.state = state
+        self.index = loaded.index
+        self._snapshot_offset = loaded.report.snapshot_offset
+        self._active_base = self.log.segment_base_offsets[-1]
 
     # --- opening ---------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, plog: PartitionLog) -> tuple[PartitionTxnState, StateLoadReport]:
-        """Rebuild the state of ``plog`` from its snapshots, index and log (module docstring).
+    def open(cls, plog: PartitionLog, key: Key = ("", 0), sync: SyncWorker | None = None,
+             events: PartitionEvents = PartitionEvents()) -> tuple[Partition, StateLoadReport]:
+        """Rebuild the state of ``plog`` from its snapshots, index and log (module
+        docstring). Without a sync worker (tests, tools) the log end counts as durable.
 
         Blocks on file I/O (header reads, snapshot and index files).
 
@@ -150,54 +230,116 @@ class PartitionTxnState:
             StorageError: reading the log failed.
             OSError: the snapshot or index files could not be read or written.
         """
-        store, directory = plog.store, plog.directory
-        log_end, log_start = plog.log_end_offset, plog.log_start_offset
-        dropped: list[str] = []
-        offsets = []
-        for name in store.listdir(directory):
-            end = _parse_snapshot_name(name)
-            if end is None:
-                continue
-            if end > log_end:
-                store.remove(posixpath.join(directory, name))
-                dropped.append(name)
-            else:
-                offsets.append(end)
-        if dropped:
-            store.fsync_dir(directory)  # before anything new is appended past those offsets
-        state, snapshot_offset = None, None
-        for end in sorted(offsets, reverse=True):
-            path = posixpath.join(directory, snapshot_file_name(end))
-            handle = store.open(path, create=False)
-            try:
-                data = store.pread(handle, store.size(handle), 0)
-            finally:
-                store.close(handle)
-            try:
-                state = ProducerStateManager.restore(data)
-            except CorruptSnapshotError as exc:
-                log.warning("%s: %s; ignoring it", path, exc)
-                store.remove(path)
-                dropped.append(posixpath.basename(path))
-                continue
-            snapshot_offset = end
-            break
-        index = LazyTxnIndex(store, posixpath.join(directory, TXN_INDEX_FILE))
-        index_problem = index.repair
-        if state is None or index_problem is not None:
-            state, snapshot_offset = ProducerStateManager(log_start), None
-            index.truncate_to(0)
+        loaded = _load(plog)
+        return cls(key, plog, loaded, sync, events), loaded.report
+
+    # --- the high watermark ------------------------------------------------------------------
+
+    @property
+    def local_durable_end(self) -> int:
+        """What this replica holds for good under its sync policy (module docstring)."""
+        log = self.log
+        return log.durable_offset if self._durable_is_synced else log.log_end_offset
+
+    @property
+    def high_watermark(self) -> int:
+        """Offsets below this are committed (module docstring)."""
+        rule = self._rule
+        return self.local_durable_end if rule is None else rule.high_watermark
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def rule(self) -> CommitRule | None:
+        """The commit rule of this replica's leadership (None: not a replicated leader)."""
+        return self._rule
+
+    def lead(self, rule: CommitRule) -> None:
+        """Lead under ``rule`` from now on (a new leadership: waits under the old one end)."""
+        self._rule = rule
+        rule.on_local_durable(self.local_durable_end)
+        self.high_watermark_moved()
+
+    def stop_leading(self) -> None:
+        """No longer lead: waits under the leadership end (False)."""
+        if self._rule is not None:
+            self._rule = None
+            self.high_watermark_moved()
+
+    def high_watermark_moved(self) -> None:
+        """Wake the waiters and the consumers (the rule's high watermark moved)."""
+        self._wake()
+        self._events.high_watermark_moved(self.key)
+
+    def committed(self, offset: int) -> bool:
+        return self.high_watermark > offset
+
+    async def wait_committed(self, offset: int, under: CommitRule | None) -> bool:
+        """True once the high watermark passes ``offset``; False as soon as it never will
+        under ``under``, the rule (``rule``) the caller appended ``offset`` under (module
+        docstring): a leader deposed, or leading again at another epoch, never acknowledges
+        what it appended before.
+
+        Raises:
+            SyncFailedError: an fsync failed (the node must stop).
+        """
+        rule = under
+        await trio.lowlevel.checkpoint()
+        while True:
+            if self._sync is not None:
+                self._sync.check_healthy()
+            if self._rule is not rule or self._lost(offset):
+                return False
+            if self.high_watermark > offset:
+                return True
+            await self._progress.wait()
+
+    async def wait_durable(self, offset: int) -> bool:
+        """True once this replica's own copy of ``offset`` is durable under its sync policy;
+        False when it never will be (cut, failed, closed).
+
+        Raises:
+            SyncFailedError: an fsync failed (the node must stop).
+        """
+        await trio.lowlevel.checkpoint()
+        while True:
+            if self._sync is not None:
+                self._sync.check_healthy()
+            if self._lost(offset):
+                return False
+            if self.local_durable_end > offset:
+                return True
+            await self._progress.wait()
+
+    def _lost(self, offset: int) -> bool:
+        return self._closed or self.log.failed or offset >= self.log.log_end_offset
+
+    def _wake(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
+
+    def _local_durable_moved(self) -> None:
+        """The sync worker completed a group commit of the log (or, unless ``sync=always``,
+        the log grew): wake the waiters, and the consumers when the high watermark moved."""
+        rule = self._rule
+        if rule is None or rule.on_local_durable(self.local_durable_end):
+            self.high_watermark_moved()
         else:
-            index.truncate_to(state.end_offset)
-            state.truncate_head(log_start)
-        replayed = _replay(plog, state, index)
-        index.truncate_head(log_start)
-        report = StateLoadReport(snapshot_offset, replayed, tuple(dropped), index_problem)
-        return cls(plog, state, index, snapshot_offset), report
+            self._wake()
+
+    def _appended(self) -> None:
+        if self._sync is not None:
+            self._sync.mark_dirty(self.log)
+        self._events.appended(self.key)
+        if not self._durable_is_synced:
+            self._local_durable_moved()
 
     # --- the produce path ------------------------------------------------------------------
 
-    def append(self, records: bytes, now_ms: int, txn_check: TxnCheck) -> ProduceOutcome:
+    def append_as_leader(self, records: bytes, now_ms: int,
+                         txn_check: TxnCheck) -> ProduceOutcome:
         """Check and append one partition's records (module docstring). Never awaits.
 
         Raises what ``PartitionLog.append`` raises (nothing was appended then).
@@ -238,7 +380,7 @@ class PartitionTxnState:
         self._after_append()
         return ProduceOutcome(info)
 
-    def append_replicated(self, records: bytes, now_ms: int) -> AppendInfo:
+    def append_as_follower(self, records: bytes, now_ms: int) -> AppendInfo:
         """Append batches copied from the leader (their offsets and epochs kept) and record
         every header, as recovery replays them: a follower's producer state is the leader's,
         so it answers a retried batch with its original offsets once it leads. Never awaits.
@@ -266,6 +408,29 @@ class PartitionTxnState:
         if active != self._active_base:  # the log rolled: snapshot at the new segment
             self._active_base = active
             self.write_snapshot()
+        self._appended()
+
+    def truncate_to(self, offset: int) -> StateLoadReport:
+        """Cut the log at ``offset`` (a follower diverging from its leader; past the log end:
+        empty it and start over there, as a follower whose leader deleted what it lacks) and
+        rebuild the producer state from the snapshots and the log. Waits on offsets cut end
+        (False). Blocks on fsyncs and reads.
+
+        Raises what ``PartitionLog.truncate_to`` and ``Partition.open`` raise (the
+        partition is closed then).
+        """
+        assert not self._closed and self._rule is None, "only a follower truncates"
+        self._closed = True  # until rebuilt
+        self.index.close()
+        if offset > self.log.log_end_offset:
+            self.log.restart_at(offset)
+        else:
+            self.log.truncate_to(offset)
+        loaded = _load(self.log)
+        self._take(loaded)
+        self._closed = False
+        self.high_watermark_moved()
+        return loaded.report
 
     # --- markers -----------------------------------------------------------------------------
 
@@ -345,12 +510,69 @@ class PartitionTxnState:
         finally:
             self._closed = True
             self.index.close()
+            if self._sync is not None:
+                self._sync.unlisten(self.log)
+            self._wake()
 
     def check_invariants(self) -> None:
         """Assert that the state tracks its log (tests and the simulator)."""
         assert self._closed or self.state.end_offset == self.log.log_end_offset
         self.state.check_invariants()
         self.index.index.check_invariants()
+
+
+def _load(plog: PartitionLog) -> _Loaded:
+    """Rebuild the producer state of ``plog`` (``Partition.open``). Blocks on file I/O."""
+    store, directory = plog.store, plog.directory
+    log_end, log_start = plog.log_end_offset, plog.log_start_offset
+    dropped: list[str] = []
+    offsets = []
+    for name in store.listdir(directory):
+        end = _parse_snapshot_name(name)
+        if end is None:
+            continue
+        if end > log_end:
+            store.remove(posixpath.join(directory, name))
+            dropped.append(name)
+        else:
+            offsets.append(end)
+    if dropped:
+        store.fsync_dir(directory)  # before anything new is appended past those offsets
+    state, snapshot_offset = None, None
+    for end in sorted(offsets, reverse=True):
+        path = posixpath.join(directory, snapshot_file_name(end))
+        handle = store.open(path, create=False)
+        try:
+            data = store.pread(handle, store.size(handle), 0)
+        finally:
+            store.close(handle)
+        try:
+            state = ProducerStateManager.restore(data)
+        except CorruptSnapshotError as exc:
+            log.warning("%s: %s; ignoring it", path, exc)
+            store.remove(path)
+            dropped.append(posixpath.basename(path))
+            continue
+        snapshot_offset = end
+        break
+    index = LazyTxnIndex(store, posixpath.join(directory, TXN_INDEX_FILE))
+    index_problem = index.repair
+    if state is None or index_problem is not None:
+        state, snapshot_offset = ProducerStateManager(log_start), None
+        index.truncate_to(0)
+    else:
+        index.truncate_to(state.end_offset)
+        state.truncate_head(log_start)
+    replayed = _replay(plog, state, index)
+    index.truncate_head(log_start)
+    report = StateLoadReport(snapshot_offset, replayed, tuple(dropped), index_problem)
+    return _Loaded(state, index, report)
+
+
+class _Loaded(NamedTuple):
+    state: ProducerStateManager
+    index: LazyTxnIndex
+    report: StateLoadReport
 
 
 def _replay(plog: PartitionLog, state: ProducerStateManager, index: LazyTxnIndex) -> int:
@@ -420,78 +642,63 @@ def _prune_snapshots(store: FileStore, directory: str, keep: int) -> None:
         store.remove(posixpath.join(directory, snapshot_file_name(end)))
 
 
-class ProducerStates:
-    """One ``PartitionTxnState`` per partition of a ``LogManager``. Not thread-safe."""
+class Partitions:
+    """One ``Partition`` per partition of a ``LogManager``. Not thread-safe."""
 
-    def __init__(self) -> None:
-        self._states: dict[tuple[str, int], PartitionTxnState] = {}
+    def __init__(self, sync: SyncWorker | None = None,
+                 events: PartitionEvents = PartitionEvents()) -> None:
+        self._sync = sync
+        self._events = events
+        self._partitions: dict[Key, Partition] = {}
 
-    def load_all(
-        self, logs: Iterable[tuple[tuple[str, int], PartitionLog]]
-    ) -> dict[tuple[str, int], StateLoadReport]:
-        """Open the state of every given log. Blocks on file I/O (call it off the loop).
+    def load_all(self, logs: Iterable[tuple[Key, PartitionLog]]) -> dict[Key, StateLoadReport]:
+        """Open every given log's partition. Blocks on file I/O (call it off the loop, before
+        the sync worker runs).
 
-        Raises what ``PartitionTxnState.open`` raises.
+        Raises what ``Partition.open`` raises.
         """
         reports = {}
         for key, plog in logs:
-            self._states[key], reports[key] = PartitionTxnState.open(plog)
+            self._partitions[key], reports[key] = Partition.open(
+                plog, key, self._sync, self._events)
         return reports
 
-    def get(self, topic: str, partition: int, plog: PartitionLog) -> PartitionTxnState:
-        """The state of ``plog`` (opened now if it is new: blocks on its files then).
+    def get(self, topic: str, partition: int, plog: PartitionLog) -> Partition:
+        """The partition of ``plog`` (opened now if it is new: blocks on its files then).
 
-        Raises what ``PartitionTxnState.open`` raises.
+        Raises what ``Partition.open`` raises.
         """
         key = (topic, partition)
-        current = self._states.get(key)
-        if current is not None and current.log is plog:
+        current = self._partitions.get(key)
+        if current is not None and current.log is plog and not current.closed:
             return current
         if current is not None:  # the topic was deleted and created again
             current.close(snapshot=False)
-        current, report = PartitionTxnState.open(plog)
+        current, report = Partition.open(plog, key, self._sync, self._events)
         if report.batches_replayed or report.snapshots_dropped:
             log.info("producer state of %s-%d rebuilt: %s", topic, partition, report)
-        self._states[key] = current
+        self._partitions[key] = current
         return current
 
-    def truncate(self, topic: str, partition: int, plog: PartitionLog,
-                 offset: int) -> PartitionTxnState:
-        """Cut ``plog`` at ``offset`` (a follower diverging from its leader; past the log end:
-        empty it and start over there, as a follower whose leader deleted what it lacks) and
-        rebuild the partition's producer state from its snapshots and log. Blocks on fsyncs
-        and reads.
-
-        Raises what ``PartitionLog.truncate_to`` and ``PartitionTxnState.open`` raise.
-        """
-        current = self._states.pop((topic, partition), None)
-        if current is not None:
-            current.close(snapshot=False)
-        if offset > plog.log_end_offset:
-            plog.restart_at(offset)
-        else:
-            plog.truncate_to(offset)
-        return self.get(topic, partition, plog)
-
-    def find(self, topic: str, partition: int) -> PartitionTxnState | None:
-        """The state of a partition if it is open, without opening anything."""
-        return self._states.get((topic, partition))
+    def find(self, topic: str, partition: int) -> Partition | None:
+        """A partition if it is open, without opening anything."""
+        return self._partitions.get((topic, partition))
 
     def forget_topic(self, topic: str) -> None:
-        """Drop (without a snapshot) the state of every partition of a deleted topic."""
-        for key in [key for key in self._states if key[0] == topic]:
-            self._states.pop(key).close(snapshot=False)
+        """Close (without a snapshot) every partition of a deleted topic."""
+        for key in [key for key in self._partitions if key[0] == topic]:
+            self._partitions.pop(key).close(snapshot=False)
 
     def close_all(self, *, snapshot: bool) -> None:
-        """Close every state (``snapshot``: write snapshots first). Blocks on fsyncs.
+        """Close every partition (``snapshot``: write snapshots first). Blocks on fsyncs.
         A failed snapshot is logged; the next start replays the log instead."""
-        for (topic, partition), state in sorted(self._states.items(), key=lambda kv: kv[0]):
+        for (topic, partition), state in sorted(self._partitions.items(), key=lambda kv: kv[0]):
             try:
                 state.close(snapshot=snapshot)
             except OSError as exc:
                 log.error("producer state snapshot of %s-%d failed: %s", topic, partition, exc)
-        self._states.clear()
+        self._partitions.clear()
 
-    def states(self) -> list[tuple[tuple[str, int], PartitionTxnState]]:
-        """Every open state, sorted by partition."""
-        return sorted(self._states.items(), key=lambda kv: kv[0])
+    def states(self) -> list[tuple[Key, Partition]]:
+        """Every open partition, sorted by key."""
+        return sorted(self._partitions.items(), key=lambda kv: kv[0])

@@ -1,6 +1,6 @@
 """A partition's producer state survives restarts and crashes exactly as the log does.
 
-Goal: ``PartitionTxnState`` (snapshots + header replay + the aborted-transaction index) always
+Goal: ``Partition`` (snapshots + header replay + the aborted-transaction index) always
 reopens to the state a full replay of the surviving log gives, whatever happened before:
 graceful restarts, power losses at any point (unsynced writes dropped), segment rolls (which
 write snapshots), plain, idempotent and transactional appends and COMMIT/ABORT markers.
@@ -15,12 +15,12 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rivven_broker.coordinator.producer_state import ProducerStateManager
+from rivven_broker.storage.producer_state import ProducerStateManager
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.records import BatchBuilder
 from rivven_broker.records.control import ControlType, read_control_batch
-from rivven_broker.server.producer_state_driver import (
-    PartitionTxnState,
+from rivven_broker.storage.partition import (
+    Partition,
     snapshot_file_name,
 )
 from rivven_broker.storage.log_config import LogConfig
@@ -36,9 +36,9 @@ def allow(header):
     return ErrorCode.NONE
 
 
-def open_state(store: MemoryFileStore) -> PartitionTxnState:
+def open_state(store: MemoryFileStore) -> Partition:
     plog, _ = PartitionLog.open(store, DIRECTORY, CONFIG, 0)
-    state, _ = PartitionTxnState.open(plog)
+    state, _ = Partition.open(plog)
     state.check_invariants()
     return state
 
@@ -74,7 +74,7 @@ def model(plog: PartitionLog) -> tuple[ProducerStateManager, AbortedTxnIndex]:
     return state, index
 
 
-def same(tested: PartitionTxnState) -> None:
+def same(tested: Partition) -> None:
     expected, index = model(tested.log)
     assert tested.state.end_offset == expected.end_offset == tested.log.log_end_offset
     assert tested.state.producers() == expected.producers()
@@ -82,7 +82,7 @@ def same(tested: PartitionTxnState) -> None:
     assert tested.index.index.entries() == index.entries()
 
 
-def next_sequence(state: PartitionTxnState, pid: int) -> int:
+def next_sequence(state: Partition, pid: int) -> int:
     info = state.state.producers().get(pid)
     return info.batches[-1].last_seq + 1 if info is not None and info.batches else 0
 
@@ -110,11 +110,11 @@ def test_reopening_always_equals_a_full_replay_of_the_surviving_log(operations):
     for operation in operations:
         kind = operation[0]
         if kind == "plain":
-            assert state.append(batch(), 0, allow).info is not None
+            assert state.append_as_leader(batch(), 0, allow).info is not None
         elif kind in ("idempotent", "transactional"):
             pid = operation[1]
             records = batch(pid, next_sequence(state, pid), txn=kind == "transactional")
-            state.append(records, 0, allow)  # may be refused (a transaction is open ...)
+            state.append_as_leader(records, 0, allow)  # may be refused (a transaction is open ...)
         elif kind == "marker":
             kind_ = ControlType.COMMIT if operation[2] else ControlType.ABORT
             state.append_marker(kind_, operation[1], 0, 0)
@@ -137,18 +137,18 @@ def test_reopening_always_equals_a_full_replay_of_the_surviving_log(operations):
 
 def test_the_produce_path_answers_duplicates_and_refusals_without_writing():
     state = open_state(fresh_store())
-    first = state.append(batch(5, 0), 0, allow)
+    first = state.append_as_leader(batch(5, 0), 0, allow)
     assert first.info is not None and first.info.base_offset == 0
-    again = state.append(batch(5, 0), 0, allow)
+    again = state.append_as_leader(batch(5, 0), 0, allow)
     assert again.info is None and again.duplicate.first_offset == 0
-    gap = state.append(batch(5, 9), 0, allow)
+    gap = state.append_as_leader(batch(5, 9), 0, allow)
     assert gap.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE
-    refused = state.append(batch(6, 0, txn=True), 0, lambda h: ErrorCode.INVALID_TXN_STATE)
+    refused = state.append_as_leader(batch(6, 0, txn=True), 0, lambda h: ErrorCode.INVALID_TXN_STATE)
     assert refused.error_code == ErrorCode.INVALID_TXN_STATE
-    two = state.append(batch(5, 2) + batch(5, 4), 0, allow)
+    two = state.append_as_leader(batch(5, 2) + batch(5, 4), 0, allow)
     assert two.error_code == ErrorCode.INVALID_REQUEST
     assert state.log.log_end_offset == 2  # nothing but the first batch was written
-    assert state.append(batch() + batch(), 0, allow).info.batch_count == 2  # plain: any count
+    assert state.append_as_leader(batch() + batch(), 0, allow).info.batch_count == 2  # plain: any count
     assert state.state.end_offset == state.log.log_end_offset == 6
 
 
@@ -156,21 +156,21 @@ def test_snapshots_past_the_log_end_and_damaged_ones_are_dropped():
     store = fresh_store()
     state = open_state(store)
     for seq in range(0, 10, 2):
-        state.append(batch(1, seq), 0, allow)
+        state.append_as_leader(batch(1, seq), 0, allow)
     state.log.flush()
     assert state.write_snapshot()
     good = snapshot_file_name(10)
-    state.append(batch(1, 10), 0, allow)
+    state.append_as_leader(batch(1, 10), 0, allow)
     assert state.write_snapshot()  # a snapshot at 12 whose data is not synced
     store.crash()
-    reopened, report = PartitionTxnState.open(PartitionLog.open(store, DIRECTORY, CONFIG, 0)[0])
+    reopened, report = Partition.open(PartitionLog.open(store, DIRECTORY, CONFIG, 0)[0])
     assert report.snapshot_offset == 10 and report.snapshots_dropped == (snapshot_file_name(12),)
     same(reopened)
     # A damaged snapshot is ignored: the log is replayed from its start instead.
     reopened.close(snapshot=False)
     reopened.log.close()
     store.corrupt(f"{DIRECTORY}/{good}", 12, b"\xff\xff")
-    again, report = PartitionTxnState.open(PartitionLog.open(store, DIRECTORY, CONFIG, 0)[0])
+    again, report = Partition.open(PartitionLog.open(store, DIRECTORY, CONFIG, 0)[0])
     assert report.snapshot_offset is None and good in report.snapshots_dropped
     assert report.batches_replayed == 5
     same(again)
@@ -214,7 +214,7 @@ def test_read_committed_sees_exactly_the_committed_and_plain_records(operations,
                                producer_epoch=0 if builder_pid >= 0 else -1, base_sequence=seq,
                                transactional=builder_pid >= 0)
         builder.append(1_000, None, value)
-        appended = state.append(builder.build(), 0, allow)
+        appended = state.append_as_leader(builder.build(), 0, allow)
         if appended.info is None:
             continue
         if builder_pid < 0:

@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from rivven_broker.coordinator.producer_state import ProducerStateManager
+from rivven_broker.storage.producer_state import ProducerStateManager
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.records.control import ControlType
 from rivven_broker.storage.memory_store import MemoryFileStore
@@ -28,7 +28,7 @@ from rivven_broker.storage.txn_index import (
     TxnIndexFile,
     decode_index,
 )
-from tests.unit.coordinator.test_producer_state import Log, header
+from tests.unit.storage.test_producer_state import Log, header
 
 
 def test_an_open_transaction_holds_back_the_last_stable_offset():

@@ -14,7 +14,7 @@ import crc32c
 import msgpack
 import pytest
 
-from rivven_broker.coordinator.producer_state import (
+from rivven_broker.storage.producer_state import (
     SEQUENCE_MAX,
     CorruptSnapshotError,
     ProducerStateManager,
