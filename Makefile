@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 # compat: the checkout goes on sys.path, where Spark finds the pyspark_rivven shim.
-	$(PY) -m pip install --quiet -e '.[dev,bench,spark]' --config-settings editable_mode=compat
+	$(PY) -m pip install --quiet -e '.[dev,bench,spark,connect]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 # Spark's Python workers (tests/spark) must run this venv's interpreter, on loopback.

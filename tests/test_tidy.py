@@ -17,7 +17,7 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PACKAGES = ("rivven_broker", "rivven_cluster", "rivven_spark", "sim")
+PACKAGES = ("rivven_broker", "rivven_cluster", "rivven_connect", "rivven_spark", "sim")
 
 # Which of our packages each package may import (besides itself). Most specific prefix wins.
 # A leaf that imports nothing of ours: the FileRegion that storage makes, the codec packs and
@@ -52,6 +52,14 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
         "rivven_broker.process_memory",  # a leaf: the C allocator setting, imports nothing
     },
     "sim": {"rivven_broker", "rivven_cluster", "sim"},
+    # The connector runtime talks to the broker only through the client; its core only needs
+    # the broker's name rules.
+    "rivven_connect": {
+        "rivven_broker.client",
+        "rivven_broker.protocol",
+        "rivven_broker.records",
+    },
+    "rivven_connect.core": {"rivven_broker.protocol"},
 }
 
 # Pure cores: no I/O or concurrency imports at all. (Drivers inside these packages are listed
@@ -62,6 +70,7 @@ PURE_PACKAGES = (
     "rivven_broker.storage",
     "rivven_broker.coordinator",
     "rivven_cluster",
+    "rivven_connect.core",
 )
 PURE_EXEMPT = {
     "rivven_broker.storage.file_store": "the real FileStore: the one storage module doing os I/O",
@@ -70,6 +79,9 @@ PURE_EXEMPT = {
                                        "events; appends and reads never await",
 }
 IO_MODULES = {"trio", "socket", "threading", "time", "asyncio", "selectors", "select"}
+# Cores that are stricter still: the environment and randomness come in as arguments (the
+# connector core takes an env mapping and a jitter callable from its driver).
+PURE_EXTRA_BANNED = {"rivven_connect.core": {"os", "random"}}
 
 # Modules allowed to touch real time, real randomness, threads and sockets: the Env
 # implementations and the drivers that by nature live outside the simulator.
@@ -169,6 +181,8 @@ def test_pure_cores_do_no_io(module: str, path: pathlib.Path):
         return
     tree = ast.parse(path.read_text(), str(path))
     type_only = _is_type_checking_import(tree)
+    stricter = _match(module, PURE_EXTRA_BANNED)
+    banned = IO_MODULES | (PURE_EXTRA_BANNED[stricter] if stricter else set())
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)) and node.lineno not in type_only:
             names = (
@@ -176,7 +190,7 @@ def test_pure_cores_do_no_io(module: str, path: pathlib.Path):
             )
             for name in names:
                 root = (name or "").split(".")[0]
-                assert root not in IO_MODULES, f"pure core {module} imports {name}"
+                assert root not in banned, f"pure core {module} imports {name}"
 
 
 @pytest.mark.parametrize("module,path", MODULES, ids=[m for m, _ in MODULES])
@@ -242,3 +256,10 @@ def test_only_the_adapter_touches_pysyncobj_internals(module: str, path: pathlib
 def test_the_pysyncobj_adapter_is_the_one_that_does():
     path = ROOT / "rivven_broker/server/cluster/pysyncobj_host.py"
     assert "_SyncObj__" in path.read_text() and "pysyncobj.syncobj" in path.read_text()
+
+
+def test_the_connect_core_is_checked_as_a_strict_pure_core():
+    core = [m for m, _ in MODULES if m.startswith("rivven_connect.core")]
+    assert "rivven_connect.core.records" in core
+    assert all(_match(m, PURE_EXTRA_BANNED) == "rivven_connect.core" for m in core)
+    assert {"os", "random", "trio"} <= IO_MODULES | PURE_EXTRA_BANNED["rivven_connect.core"]

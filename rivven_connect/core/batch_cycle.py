@@ -1,0 +1,519 @@
+"""``BatchCycle``: one source's poll → transform → route → admit → produce → side-effect loop,
+as a sans-I/O state machine (``handle(event) -> list[Instruction]``).
+
+Theory of operation
+-------------------
+The driver owns the source, the transactional producer and a timer; it executes the
+instructions it is given, in order, and reports what happened as one event. One batch is in
+flight at a time (the phase says where it is):
+
+``POLLING``
+    ``Poll`` was issued. ``PollCompleted(records)``: records at or below the committed
+    position (``position_key`` orders the source's positions) are replays after a restart
+    and are dropped. Nothing new: if the poll returned only replays, their side effect is run
+    again at the committed position (a crash between commit and side effect left it undone);
+    if it returned nothing, ``Poll`` again.
+``PRODUCING``
+    Each record is routed at the source, transformed (the injected chain; an exception goes
+    to the DLQ under ``errors.tolerance: all``, else the source stops in ``error``) and
+    dispatched (``routing.Router``: admission, ``on_missing_destination``,
+    ``on_admission_failure``). If nothing stops the batch the instructions are
+    ``BeginTransaction``, a ``Send`` per record sent or dead-lettered, a ``Send`` of the
+    source-offset record (key: the source's name, value: the batch's last position) to
+    ``__connect_offsets``, and ``CommitTransaction`` — one list, so the offset record is in
+    the batch's own transaction by construction. The driver answers
+    ``TransactionCommitted`` or ``TransactionFailed`` (which may name per-topic outcomes for
+    the breakers).
+``SIDE_EFFECT``
+    After, and only after, ``TransactionCommitted``: ``RunSideEffect(position)`` (the slot
+    advance, the deferred ``DELETE``). ``SideEffectCompleted`` → the next ``Poll``.
+``BACKING_OFF``
+    A retriable failure (the transaction, a side effect, a routing error for an open
+    breaker): ``AbortTransaction`` if one was begun, then ``WakeAt`` a backoff of
+    ``backoff_base_ms`` · 2^(failures-1), capped at ``backoff_max_ms`` (30 s), of which the
+    upper half is jitter from the injected ``jitter()`` in [0, 1). ``TimerFired`` retries the
+    same polled batch from routing (or the same side effect). ``commit_failure_threshold``
+    (16) failures in a row make the status ``degraded`` (retrying, not progressing); one
+    success makes it ``running`` again. A non-retriable error makes it ``error`` (``Halt``).
+``DONE``
+    ``Halt`` was issued (``stopped`` or ``error``); later events are ignored.
+
+``StopRequested`` (SIGTERM): with a transaction or a side effect in flight the cycle lets it
+finish (a committed batch still gets its side effect), then halts ``stopped``; while polling
+or backing off it halts at once. Nothing uncommitted is lost: the source replays it after a
+restart, because its side effect never ran.
+
+Exactly-once, as this core enforces it: records and the offset record commit atomically; the
+side effect runs only for committed positions; a restart filters what the offsets topic says
+was committed. So a record reaches ``read_committed`` readers once, whatever crashes between
+the steps (docs/connect.md).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Callable, Union
+
+import attrs
+
+from rivven_connect.core.admission import SendOutcome
+from rivven_connect.core.config import OFFSETS_TOPIC
+from rivven_connect.core.records import Destination, Record
+from rivven_connect.core.routing import Action, Router
+
+__all__ = [
+    "AbortTransaction",
+    "BatchCycle",
+    "BeginTransaction",
+    "CommitTransaction",
+    "CycleStatus",
+    "Event",
+    "Halt",
+    "Instruction",
+    "Phase",
+    "Poll",
+    "PollCompleted",
+    "RunSideEffect",
+    "Send",
+    "SideEffectCompleted",
+    "SideEffectFailed",
+    "Status",
+    "StopRequested",
+    "TimerFired",
+    "TransactionCommitted",
+    "TransactionFailed",
+    "WakeAt",
+    "backoff_base_ms",
+    "backoff_max_ms",
+    "batch_records_max",
+    "commit_failure_threshold",
+]
+
+#: Failed attempts in a row after which the status is ``degraded``.
+commit_failure_threshold = 16
+backoff_base_ms = 100
+backoff_max_ms = 30_000
+#: The most records one poll may deliver (the source's batch size must stay below).
+batch_records_max = 100_000
+
+
+class Status(enum.Enum):
+    RUNNING = "running"
+    DEGRADED = "degraded"
+    ERROR = "error"
+    STOPPED = "stopped"
+
+
+class Phase(enum.Enum):
+    NEW = "new"
+    POLLING = "polling"
+    PRODUCING = "producing"
+    SIDE_EFFECT = "side_effect"
+    BACKING_OFF = "backing_off"
+    DONE = "done"
+
+
+# --- events (driver -> core) ------------------------------------------------------------------
+
+
+@attrs.frozen
+class PollCompleted:
+    records: tuple[Record, ...]
+    now_ms: int
+
+
+@attrs.frozen
+class TransactionCommitted:
+    batch_id: int
+    now_ms: int
+
+
+@attrs.frozen
+class TransactionFailed:
+    batch_id: int
+    error: str
+    retriable: bool
+    now_ms: int
+    #: Per-topic outcomes the driver could attribute (else the topic gets no verdict).
+    topic_outcomes: tuple[tuple[str, SendOutcome], ...] = ()
+
+
+@attrs.frozen
+class SideEffectCompleted:
+    batch_id: int
+    now_ms: int
+
+
+@attrs.frozen
+class SideEffectFailed:
+    batch_id: int
+    error: str
+    now_ms: int
+
+
+@attrs.frozen
+class TimerFired:
+    now_ms: int
+
+
+@attrs.frozen
+class StopRequested:
+    now_ms: int
+
+
+Event = Union[PollCompleted, TransactionCommitted, TransactionFailed, SideEffectCompleted,
+              SideEffectFailed, TimerFired, StopRequested]
+
+
+# --- instructions (core -> driver) ------------------------------------------------------------
+
+
+@attrs.frozen
+class Poll:
+    """Ask the source for the next records (it may wait for some)."""
+
+
+@attrs.frozen
+class BeginTransaction:
+    batch_id: int
+
+
+@attrs.frozen
+class Send:
+    batch_id: int
+    record: Record
+
+
+@attrs.frozen
+class CommitTransaction:
+    batch_id: int
+
+
+@attrs.frozen
+class AbortTransaction:
+    batch_id: int
+
+
+@attrs.frozen
+class RunSideEffect:
+    """The source's post-commit step for everything up to ``position`` (committed)."""
+
+    batch_id: int
+    position: Any
+
+
+@attrs.frozen
+class WakeAt:
+    at_ms: int
+
+
+@attrs.frozen
+class Halt:
+    status: Status
+
+
+Instruction = Union[Poll, BeginTransaction, Send, CommitTransaction, AbortTransaction,
+                    RunSideEffect, WakeAt, Halt]
+
+
+@attrs.frozen
+class CycleStatus:
+    """The status snapshot (``GET /connectors/NAME/status``)."""
+
+    state: Status
+    phase: Phase
+    last_error: str | None
+    position: Any
+    records: int
+    batches: int
+    consecutive_failures: int
+    dropped: int
+    dead_lettered: int
+
+
+@attrs.define
+class _Batch:
+    batch_id: int
+    records: tuple[Record, ...]  # as polled, replays removed
+    last_position: Any
+    transaction_open: bool = False
+    #: Records sent per admitted topic in the current attempt.
+    topics: dict[str, int] = attrs.Factory(dict)
+    sent: int = 0
+    dropped: int = 0
+    dead_lettered: int = 0
+
+
+class BatchCycle:
+    """The batch cycle of one source (see the module docstring). Pure; never blocks."""
+
+    def __init__(
+        self,
+        router: Router,
+        transform: Callable[[Record], Record | None],
+        jitter: Callable[[], float],
+        *,
+        stored_position: Any = None,
+        position_key: Callable[[Any], Any] = lambda position: position,
+        offsets_topic: str = OFFSETS_TOPIC,
+    ) -> None:
+        self.router = router
+        self.source = router.source
+        self.transform = transform
+        self.jitter = jitter
+        self.position_key = position_key
+        self.offsets_topic = offsets_topic
+        #: The last position committed with a batch (or read from the offsets topic).
+        self.committed_position = stored_position
+        self.phase = Phase.NEW
+        self.state = Status.RUNNING
+        self.last_error: str | None = None
+        self.consecutive_failures = 0
+        self.stopping = False
+        self.batch: _Batch | None = None
+        self.next_batch_id = 1
+        self.records_committed = 0
+        self.batches_committed = 0
+        self.dropped = 0
+        self.dead_lettered = 0
+        #: Where ``TimerFired`` resumes: a batch attempt (PRODUCING) or its side effect.
+        self._resume_phase = Phase.PRODUCING
+
+    # --- the entry points ---------------------------------------------------------------------
+    def start(self) -> list[Instruction]:
+        assert self.phase is Phase.NEW
+        self.phase = Phase.POLLING
+        return [Poll()]
+
+    def handle(self, event: Event) -> list[Instruction]:
+        """The instructions that follow ``event``. Asserts the event fits the phase."""
+        if self.phase is Phase.DONE:
+            return []
+        if isinstance(event, StopRequested):
+            out = self._on_stop()
+        elif isinstance(event, PollCompleted):
+            assert self.phase is Phase.POLLING
+            out = self._on_polled(event)
+        elif isinstance(event, TransactionCommitted):
+            self._assert_current(event.batch_id, Phase.PRODUCING)
+            out = self._on_committed(event)
+        elif isinstance(event, TransactionFailed):
+            self._assert_current(event.batch_id, Phase.PRODUCING)
+            out = self._on_transaction_failed(event)
+        elif isinstance(event, SideEffectCompleted):
+            self._assert_current(event.batch_id, Phase.SIDE_EFFECT)
+            out = self._after_side_effect()
+        elif isinstance(event, SideEffectFailed):
+            self._assert_current(event.batch_id, Phase.SIDE_EFFECT)
+            out = self._retry_later(f"side effect failed: {event.error}", event.now_ms)
+        else:
+            assert isinstance(event, TimerFired) and self.phase is Phase.BACKING_OFF
+            out = self._on_timer(event.now_ms)
+        self.check_invariants()
+        return out
+
+    def status(self) -> CycleStatus:
+        return CycleStatus(
+            state=self.state, phase=self.phase, last_error=self.last_error,
+            position=self.committed_position, records=self.records_committed,
+            batches=self.batches_committed, consecutive_failures=self.consecutive_failures,
+            dropped=self.dropped, dead_lettered=self.dead_lettered)
+
+    def _assert_current(self, batch_id: int, phase: Phase) -> None:
+        assert self.phase is phase, (self.phase, phase)
+        assert self.batch is not None and self.batch.batch_id == batch_id
+
+    # --- polling ------------------------------------------------------------------------------
+    def _on_polled(self, event: PollCompleted) -> list[Instruction]:
+        polled = event.records
+        assert len(polled) <= batch_records_max
+        keys = [self.position_key(record.position) for record in polled]
+        assert all(record.position is not None for record in polled)
+        assert all(a <= b for a, b in zip(keys, keys[1:])), "positions go backwards"
+        if not polled:
+            return [Poll()]
+        fresh = tuple(record for record, key in zip(polled, keys) if self._is_new(key))
+        batch_id = self.next_batch_id
+        self.next_batch_id += 1
+        if not fresh:  # only replays: redo the side effect of what is committed
+            self.batch = _Batch(batch_id, (), self.committed_position)
+            self.phase = Phase.SIDE_EFFECT
+            return [RunSideEffect(batch_id, self.committed_position)]
+        self.batch = _Batch(batch_id, fresh, fresh[-1].position)
+        return self._produce(event.now_ms)
+
+    def _is_new(self, key: Any) -> bool:
+        return self.committed_position is None or key > self.position_key(
+            self.committed_position)
+
+    # --- producing ----------------------------------------------------------------------------
+    def _produce(self, now_ms: int) -> list[Instruction]:
+        batch = self.batch
+        assert batch is not None and not batch.transaction_open
+        batch.topics, batch.sent, batch.dropped, batch.dead_lettered = {}, 0, 0, 0
+        self.phase = Phase.PRODUCING
+        sends: list[Instruction] = []
+        for polled in batch.records:
+            record, dead_letter, problem = self._transformed(polled)
+            if problem is not None:
+                self._release_topics(now_ms)
+                return self._halt_error(problem)
+            if dead_letter is not None:  # the transform failed: straight to the DLQ
+                batch.dead_lettered += 1
+                sends.append(Send(batch.batch_id, dead_letter))
+                continue
+            if record is None:  # filtered out by the chain
+                batch.dropped += 1
+                continue
+            verdict = self.router.dispatch(record, batch.batch_id, now_ms)
+            if verdict.action is Action.ERROR:
+                assert verdict.error is not None
+                self._release_topics(now_ms)
+                if verdict.retriable:
+                    return self._retry_later(verdict.error, now_ms)
+                return self._halt_error(verdict.error)
+            if verdict.action is Action.DROP:
+                batch.dropped += 1
+                continue
+            assert verdict.record is not None and verdict.record.destination is not None
+            if verdict.action is Action.SEND:
+                topic = verdict.record.destination.topic
+                batch.topics[topic] = batch.topics.get(topic, 0) + 1
+                batch.sent += 1
+            else:
+                batch.dead_lettered += 1
+            sends.append(Send(batch.batch_id, verdict.record))
+        batch.transaction_open = True
+        return [BeginTransaction(batch.batch_id), *sends,
+                Send(batch.batch_id, self._offset_record(batch.last_position)),
+                CommitTransaction(batch.batch_id)]
+
+    def _transformed(self, polled: Record) -> tuple[Record | None, Record | None, str | None]:
+        """(the record after source routing and the transform chain — None if the chain
+        filtered it —, its dead letter if a transform failed under ``errors.tolerance: all``,
+        the problem that stops the source if one failed otherwise)."""
+        record = self.router.route_at_source(polled)
+        try:
+            return self.transform(record), None, None
+        except Exception as error:  # a transform's failure is data: dead-lettered or fatal
+            message = f"{type(error).__name__}: {error}"
+            if self.source.errors_tolerance != "all":
+                return None, None, f"transform failed at position {polled.position!r}: {message}"
+            dead = self.router.dead_letter(
+                record, stage="transform", reason="transform_error", error=message,
+                original_topic=None if record.destination is None else record.destination.topic)
+            return None, dead, None
+
+    def _offset_record(self, position: Any) -> Record:
+        name = self.source.name
+        return Record(value={"connector": name, "position": position}, key=name,
+                      destination=Destination(self.offsets_topic, key=name.encode()),
+                      position=position)
+
+    def _on_committed(self, event: TransactionCommitted) -> list[Instruction]:
+        batch = self.batch
+        assert batch is not None and batch.transaction_open
+        batch.transaction_open = False
+        self.committed_position = batch.last_position
+        self.records_committed += batch.sent
+        self.batches_committed += 1
+        self.dropped += batch.dropped
+        self.dead_lettered += batch.dead_lettered
+        for topic, count in batch.topics.items():
+            self.router.admission.record_outcome(topic, SendOutcome.DELIVERED, event.now_ms,
+                                                 records=count)
+        self.consecutive_failures = 0
+        self.state = Status.RUNNING
+        self.last_error = None
+        self.phase = Phase.SIDE_EFFECT
+        return [RunSideEffect(batch.batch_id, batch.last_position)]
+
+    def _on_transaction_failed(self, event: TransactionFailed) -> list[Instruction]:
+        batch = self.batch
+        assert batch is not None and batch.transaction_open
+        batch.transaction_open = False
+        attributed = dict(event.topic_outcomes)
+        for topic in batch.topics:
+            outcome = attributed.get(topic, SendOutcome.NO_VERDICT)
+            assert outcome is not SendOutcome.DELIVERED
+            self.router.admission.record_outcome(topic, outcome, event.now_ms, error=event.error)
+        abort: list[Instruction] = [AbortTransaction(batch.batch_id)]
+        if not event.retriable:
+            return abort + self._halt_error(f"transaction failed: {event.error}")
+        return abort + self._retry_later(f"transaction failed: {event.error}", event.now_ms)
+
+    def _release_topics(self, now_ms: int) -> None:
+        """The attempt stopped before its transaction: no topic gets a verdict."""
+        batch = self.batch
+        assert batch is not None
+        for topic in batch.topics:
+            self.router.admission.record_outcome(topic, SendOutcome.NO_VERDICT, now_ms)
+        batch.topics = {}
+
+    # --- after the commit ---------------------------------------------------------------------
+    def _after_side_effect(self) -> list[Instruction]:
+        self.batch = None
+        if self.stopping:
+            return self._halt(Status.STOPPED)
+        self.phase = Phase.POLLING
+        return [Poll()]
+
+    # --- failures, stopping -------------------------------------------------------------------
+    def _retry_later(self, error: str, now_ms: int) -> list[Instruction]:
+        self.last_error = error
+        self.consecutive_failures += 1
+        if self.consecutive_failures >= commit_failure_threshold:
+            self.state = Status.DEGRADED
+        if self.stopping:
+            return self._halt(Status.STOPPED)
+        ceiling_ms = min(backoff_max_ms,
+                         backoff_base_ms << min(self.consecutive_failures - 1, 20))
+        jitter = self.jitter()
+        assert 0.0 <= jitter < 1.0
+        delay_ms = ceiling_ms // 2 + int(jitter * (ceiling_ms - ceiling_ms // 2))
+        assert 0 < delay_ms <= backoff_max_ms
+        self._resume_phase = self.phase  # PRODUCING (a batch attempt) or SIDE_EFFECT
+        self.phase = Phase.BACKING_OFF
+        return [WakeAt(now_ms + delay_ms)]
+
+    def _on_timer(self, now_ms: int) -> list[Instruction]:
+        batch = self.batch
+        assert batch is not None
+        if self._resume_phase is Phase.SIDE_EFFECT:
+            self.phase = Phase.SIDE_EFFECT
+            return [RunSideEffect(batch.batch_id, self.committed_position)]
+        return self._produce(now_ms)
+
+    def _on_stop(self) -> list[Instruction]:
+        self.stopping = True
+        if self.phase in (Phase.PRODUCING, Phase.SIDE_EFFECT):
+            return []  # the batch in flight finishes first
+        return self._halt(Status.STOPPED)
+
+    def _halt_error(self, error: str) -> list[Instruction]:
+        self.last_error = error
+        return self._halt(Status.ERROR)
+
+    def _halt(self, status: Status) -> list[Instruction]:
+        self.state = status
+        self.phase = Phase.DONE
+        return [Halt(status)]
+
+    # --- invariants ---------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        batch = self.batch
+        if self.phase is Phase.POLLING:
+            assert batch is None
+        if self.phase is Phase.PRODUCING:
+            assert batch is not None and batch.transaction_open and batch.records
+        if batch is not None and batch.transaction_open:
+            assert self.phase is Phase.PRODUCING
+        if self.phase is Phase.SIDE_EFFECT:
+            assert batch is not None and batch.last_position == self.committed_position
+        if self.state in (Status.RUNNING, Status.DEGRADED):
+            assert (self.state is Status.DEGRADED) == (
+                self.consecutive_failures >= commit_failure_threshold)
+            assert self.phase is not Phase.DONE
+        else:
+            assert self.phase is Phase.DONE
+        self.router.admission.check_invariants()
