@@ -35,7 +35,10 @@ from rivven_connect.core.transforms import options as opt
 from rivven_connect.core.transforms.cdc import is_envelope
 from rivven_connect.core.transforms.errors import TransformConfigError
 
-__all__ = ["EventRouter"]
+__all__ = ["DEFAULT_TOPIC_TEMPLATE", "EventRouter", "header_bytes"]
+
+#: Debezium's default: one topic per aggregate type.
+DEFAULT_TOPIC_TEMPLATE = "outbox.event.{aggregatetype}"
 
 
 def _template(raw: Any, where: str) -> tuple[str, tuple[str, ...]]:
@@ -77,7 +80,7 @@ class EventRouter:
     """Route outbox rows to per-aggregate topics (see the module docstring)."""
 
     TYPE: ClassVar[str] = "EventRouter"
-    topic_template: str = "outbox.event.{aggregatetype}"
+    topic_template: str = DEFAULT_TOPIC_TEMPLATE
     template_columns: tuple[str, ...] = ("aggregatetype",)
     field_event_id: str = "id"
     field_event_key: str = "aggregateid"
@@ -93,7 +96,7 @@ class EventRouter:
         ``field_event_type``, ``field_payload``, ``expand_json_payload``,
         ``additional_headers``, ``on_update`` (``drop``/``error``); all have defaults."""
         template, columns = options.optional(
-            "topic_template", _template, (cls.topic_template, cls.template_columns))
+            "topic_template", _template, _template(DEFAULT_TOPIC_TEMPLATE, "default"))
         return cls(
             topic_template=template,
             template_columns=columns,
