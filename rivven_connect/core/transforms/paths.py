@@ -1,4 +1,5 @@
-"""Dotted paths into JSON-like values: ``after.customer.id`` reaches ``v["after"]["customer"]["id"]``.
+"""Dotted paths into JSON-like values: ``after.customer.id`` reaches
+``v["after"]["customer"]["id"]``.
 
 Grammar (checked once, at config time, by ``parse_path``): one or more non-empty segments
 joined by ``.``; a segment is an object key taken literally. There is no array indexing and no
