@@ -80,11 +80,12 @@ class Options:
         """Option ``name`` through ``parse``; ``TransformConfigError`` if absent or bad."""
         self._read.add(name)
         if name not in self.raw:
-            for given in self.raw:
-                if given not in self._read and did_you_mean(name, [str(given)]):
-                    raise TransformConfigError(self.where(str(given)),
-                                               f"unknown option (did you mean {name!r}?)")
-            raise TransformConfigError(self.where(name), "is required")
+            # A close unread option is likely a typo of this one; but it may also be a real
+            # option read later (``key_field`` next to ``field``), so it is only a hint.
+            unread = [str(given) for given in self.raw if given not in self._read]
+            typo = difflib.get_close_matches(name, unread, n=1, cutoff=0.8)
+            hint = f" (is {typo[0]!r} a misspelling of it?)" if typo else ""
+            raise TransformConfigError(self.where(name), "is required" + hint)
         return parse(self.raw[name], self.where(name))
 
     def optional(self, name: str, parse: Parser[T], default: T) -> T:

@@ -35,7 +35,11 @@ CONFIG_ERRORS = [
      f"{T}[0].delimeter: unknown option (did you mean 'delimiter'?)"),
     ([{"type": "Flatten", "colour": "red"}], f"{T}[0].colour: unknown option"),
     ([{"type": "Cast", "feilds": {"a": "int"}}],
-     f"{T}[0].feilds: unknown option (did you mean 'fields'?)"),
+     f"{T}[0].fields: is required (is 'feilds' a misspelling of it?)"),
+    ([{"type": "Route", "key_field": "k", "mapping": {"x": "t"}}],
+     f"{T}[0].field: is required"),                 # key_field is an option, not a typo
+    ([{"type": "Route", "field": "k", "mapping": {"x": "t"}, "key_fields": "k"}],
+     f"{T}[0].key_fields: unknown option (did you mean 'key_field'?)"),
     ([{"type": "Cast"}], f"{T}[0].fields: is required"),
     ([{"type": "Cast", "fields": {"a": "integer"}}],
      f"{T}[0].fields.a: must be one of int, float, str, bool, bytes, not 'integer' (did you "
@@ -214,3 +218,9 @@ def test_programmer_errors_are_not_wrapped():
     with pytest.raises(TransformError) as caught:
         Chain((Step(0, _Broken(KeyError("x"))),)).apply(Record({}))
     assert caught.value.transform_type == "Broken"
+
+
+def test_a_later_option_is_not_taken_for_a_typo_of_a_required_one():
+    with pytest.raises(TransformConfigError) as caught:
+        build_chain([{"type": "Route", "key_field": "k", "mapping": {"x": "t"}}], path=PATH)
+    assert str(caught.value) == f"{PATH}[0].field: is required"
