@@ -17,9 +17,9 @@ Every problem raises ``ConnectConfigError`` whose message starts with the path o
 offending item, e.g. ``sources.orders_db.routing.admission.topics[0]: ...``; the first problem
 found is reported. Two rules cross keys: a ``Route`` transform together with source routing
 (``by_table`` / ``topic_column``) is refused (who would decide?), and ``topic_column`` needs a
-``default_topic``. A connector's own ``config`` block and each transform's options are passed
-through unchecked (their owners validate them); only a transform's ``type`` and the shape of
-its ``predicate`` are looked at here.
+``default_topic``. A connector's own ``config`` block is passed through unchecked (its
+connector validates it); the transforms are checked whole by ``transforms.build_chain``
+(every type, option and predicate), whose errors come out as ``ConnectConfigError`` too.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import yaml
 
 from rivven_broker.protocol import limits
 from rivven_broker.protocol.names import group_id_error, topic_name_error
+from rivven_connect.core.transforms import TransformConfigError, build_chain
 from rivven_connect.core.admission import (
     AdmissionConfig,
     AdmissionMode,
@@ -385,6 +386,10 @@ def _source(name: str, raw: object, path: str) -> SourceConfig:
         _fail(f"{path}.transforms[{routes[0]}]",
               "a Route transform and source routing (routing.by_table / routing.topic_column) "
               "both set destinations; configure one of them")
+    try:  # every type, option and predicate of every transform, before anything runs
+        build_chain(list(transforms), path=f"{path}.transforms")
+    except TransformConfigError as exc:
+        raise ConnectConfigError(exc.path, exc.reason) from exc
     return SourceConfig(name=name, connector=connector, topic=topic, config=config,
                         transforms=transforms, routing=routing, errors_tolerance=tolerance,
                         mode=mode)

@@ -22,7 +22,7 @@ sources:
               publication_name: rivven_pub, tables: [public.orders],
               snapshot: { mode: initial } }
     transforms:
-      - { type: ExtractNewRecordState, predicate: { type: TopicNameMatches, pattern: x } }
+      - { type: ExtractNewRecordState, predicate: { table: orders } }
     routing:
       admission: { mode: allowlist, topics: ["cdc.public.*"], max_destinations: 8 }
       dlq_topic: connect.dlq
@@ -98,11 +98,16 @@ BAD = [
     (_src(topic="a/b"), {}, "sources.s.topic", "legal topic name"),
     (_src(topic="cdc.{db}"), {}, "sources.s.topic", "{schema} and {table}"),
     (_src(transforms=[{"predicate": {}}]), {}, "sources.s.transforms[0].type", "required"),
+    (_src(transforms=[{"type": "MaskField", "feilds": ["a"]}]), {},
+     "sources.s.transforms[0].fields", "misspelling"),  # checked whole by build_chain
     (_src(transforms=[{"type": "X", "predicate": "p"}]), {},
      "sources.s.transforms[0].predicate", "mapping"),
-    (_src(transforms=[{"type": "Filter"}, {"type": "Route"}], routing={"by_table": "t.{table}"}),
+    (_src(transforms=[{"type": "Filter", "predicate": {"operation": ["d"]}},
+                      {"type": "Route", "field": "k", "mapping": {"a": "t.a"}}],
+          routing={"by_table": "t.{table}"}),
      {}, "sources.s.transforms[1]", "Route transform and source routing"),
-    (_src(transforms=[{"type": "Route"}], routing={"topic_column": "c", "default_topic": "d"}),
+    (_src(transforms=[{"type": "Route", "field": "k", "mapping": {"a": "t.a"}}],
+          routing={"topic_column": "c", "default_topic": "d"}),
      {}, "sources.s.transforms[0]", "configure one"),
     (_routing(admission={"mode": "allowlist", "topics": ["ok.*", "*"]}), {},
      "sources.s.routing.admission.topics[1]", "use mode: open"),
