@@ -447,7 +447,15 @@ class Broker:
                 now_ms = self.env.clock.wall_ms()
                 for (topic, partition), plog in logs.logs():
                     try:
-                        deleted = plog.apply_retention(now_ms)
+                        # Decided on the loop; the unlinks and the directory fsync off it.
+                        removal = plog.plan_retention(now_ms)
+                        deleted = 0
+                        if removal is not None:
+                            try:
+                                await self.env.run_sync(removal.run)
+                            finally:
+                                plog.finish_removal(removal)
+                            deleted = removal.segments
                     except SyncFailedError:
                         raise
                     except (StorageError, OSError) as exc:  # that partition's requests say so

@@ -14,7 +14,9 @@ fsynced, so recovery only sanity-checks them). Each lives in its own 18-byte fil
 
 A checkpoint is replaced by writing ``<name>.tmp``, fsyncing it, renaming it over ``<name>``
 and fsyncing the directory, so a crash leaves either the old or the new value (a leftover
-``.tmp`` is deleted by recovery). ``read_checkpoint`` returns ``None`` for a missing file and
+``.tmp`` is deleted by recovery). ``stage_checkpoint`` does the first step only, under a name
+of its own, for a caller that fsyncs the file elsewhere (the group commit) and renames it
+later (the partition log's recovery point). ``read_checkpoint`` returns ``None`` for a missing file and
 raises ``CorruptLogError`` for a damaged one: a checkpoint is only ever replaced whole, so damage
 means the disk lied, and guessing could lose acknowledged data.
 """
@@ -35,6 +37,7 @@ __all__ = [
     "TMP_SUFFIX",
     "read_checkpoint",
     "write_checkpoint",
+    "stage_checkpoint",
     "encode_checkpoint",
 ]
 
@@ -105,3 +108,23 @@ def write_checkpoint(store: FileStore, directory: str, name: str, value: int) ->
         store.close(handle)
     store.rename(tmp, path)
     store.fsync_dir(directory)
+
+
+def stage_checkpoint(store: FileStore, directory: str, name: str, value: int,
+                     tag: str) -> tuple[int, str]:
+    """Write ``value`` to ``directory/name.<tag>.tmp`` (not synced) for a later rename over
+    ``name``; returns the open handle and that path. The caller fsyncs the handle before the
+    rename, fsyncs the directory after it, and closes the handle. Blocks on file writes.
+
+    Raises:
+        OSError: the store failed (no handle is left open).
+    """
+    tmp = posixpath.join(directory, f"{name}.{tag}{TMP_SUFFIX}")
+    handle = store.open(tmp)
+    try:
+        store.truncate(handle, 0)
+        store.pwrite(handle, encode_checkpoint(value), 0)
+    except BaseException:
+        store.close(handle)
+        raise
+    return handle, tmp

@@ -9,8 +9,9 @@ reads, writes, syncs and truncates through it. Production uses ``OsFileStore`` (
 every write that was not synced and may tear the last one.
 
 Paths are ``/``-separated and relative to the store's root. Handles are small integers (file
-descriptors in the OS store). ``fsync`` is the only call that may run on a worker thread, and it
-only touches the handle it is given: everything else happens on the caller's thread.
+descriptors in the OS store). ``fsync`` (of the handle it is given), ``fsync_dir`` and
+``remove`` (of names no handle-holding code uses any more: retention's ``*.deleted`` files) are
+the only calls that may run on a worker thread; everything else happens on the caller's thread.
 
 Semantics every implementation keeps (the partition log relies on them):
 - ``pwrite`` writes all bytes or raises ``OSError``; data is visible to ``pread`` at once.

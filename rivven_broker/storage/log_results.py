@@ -41,12 +41,17 @@ class ReadResult:
 
 @attrs.frozen(eq=False)
 class SyncTicket:
-    """One group-commit step: fsync every handle, then ``complete_sync``."""
+    """One group-commit step: fsync every handle, then ``directory`` (when set) with
+    ``fsync_dir``, then ``complete_sync``."""
 
     handles: tuple[int, ...]
     end_offset: int
     ticket_id: int
     segment_versions: tuple[tuple[int, int], ...] = ()  # (base, version) of rolled segments
+    #: The log's directory when names in it changed (a roll's new segment, retention): the
+    #: sync makes them durable too. ``directory_generation`` says which changes it covers.
+    directory: str | None = None
+    directory_generation: int = 0
 
 
 @attrs.frozen

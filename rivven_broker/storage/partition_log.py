@@ -6,7 +6,8 @@ A partition log is a list of segments (``segment.py``) covering dense offsets
 ``[log_start_offset, log_end_offset)``; only the last one, the *active* segment, grows. The log
 does all I/O through its ``FileStore`` and takes ``now_ms`` as an argument: no clocks, threads
 or trio here. It is not thread-safe: one owner calls it, and only ``store.fsync`` on the handles
-of a ``SyncTicket`` may run elsewhere meanwhile.
+of a ``SyncTicket`` (and ``fsync_dir`` of its directory) and ``SegmentRemoval.run`` may run
+elsewhere meanwhile.
 
 Appending: every batch of the request is validated first (size, magic, counts, CRC); one bad
 batch rejects the whole request. The log then rolls if the active segment is full
@@ -26,14 +27,39 @@ Durability (group commit): appends dirty the active segment. ``begin_sync`` hand
 last sync, its ``.log`` and both indexes) and the offset it covers; a worker thread fsyncs them;
 ``complete_sync`` then raises ``durable_offset``. The active segment's indexes are never fsynced
 with the data: recovery rebuilds them. Index entries are buffered in memory and written in one
-write per index file at each ``begin_sync``, roll, truncation and close. A new segment's directory entry is made durable by an
-``fsync_dir`` at roll time, before anything in it can be reported durable. While a ticket is
-out, segments removed by retention, ``delete_records`` or ``truncate_to`` keep their handles
-open (a closed fd could be reused under the worker) until the last ticket completes.
+write per index file at each ``begin_sync``, roll, truncation and close.
 
-Recovery point: at each roll the log records, in ``recovery-point.checkpoint``, the end of the
-prefix of segments whose log and indexes a completed sync covered; ``close`` records the log end
-offset. Recovery trusts segments below it (``recovery.py``). ``truncate_to`` lowers it first.
+Directory changes ride the group commit: nothing on the append path fsyncs. A roll records a
+*directory change* whose floor is the new segment's base; ``begin_sync`` then names the
+directory in the ticket (``SyncTicket.directory``), the worker fsyncs it after the ticket's
+handles in the same off-loop call, and ``complete_sync`` drops the changes that fsync covered.
+Until then ``durable_offset`` never passes the floor: a power loss between the roll and the
+group commit may lose the new segment's name, and with it only offsets never reported durable
+(recovery ends the log at the old segment, as for any unsynced tail). Tickets begun before the
+roll end at or below the floor anyway. Under ``interval``/``none`` the change waits for the
+next group (or ``close``/``flush``). While a ticket is out, segments removed by
+``delete_records`` or ``truncate_to`` keep their handles open (a closed fd could be reused
+under the worker) until the last ticket completes; retention closes a removed segment's
+handles at once unless a ticket out names it.
+
+Retention (``plan_retention``, on the owner's thread) only decides and renames: the deleted
+segments leave the list, the log start moves up to the first remaining one, their files become
+``*.deleted``. ``SegmentRemoval.run`` (off the loop) unlinks them and fsyncs the directory.
+No log-start checkpoint is needed: recovery deletes a ``*.deleted`` file and every segment at
+or below its base, and starts the log at its first segment, so any subset of the renames on
+disk reads as "deleted"; none of them is the log as it was. A deleted segment whose data was
+never synced would come back damaged and be cut along with every later segment, so then the
+removal is a directory change with the new start as its floor: nothing later counts as durable
+before a directory fsync covers the renames. If the first remaining segment's own name is not
+durable yet (a fresh roll), planning fsyncs the directory inline first.
+
+Recovery point: after each roll, the next ticket carries the end of the prefix of segments
+whose log and indexes a completed sync covered, written to a staged checkpoint file whose
+handle the ticket fsyncs; ``complete_sync`` renames it over ``recovery-point.checkpoint`` on
+the owner's thread (ordered against truncations, which cancel a staged value) and the next
+directory fsync makes it durable: either value is true meanwhile. ``close`` records the log
+end offset. Recovery trusts segments below it (``recovery.py``). ``truncate_to`` lowers it
+first.
 
 Failures: if the store fails after the log started to change, the log marks itself failed and
 every later change raises ``LogFailedError`` (reads still work); reopening recovers it. Store
@@ -43,8 +69,11 @@ failures surface as ``StorageError`` subclasses, except in ``open`` (``OSError``
 from __future__ import annotations
 
 import contextlib
+import posixpath
 from bisect import bisect_right
 from typing import Iterator
+
+import attrs
 
 from rivven_broker.protocol import limits
 from rivven_broker.records.header import (
@@ -62,6 +91,7 @@ from rivven_broker.records.header import (
 from rivven_broker.storage.checkpoint import (
     LOG_START_OFFSET_FILE,
     RECOVERY_POINT_FILE,
+    stage_checkpoint,
     write_checkpoint,
 )
 from rivven_broker.storage.errors import (
@@ -76,10 +106,10 @@ from rivven_broker.storage.leader_epochs import LeaderEpochCache
 from rivven_broker.storage.log_config import LogConfig
 from rivven_broker.storage.log_results import AppendInfo, LogStatistics, ReadResult, SyncTicket
 from rivven_broker.storage.recovery import RecoveryReport, recover
-from rivven_broker.storage.segment import Segment, disk_full
+from rivven_broker.storage.segment import DELETED_SUFFIX, Segment, disk_full
 
 __all__ = ["PartitionLog", "AppendInfo", "ReadResult", "SyncTicket", "LogStatistics",
-           "REGION_BATCH_BYTES_MIN"]
+           "SegmentRemoval", "REGION_BATCH_BYTES_MIN"]
 
 _STAMP_BYTES = 16  # base_offset, batch_length, partition_leader_epoch
 #: The least first-batch size for which a zero-copy read names the bytes instead of reading
@@ -87,6 +117,48 @@ _STAMP_BYTES = 16  # base_offset, batch_length, partition_leader_epoch
 REGION_BATCH_BYTES_MIN = 64 * 1024
 #: Offsets and positions in the index are u32; Kafka keeps both below 2**31.
 _RELATIVE_MAX = 2**31 - 1
+_NO_FLOOR = 2**63  # no directory change caps the durable offset
+
+
+@attrs.define(eq=False)
+class SegmentRemoval:
+    """Segments retention took out of a log, whose files still have to go: ``run`` (off the
+    event loop) unlinks their ``*.deleted`` names and fsyncs the directory; then the log's
+    owner calls ``PartitionLog.finish_removal`` on the loop, whether ``run`` ran or not."""
+
+    store: FileStore
+    directory: str
+    paths: tuple[str, ...]  # the renamed files to unlink
+    segments: int  # how many segments retention deleted
+    generation: int  # the log's directory changes up to this one are covered by ``run``
+    done: bool = False
+
+    def run(self) -> None:
+        """Unlink the files and fsync the directory. Blocks on file I/O and one fsync; touches
+        no handle, so it may run on another thread while the log is used.
+
+        A file or the directory already gone is no error: a truncation or the topic's
+        deletion removed it meanwhile.
+
+        Raises:
+            OSError: the store failed.
+        """
+        for path in self.paths:
+            with contextlib.suppress(FileNotFoundError):
+                self.store.remove(path)
+        with contextlib.suppress(FileNotFoundError):
+            self.store.fsync_dir(self.directory)
+        self.done = True
+
+
+@attrs.define(eq=False)
+class _StagedCheckpoint:
+    """A recovery-point checkpoint written ahead, riding a sync ticket (``begin_sync``)."""
+
+    handle: int
+    tmp_path: str
+    value: int
+    cancelled: bool = False  # a truncation came first: never rename it in
 
 
 class PartitionLog:
@@ -108,7 +180,16 @@ class PartitionLog:
         self._durable_offset = segments[-1].next_offset
         self._size_bytes = sum(segment.size for segment in segments)
         self._tickets: dict[int, int] = {}  # ticket id -> end offset it may still claim
+        self._ticket_bases: dict[int, frozenset[int]] = {}  # ticket id -> sealed bases in it
         self._next_ticket_id = 1
+        #: Directory changes not yet fsynced: (generation, floor). Until the generation is
+        #: covered by a directory fsync, ``durable_offset`` stays at or below the floor (None:
+        #: no cap; the change only has to become durable some time).
+        self._directory_changes: list[tuple[int, int | None]] = []
+        self._directory_generation = 0
+        self._staged: dict[int, _StagedCheckpoint] = {}  # ticket id -> recovery point in it
+        self._recovery_point_due = False  # a roll happened: the next ticket records it
+        self._removing: list[str] = []  # ``*.deleted`` names retention has yet to unlink
         self._doomed: list[Segment] = []  # removed while a ticket was out; close later
         self._failed: BaseException | None = None
         self._closed = False
@@ -187,6 +268,7 @@ class PartitionLog:
         ticket, unless the only such data is covered by a ticket still out)."""
         return self._failed is None and (
             self._durable_offset < self.log_end_offset
+            or bool(self._directory_changes)
             or any(not s.synced for s in self._segments[:-1])
         )
 
@@ -211,7 +293,8 @@ class PartitionLog:
     ) -> AppendInfo:
         """Append one or more concatenated record batches; assign their offsets.
 
-        Blocks on file writes (never on fsync, except the rare ``fsync_dir`` of a roll).
+        Blocks on file writes, never on fsync (a roll's directory entry is synced by the
+        next group commit).
 
         Raises:
             InvalidBatchError, CorruptBatchError: a batch is malformed (nothing is appended).
@@ -347,8 +430,9 @@ class PartitionLog:
     def roll(self, now_ms: int) -> None:
         """Start a new active segment at the log end offset (no-op if the active one is empty).
 
-        Blocks on file I/O, including one ``fsync_dir`` (and a checkpoint write when the
-        recovery point advances).
+        Blocks on file I/O, never on fsync: the new segment's directory entry is made durable
+        by the next sync ticket (``begin_sync``), and nothing in the segment counts as durable
+        before that.
 
         Raises:
             LogFailedError: the store failed.
@@ -377,12 +461,28 @@ class PartitionLog:
             start = self._log_start_offset
             while len(self._segments) > 1 and self._segments[0].next_offset <= start:
                 self._delete_first_segment()  # delete_records reached the end of it
-            recovery_point = self._synced_prefix_end()
-            if recovery_point > self._recovery_point and self._checkpoint_if_room(
-                    RECOVERY_POINT_FILE, recovery_point):  # fsyncs the dir
-                self._recovery_point = recovery_point
-            else:
-                self._store.fsync_dir(self._directory)
+            self._directory_changed(new.base_offset)
+            self._recovery_point_due = True
+
+    def _directory_changed(self, floor: int | None) -> None:
+        """Names in the directory changed; until a directory fsync covers that, no offset at
+        or above ``floor`` may be reported durable."""
+        self._directory_generation += 1
+        self._directory_changes.append((self._directory_generation, floor))
+
+    def _directory_synced(self, generation: int) -> None:
+        """A directory fsync that started after change ``generation`` completed."""
+        self._directory_changes = [
+            change for change in self._directory_changes if change[0] > generation]
+
+    def _durable_floor(self) -> int:
+        floors = [floor for _, floor in self._directory_changes if floor is not None]
+        return min(floors, default=_NO_FLOOR)
+
+    def _sync_directory_now(self) -> None:
+        """Inline ``fsync_dir`` covering every change so far (blocking paths only)."""
+        self._store.fsync_dir(self._directory)
+        self._directory_synced(self._directory_generation)
 
     def _synced_prefix_end(self) -> int:
         end = self._recovery_point
@@ -598,25 +698,44 @@ class PartitionLog:
                 self._fail(again)
             raise StorageError(f"delete records of {self._directory}: {again}") from exc
 
-    def _checkpoint_if_room(self, name: str, value: int) -> bool:
-        """Write a checkpoint that may wait (a recovery point); False when the disk is full."""
-        try:
-            self._write_checkpoint(name, value)
-        except OSError as exc:
-            if not disk_full(exc):
-                raise
-            return False
-        return True
-
     def apply_retention(self, now_ms: int) -> int:
-        """Delete the oldest segments (never the active one) that are past ``retention.ms`` by
-        their max timestamp, or not needed to keep ``retention.bytes``. Returns how many.
+        """``plan_retention``, ``SegmentRemoval.run`` and ``finish_removal`` in one call, for
+        callers that may block (tests, tools). Returns how many segments were deleted. Blocks
+        on file I/O and one directory fsync when something is deleted.
 
-        The log start offset moves up to the first remaining segment and is checkpointed
-        before any file goes: a deleted segment that a crash brings back (its removal is not
-        dir-synced; its data may never have been synced) is then deleted again by recovery
-        instead of being scanned and cut, which would take the later segments with it.
-        Blocks on file I/O (a checkpoint write when something is deleted).
+        Raises:
+            LogFailedError: the store failed in the planning step.
+            OSError: the store failed removing the files (the log is consistent).
+        """
+        removal = self.plan_retention(now_ms)
+        if removal is None:
+            return 0
+        try:
+            removal.run()
+        finally:
+            self.finish_removal(removal)
+        return removal.segments
+
+    def plan_retention(self, now_ms: int) -> SegmentRemoval | None:
+        """Take the oldest segments (never the active one) that are past ``retention.ms`` by
+        their max timestamp, or not needed to keep ``retention.bytes``, out of the log; the
+        files left to unlink come back as a ``SegmentRemoval`` (None: nothing to delete).
+
+        On the caller's thread and cheap: the log start offset moves up to the first
+        remaining segment; each file of the deleted segments is renamed to ``*.deleted``
+        (recovery deletes such a name and every segment at or below its base); handles close
+        at once unless a sync ticket out names the segment (then at ``complete_sync``). The
+        caller runs ``removal.run()`` off the event loop (unlink, directory fsync), then
+        ``finish_removal``. No checkpoint is written, and none is needed: recovery starts the
+        log at its first segment when that is above the log-start checkpoint, and the
+        renames make the deleted segments gone for recovery in any order they reach the disk
+        (a crash before any of them did leaves the log as it was before). If a deleted
+        segment's data was never synced (it would come back damaged, and a cut there takes
+        the later segments with it), nothing past the new start counts as durable until a
+        directory fsync covers the renames (``run``'s, or a group commit's).
+
+        Blocks on renames; on an inline ``fsync_dir`` only when the first remaining segment's
+        own directory entry is not durable yet (a roll whose group commit has not run).
 
         Raises:
             LogFailedError: the store failed.
@@ -633,23 +752,46 @@ class PartitionLog:
             doomed += 1
             remaining_bytes -= oldest.size
         if doomed == 0:
-            return 0
+            return None
         start = max(self._log_start_offset, self._segments[doomed].base_offset)
-        if start > self._log_start_offset:
-            try:
-                self._write_checkpoint(LOG_START_OFFSET_FILE, start)
-            except OSError as exc:  # replaced atomically: nothing changed yet
-                if not disk_full(exc):
-                    self._fail(exc)
-                self._delete_on_a_full_disk(start, exc)  # retention frees space on a full disk
         with self._mutation():
+            if self._segments[doomed].base_offset >= self._durable_floor():
+                self._sync_directory_now()  # recovery must find the first remaining segment
+            gone = [s for s in self._segments[:-1] if s.next_offset <= start]
+            unsynced = any(s.next_offset > self._durable_offset for s in gone)
+            for segment in gone:
+                for path in segment.paths:
+                    if self._store.exists(path):
+                        self._store.rename(path, path + DELETED_SUFFIX)
+                        self._removing.append(path + DELETED_SUFFIX)
+            held = frozenset().union(*self._ticket_bases.values())
+            for segment in gone:
+                self._segments.pop(0)
+                self._bases.pop(0)
+                self._size_bytes -= segment.size
+                self._segments_deleted += 1
+                if segment.base_offset in held:
+                    self._doomed.append(segment)
+                else:
+                    segment.close()
+            self._directory_changed(start if unsynced else None)
             self._raise_log_start(start)
-            while len(self._segments) > 1 and self._segments[0].next_offset <= start:
-                self._delete_first_segment()
-        return doomed
+        return SegmentRemoval(self._store, self._directory, tuple(self._removing), len(gone),
+                              self._directory_generation)
+
+    def finish_removal(self, removal: SegmentRemoval) -> None:
+        """After ``removal.run()`` returned, raised or was never called (cancelled): record
+        what it made durable. Files it did not unlink stay ``*.deleted`` (the next removal,
+        a restart or recovery unlinks them). Never blocks; never raises."""
+        if not removal.done:
+            return
+        self._directory_synced(removal.generation)
+        gone = set(removal.paths)
+        self._removing = [path for path in self._removing if path not in gone]
 
     def _raise_log_start(self, start: int) -> None:
-        """Offsets below the (checkpointed) log start are gone for good, synced or not."""
+        """Offsets below the new log start are gone for good, synced or not (checkpointed, or
+        removed as ``plan_retention`` says)."""
         self._log_start_offset = start
         self._durable_offset = max(self._durable_offset, start)
         self.epochs.truncate_from_start(start)
@@ -693,6 +835,7 @@ class PartitionLog:
             if cut <= self._log_start_offset:
                 self._truncate_fully(cut)
                 return
+            self._cancel_staged()
             if self._recovery_point > cut:
                 self._write_checkpoint(RECOVERY_POINT_FILE, cut)
                 self._recovery_point = cut
@@ -706,8 +849,8 @@ class PartitionLog:
             segment.truncate(position, cut)
             for handle in segment.handles:
                 self._store.fsync(handle)
-            if later:
-                self._store.fsync_dir(self._directory)
+            if later or self._directory_changes:
+                self._sync_directory_now()
         self._after_truncation(cut)
 
     def restart_at(self, start: int) -> None:
@@ -723,8 +866,13 @@ class PartitionLog:
 
     def _truncate_fully(self, start: int) -> None:
         """Empty the log and restart it at ``start``; durable when it returns."""
+        self._cancel_staged()
         with self._mutation():
             self._write_checkpoint(LOG_START_OFFSET_FILE, start)
+            for path in self._removing:  # retention's leftovers must not outlive the restart
+                with contextlib.suppress(FileNotFoundError):
+                    self._store.remove(path)
+            self._removing = []
             if self._recovery_point != start:
                 self._write_checkpoint(RECOVERY_POINT_FILE, start)
                 self._recovery_point = start
@@ -739,7 +887,7 @@ class PartitionLog:
             ]
             self._bases = [start]
             self._size_bytes = 0
-            self._store.fsync_dir(self._directory)
+            self._sync_directory_now()
         self._after_truncation(start)
         self._durable_offset = start
 
@@ -812,20 +960,51 @@ class PartitionLog:
                 handles.extend(segment.handles)
                 versions.append((segment.base_offset, segment.version))
         active = self._segments[-1]
+        bases = [base for base, _ in versions]
         if self._durable_offset < self.log_end_offset and active.size:
             # Always the active log when anything in it may be unsynced, even if a ticket
             # still out covers it: this ticket must not rely on that one finishing first.
             handles.append(active.log_handle)
-        if not handles:
+            bases.append(active.base_offset)
+        directory = self._directory if self._directory_changes else None
+        if not handles and directory is None:
             if not self._tickets:  # everything is synced (or was deleted unsynced)
                 self._durable_offset = self.log_end_offset
             return None
-        ticket = SyncTicket(
-            tuple(handles), self.log_end_offset, self._next_ticket_id, tuple(versions)
-        )
+        ticket_id = self._next_ticket_id
         self._next_ticket_id += 1
-        self._tickets[ticket.ticket_id] = ticket.end_offset
+        if not self._stage_recovery_point(ticket_id, handles):
+            return None
+        ticket = SyncTicket(
+            tuple(handles), self.log_end_offset, ticket_id, tuple(versions),
+            directory, self._directory_generation,
+        )
+        self._tickets[ticket_id] = ticket.end_offset
+        self._ticket_bases[ticket_id] = frozenset(bases)
         return ticket
+
+    def _stage_recovery_point(self, ticket_id: int, handles: list[int]) -> bool:
+        """After a roll, if the synced prefix grew past the recovery point, write the new value
+        to a file of its own whose handle rides this ticket (``complete_sync`` renames it in).
+        One at a time. False when the store failed (the log is failed)."""
+        if not self._recovery_point_due or self._staged:
+            return True
+        value = self._synced_prefix_end()
+        if value <= self._recovery_point:
+            self._recovery_point_due = False
+            return True
+        try:
+            handle, tmp = stage_checkpoint(
+                self._store, self._directory, RECOVERY_POINT_FILE, value, str(ticket_id))
+        except OSError as exc:
+            if disk_full(exc):
+                return True  # a later ticket tries again; recovery only scans more
+            self._failed = exc
+            return False
+        handles.append(handle)
+        self._staged[ticket_id] = _StagedCheckpoint(handle, tmp, value)
+        self._recovery_point_due = False
+        return True
 
     def complete_sync(self, ticket: SyncTicket) -> None:
         """Record that every handle of ``ticket`` was fsynced. Never blocks on fsync.
@@ -833,12 +1012,19 @@ class PartitionLog:
         Raises ``StorageError`` only if closing a segment deferred by the ticket fails.
         """
         end = self._tickets.pop(ticket.ticket_id)
+        self._ticket_bases.pop(ticket.ticket_id)
+        if ticket.directory is not None:
+            self._directory_synced(ticket.directory_generation)
         if self._failed is None:
-            self._durable_offset = max(self._durable_offset, min(end, self.log_end_offset))
+            self._durable_offset = max(
+                self._durable_offset, min(end, self.log_end_offset, self._durable_floor()))
             versions = dict(ticket.segment_versions)
             for segment in self._segments[:-1]:
                 if versions.get(segment.base_offset) == segment.version:
                     segment.synced = True
+        staged = self._staged.pop(ticket.ticket_id, None)
+        if staged is not None:
+            self._install_recovery_point(staged)
         self._syncs += 1
         if not self._tickets:
             doomed, self._doomed = self._doomed, []
@@ -847,6 +1033,28 @@ class PartitionLog:
                     segment.close()
             except OSError as exc:
                 raise StorageError(f"closing a removed segment failed: {exc}") from exc
+
+    def _install_recovery_point(self, staged: _StagedCheckpoint) -> None:
+        """Rename a staged (now fsynced) recovery point over the checkpoint, on the owner's
+        thread, so it is ordered against truncations; the next directory fsync makes it
+        durable (either value is true meanwhile). A failure fails the log."""
+        try:
+            self._store.close(staged.handle)
+            if staged.cancelled or self._failed is not None:
+                self._store.remove(staged.tmp_path)
+                return
+            self._store.rename(staged.tmp_path,
+                               posixpath.join(self._directory, RECOVERY_POINT_FILE))
+        except OSError as exc:
+            self._failed = self._failed or exc
+            return
+        self._recovery_point = max(self._recovery_point, staged.value)
+        self._directory_changed(None)
+
+    def _cancel_staged(self) -> None:
+        """A truncation is about to rewrite the recovery point: no staged value goes in."""
+        for staged in self._staged.values():
+            staged.cancelled = True
 
     def flush(self) -> None:
         """Make everything appended so far durable, inline. Blocks on fsync.
@@ -861,6 +1069,8 @@ class PartitionLog:
         with self._mutation():
             for handle in ticket.handles:
                 self._store.fsync(handle)
+            if ticket.directory is not None:
+                self._store.fsync_dir(ticket.directory)
         self.complete_sync(ticket)
 
     # --- closing ---------------------------------------------------------------------------------
@@ -906,7 +1116,13 @@ class PartitionLog:
                 segment.close()
             except OSError as exc:
                 error = error or exc
+        for staged in self._staged.values():  # tickets that will never complete
+            try:
+                self._store.close(staged.handle)
+            except OSError as exc:
+                error = error or exc
         self._doomed = []
+        self._staged = {}
         if error is not None:
             raise error
 
@@ -967,6 +1183,9 @@ class PartitionLog:
         assert self._size_bytes == sum(s.size for s in segments)
         assert all(end <= self.log_end_offset for end in self._tickets.values())
         assert not self._doomed or self._tickets, "removed segments wait only for tickets"
+        assert set(self._staged) <= set(self._tickets), "a staged recovery point rides a ticket"
+        assert (self._durable_offset <= max(self._durable_floor(), self._log_start_offset)
+                or self._failed is not None), "nothing past an unsynced directory change"
         if self._closed:
             return
         for segment in segments:

@@ -24,7 +24,9 @@ that ends early, a gap between trusted segments) recovery raises ``CorruptLogErr
 file and byte position and changes nothing more; the partition stays offline until an operator
 acts. Cuts at or above the recovery point are the normal cost of a crash.
 
-Then: segments wholly below the log start offset are deleted; if the log ends below the log
+Segments retention deleted are deleted again: a ``*.deleted`` file, and every segment at or
+below the base of one (``PartitionLog.plan_retention``). Then: segments wholly below the log
+start offset are deleted; if the log ends below the log
 start offset (``delete_records`` persisted a start beyond data the crash took away), the log is
 emptied and restarted at the log start offset. Finally every scanned segment and rebuilt index
 is fsynced, the directory is fsynced if names changed, and the recovery point is moved to the
@@ -63,6 +65,7 @@ from rivven_broker.storage.errors import CorruptLogError
 from rivven_broker.storage.file_store import FileStore
 from rivven_broker.storage.log_config import LogConfig
 from rivven_broker.storage.segment import (
+    DELETED_SUFFIX,
     INDEX_SUFFIX,
     LOG_SUFFIX,
     TIME_INDEX_SUFFIX,
@@ -305,17 +308,28 @@ class _Recovery:
         return RecoveredLog(self.segments, start, recovery_point), report
 
     def list_segments(self) -> list[int]:
-        """Base offsets of the ``.log`` files; removes leftovers and orphan index files."""
+        """Base offsets of the ``.log`` files; removes leftovers and orphan index files, and
+        the segments retention deleted (``*.deleted`` files, and every segment at or below
+        the base of one: retention deletes a prefix, whose renames may reach the disk in any
+        order)."""
         names = self.store.listdir(self.directory)
+        deleted = [
+            parsed[0]
+            for parsed in (parse_segment_file_name(name[: -len(DELETED_SUFFIX)])
+                           for name in names if name.endswith(DELETED_SUFFIX))
+            if parsed is not None
+        ]
+        floor = max(deleted, default=-1)
         bases = sorted(
             parsed[0]
             for parsed in map(parse_segment_file_name, names)
-            if parsed is not None and parsed[1] == LOG_SUFFIX
+            if parsed is not None and parsed[1] == LOG_SUFFIX and parsed[0] > floor
         )
         known = set(bases)
         for name in names:
             parsed = parse_segment_file_name(name)
-            if name.endswith(TMP_SUFFIX) or (parsed is not None and parsed[0] not in known):
+            if (name.endswith(TMP_SUFFIX) or name.endswith(DELETED_SUFFIX)
+                    or (parsed is not None and parsed[0] not in known)):
                 self.remove(self.path(name))
         return bases
 

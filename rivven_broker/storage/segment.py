@@ -53,6 +53,7 @@ __all__ = [
     "LOG_SUFFIX",
     "INDEX_SUFFIX",
     "TIME_INDEX_SUFFIX",
+    "DELETED_SUFFIX",
     "IOV_MAX",
     "segment_file_name",
     "parse_segment_file_name",
@@ -62,6 +63,9 @@ LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
 _SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+#: Appended to a segment file's name when retention deletes it (its unlink comes later, off
+#: the event loop). Recovery deletes such a file and every segment at or below its base.
+DELETED_SUFFIX = ".deleted"
 _DIGITS = 20
 #: Most buffers one ``pwritev`` may carry (Linux ``IOV_MAX``).
 IOV_MAX = 1024

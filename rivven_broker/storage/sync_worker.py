@@ -13,7 +13,8 @@ The worker loop (``run``), under ``always``:
 2. take the whole dirty set as one *group*: ``ticket = log.begin_sync()`` for each log;
 3. make ONE ``run_sync`` call (``Env.run_fsync`` in the broker: on the loop itself while
    fsyncs are fast, on the fsync thread once slow, see ``server/sync_thread.py``) that fsyncs
-   every handle of every ticket;
+   every handle of every ticket, then the directory of every ticket that names one (a log
+   that rolled a segment or deleted some since its last sync: ``partition_log.py``);
 4. ``log.complete_sync(ticket)`` for each, then wake every waiter whose offset is now durable
    (per-log heaps of ``(offset, trio.Event)``: exact wake-ups, no polling);
 5. go straight back to 1: whatever was appended while the group's fsync ran is already dirty
@@ -38,7 +39,8 @@ A waiter whose offset can no longer become durable for another reason (its log f
 write, or was truncated below the offset) is woken and raises ``SyncFailedError`` too.
 
 This is a trio driver; the logs it drives are the synchronous ``PartitionLog`` core. Only the
-fsync calls leave the trio thread, and they touch only the handles of their tickets.
+fsync calls (``fsync`` and ``fsync_dir``) leave the trio thread, and they touch only the
+handles and directories of their tickets.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ class SyncWorkerStatistics:
 
     policy: str
     groups: int  # group commits completed
-    fsyncs: int  # fsync calls made (one per handle per group)
+    fsyncs: int  # fsync calls made (one per handle and directory per group)
     logs_synced: int  # log syncs completed (a group covers one or more logs)
     waits: int  # wait_durable calls that had to wait
     waiters: int  # tasks waiting right now
@@ -285,12 +287,15 @@ class SyncWorker:
         group = [(log, log.begin_sync()) for log in logs]
         pending = [(log, ticket) for log, ticket in group if ticket is not None]
         targets = [(log.store, handle) for log, ticket in pending for handle in ticket.handles]
-        if targets:
+        directories = list(dict.fromkeys(
+            (log.store, ticket.directory) for log, ticket in pending
+            if getattr(ticket, "directory", None) is not None))
+        if targets or directories:
             try:
-                await self._run_sync(lambda: _fsync_all(targets))
+                await self._run_sync(lambda: _fsync_all(targets, directories))
             except OSError as exc:
                 self._fail(SyncFailedError(f"fsync failed: {exc}"), exc)
-            self._fsyncs += len(targets)
+            self._fsyncs += len(targets) + len(directories)
         for log, ticket in pending:
             log.complete_sync(ticket)
         return len(pending)
@@ -402,7 +407,10 @@ def _never_durable(log: SyncableLog, offset: int) -> SyncFailedError:
     )
 
 
-def _fsync_all(targets: Sequence[tuple[FileStore, int]]) -> None:
-    """Runs on the worker thread: fsync each handle, nothing else."""
+def _fsync_all(targets: Sequence[tuple[FileStore, int]],
+               directories: Sequence[tuple[FileStore, str]] = ()) -> None:
+    """Runs on the worker thread: fsync each handle, then each directory, nothing else."""
     for store, handle in targets:
         store.fsync(handle)
+    for store, directory in directories:
+        store.fsync_dir(directory)

@@ -228,6 +228,8 @@ class PartitionLogMachine(RuleBasedStateMachine):
         ticket = self.tickets[i][0]
         for handle in ticket.handles:
             self.files.fsync(handle)
+        if ticket.directory is not None:  # a roll or retention changed names since
+            self.files.fsync_dir(ticket.directory)
         self.tickets[i] = (ticket, True)
 
     @precondition(lambda self: any(done for _, done in self.tickets))
@@ -246,6 +248,8 @@ class PartitionLogMachine(RuleBasedStateMachine):
         if ticket is not None:
             for handle in ticket.handles:
                 self.files.fsync(handle)
+            if ticket.directory is not None:
+                self.files.fsync_dir(ticket.directory)
         self.append(shapes, 0, 0)
         if ticket is not None:
             self.log.complete_sync(ticket)

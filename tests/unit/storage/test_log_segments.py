@@ -83,8 +83,14 @@ def test_a_rolled_segment_is_durable_only_with_its_directory_entry() -> None:
     log.flush()
     dir_syncs = store.stats.dir_fsyncs
     append_100(log)  # rolls: the new file's name must be synced before it can hold durable data
-    assert store.stats.dir_fsyncs == dir_syncs + 1
-    log.flush()
+    assert store.stats.dir_fsyncs == dir_syncs  # not by the append: by the next group commit
+    ticket = log.begin_sync()
+    assert ticket is not None and ticket.directory == DIRECTORY
+    for handle in ticket.handles:
+        store.fsync(handle)
+    assert log.durable_offset == 20  # the data is synced, its name is not
+    store.fsync_dir(ticket.directory)
+    log.complete_sync(ticket)
     assert log.durable_offset == 22
     store.crash()
     log = open_log(store)
@@ -123,13 +129,15 @@ def test_retention_of_an_unsynced_segment_cannot_cost_later_durable_data() -> No
     store = MemoryFileStore()
     log = open_log(store, retention_ms=-1, retention_bytes=1000)
     append_100(log, 21)  # segments 0, 20, 40; nothing synced
-    assert log.apply_retention(0) == 1  # segment 0 goes before its data was ever synced
-    assert log.durable_offset == 20  # what is below the checkpointed start cannot be lost
-    log.flush()
-    store.crash()  # segment 0's name comes back (the removal was not dir-synced), empty
+    removal = log.plan_retention(0)  # segment 0 goes before its data was ever synced
+    assert removal is not None and removal.segments == 1
+    assert log.durable_offset == 20  # what is below the start cannot be lost
+    log.flush()  # before the removal's own directory fsync: the group commit does it
+    assert log.durable_offset == 42
+    store.crash()  # segment 0 is renamed *.deleted, durably: recovery deletes it again
     log, report = PartitionLog.open(store, DIRECTORY, log.config, 0)
     assert (log.log_start_offset, log.log_end_offset) == (20, 42) and report.cuts == ()
-    assert f"{DIRECTORY}/00000000000000000000.log" in report.removed_files
+    assert f"{DIRECTORY}/00000000000000000000.log.deleted" in report.removed_files
     log.check_invariants(deep=True)
 
 
@@ -260,9 +268,12 @@ def test_after_a_roll_a_ticket_syncs_the_old_segment_and_its_indexes() -> None:
     assert ticket is not None and len(ticket.handles) == 4  # old .log/.index/.timeindex + new .log
     for handle in ticket.handles:
         store.fsync(handle)
+    store.fsync_dir(ticket.directory)
     log.complete_sync(ticket)
     assert log.durable_offset == 22 and not log.dirty
-    append_100(log, 10)  # the next roll records the synced prefix as the recovery point
+    append_100(log, 10)  # after the next roll, the next ticket records the synced prefix
+    assert log.recovery_point == 0
+    log.flush()
     assert log.recovery_point == 20
 
 
