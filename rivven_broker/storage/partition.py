@@ -294,7 +294,7 @@ class Partition:
                 return False
             if self.high_watermark > offset:
                 return True
-            await self._progress.wait()
+            await self._wait_for_progress()
 
     async def wait_durable(self, offset: int) -> bool:
         """True once this replica's own copy of ``offset`` is durable under its sync policy;
@@ -311,10 +311,15 @@ class Partition:
                 return False
             if self.local_durable_end > offset:
                 return True
-            await self._progress.wait()
+            await self._wait_for_progress()
 
     def _lost(self, offset: int) -> bool:
         return self._closed or self.log.failed or offset >= self.log.log_end_offset
+
+    async def _wait_for_progress(self) -> None:
+        if self._sync is not None and self.log.dirty:  # (marked at every append; cheap)
+            self._sync.mark_dirty(self.log)
+        await self._progress.wait()
 
     def _wake(self) -> None:
         self._progress.set()
@@ -404,11 +409,11 @@ class Partition:
 
     def _after_append(self) -> None:
         assert self.state.end_offset == self.log.log_end_offset
+        self._appended()  # first: a snapshot that fails below leaves the data to be synced
         active = self.log.segment_base_offsets[-1]
         if active != self._active_base:  # the log rolled: snapshot at the new segment
             self._active_base = active
             self.write_snapshot()
-        self._appended()
 
     def truncate_to(self, offset: int) -> StateLoadReport:
         """Cut the log at ``offset`` (a follower diverging from its leader; past the log end:
