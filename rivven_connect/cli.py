@@ -20,7 +20,7 @@ from typing import Sequence
 import trio
 
 from rivven_connect.core.config import ConnectConfig, ConnectConfigError, load_config
-from rivven_connect.driver import BrokerUnreachable, SourceResult, run_connect
+from rivven_connect.driver import BrokerUnreachable, SourceResult, find_error, run_connect
 from rivven_connect.sources import Source, build_source
 
 __all__ = ["main", "load"]
@@ -57,7 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     bootstrap = args.bootstrap or environ.get("RIVVEN_BOOTSTRAP") or ",".join(config.bootstrap)
     try:
         results = trio.run(_serve, config, bootstrap, sources)
-    except BrokerUnreachable as error:
+    except (BrokerUnreachable, BaseExceptionGroup) as caught:
+        error = find_error(caught, (BrokerUnreachable,))
+        if error is None:
+            raise
         print(f"rivven-connect: {error}", file=sys.stderr)
         return EXIT_BROKER
     failed = False

@@ -59,7 +59,7 @@ from rivven_connect.core.routing import Router
 from rivven_connect.core.transforms import build_chain
 from rivven_connect.sources import Source, SourceError
 
-__all__ = ["BrokerUnreachable", "SourceRunner", "ensure_offsets_topic", "read_position",
+__all__ = ["BrokerUnreachable", "SourceResult", "SourceRunner", "find_error", "ensure_offsets_topic", "read_position",
            "run_connect"]
 
 #: Records asked of a source per poll (the source's own ``batch_size`` may be lower).
@@ -75,6 +75,23 @@ _FATAL_ERRORS = (ProducerFencedError, InvalidTxnStateError)
 
 class BrokerUnreachable(Exception):
     """The broker could not be reached at start (the CLI exits 2)."""
+
+
+_UNREACHABLE = (ConnectionFailedError, ClientTimeoutError, OSError)
+
+
+def find_error(error: BaseException, types: tuple[type[BaseException], ...]
+               ) -> BaseException | None:
+    """``error`` itself if it is one of ``types``, else the first such leaf of the exception
+    group it is (trio nurseries wrap what their tasks raise), else None."""
+    if isinstance(error, types):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            found = find_error(inner, types)
+            if found is not None:
+                return found
+    return None
 
 
 def now_ms() -> int:
@@ -101,8 +118,11 @@ async def ensure_offsets_topic(bootstrap: str) -> None:
                                          config={"cleanup.policy": "compact"})
             except TopicAlreadyExistsError:
                 pass
-    except (ConnectionFailedError, ClientTimeoutError, OSError) as error:
-        raise BrokerUnreachable(f"no broker reachable at {bootstrap}: {error}") from error
+    except (*_UNREACHABLE, BaseExceptionGroup) as error:
+        cause = find_error(error, _UNREACHABLE)
+        if cause is None:
+            raise
+        raise BrokerUnreachable(f"no broker reachable at {bootstrap}: {cause}") from error
 
 
 async def read_position(bootstrap: str, name: str) -> Any:
@@ -261,8 +281,11 @@ class SourceRunner:
         try:
             done, records = await self._interruptible(
                 lambda: self.source.poll(min(poll_records_max, bc.batch_records_max)))
-        except SourceError as error:
-            raise _SourceStopped(str(error)) from error
+        except (SourceError, BaseExceptionGroup) as caught:
+            error = find_error(caught, (SourceError,))
+            if error is None:
+                raise
+            raise _SourceStopped(str(error)) from caught
         if not done:
             return bc.StopRequested(now_ms())
         if records is None:  # a finite source is exhausted: stop as if asked
@@ -283,6 +306,10 @@ class SourceRunner:
 
 class _SourceStopped(Exception):
     """The driver cannot go on with this source (its message says why)."""
+
+
+#: What ends one source's task (in ``error``) without ending the others.
+_STOPS_SOURCE = (_SourceStopped, RivvenError, trio.TooSlowError)
 
 
 @attrs.frozen
@@ -308,7 +335,10 @@ async def run_connect(config: ConnectConfig, bootstrap: str, sources: Mapping[st
                               rng=random.Random(rng.random()))
         try:
             status = await runner.run()
-        except (_SourceStopped, RivvenError, trio.TooSlowError) as error:
+        except (*_STOPS_SOURCE, BaseExceptionGroup) as caught:
+            error = find_error(caught, _STOPS_SOURCE)
+            if error is None:
+                raise
             cycle = runner.cycle
             results[source_config.name] = SourceResult(
                 source_config.name, "error", str(error),

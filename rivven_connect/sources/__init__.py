@@ -61,9 +61,12 @@ class Options:
                                          f"unknown option; known: {', '.join(known)}")
 
     def int(self, key: str, default: int | None, low: int, high: int) -> int | None:
+        """An integer option; decimal text counts (``${ENV}`` substitutes text)."""
         value = self.raw.get(key, default)
         if value is None:
             return None
+        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+            value = int(value)
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise ConnectConfigError(f"{self.path}.{key}",
                                      f"must be an integer in [{low}, {high}], not {value!r}")
@@ -73,6 +76,11 @@ class Options:
         value = self.raw.get(key)
         if value is None:
             return None
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                 low <= value <= high):
             raise ConnectConfigError(f"{self.path}.{key}",

@@ -82,3 +82,15 @@ async def test_file_lines_arrive_exactly_once_and_a_restart_sends_nothing(broker
     assert second["lines"].state == "stopped" and second["lines"].records == 0, second
     assert second["lines"].position == size
     await check_topics()
+
+
+async def test_a_line_that_is_not_json_stops_the_source_in_error_after_what_came_before(
+        broker, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"n": 0, "kind": "conn.a"}\n' * 3 + "not json\n" + '{"n": 9}\n')
+    config = _config(path)
+    sources = {name: build_source(source) for name, source in config.sources.items()}
+    sources["lines"].batch_size = 3  # the good lines are one batch, committed first
+    result = (await run_connect(config, broker.address, sources, trio.Event()))["lines"]
+    assert result.state == "error" and "is not JSON" in result.error, result
+    assert result.records == 3 and result.position == len('{"n": 0, "kind": "conn.a"}\n') * 3
