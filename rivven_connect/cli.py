@@ -1,0 +1,97 @@
+"""``rivven-connect --config connect.yaml [--bootstrap HOST:PORT,...]``: the runtime's process.
+
+Exit codes: 0 every source stopped (exhausted, or SIGTERM/SIGINT: the batch in flight
+finished and committed); 1 the configuration is wrong (the ``ConnectConfigError`` message,
+which starts with the offending path, goes to stderr); 2 the broker cannot be reached at
+start; 3 a source stopped in ``error`` (its error on stderr).
+
+The bootstrap is ``--bootstrap``, else ``$RIVVEN_BOOTSTRAP``, else the file's
+``broker.bootstrap``. ``${NAME}`` in the file comes from the process environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from typing import Sequence
+
+import trio
+
+from rivven_connect.core.config import ConnectConfig, ConnectConfigError, load_config
+from rivven_connect.driver import BrokerUnreachable, SourceResult, find_error, run_connect
+from rivven_connect.sources import Source, build_source
+
+__all__ = ["main", "load"]
+
+EXIT_OK, EXIT_CONFIG, EXIT_BROKER, EXIT_SOURCE_ERROR = 0, 1, 2, 3
+
+
+def load(path: str, environ: dict[str, str]) -> tuple[ConnectConfig, dict[str, Source]]:
+    """The configuration in ``path`` and its sources. Raises ``ConnectConfigError``."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConnectConfigError("", f"cannot read the configuration: {error}") from error
+    config = load_config(text, environ)
+    for name in config.sinks:
+        raise ConnectConfigError(f"sinks.{name}", "sinks are not available in this build yet "
+                                                  "(sources only; docs/connect.md)")
+    sources = {name: build_source(source) for name, source in config.sources.items()}
+    return config, sources
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rivven-connect", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", required=True, help="the connect.yaml file")
+    parser.add_argument("--bootstrap", help="HOST:PORT[,HOST:PORT...] (overrides the file)")
+    args = parser.parse_args(argv)
+    environ = dict(os.environ)
+    try:
+        config, sources = load(args.config, environ)
+    except ConnectConfigError as error:
+        print(f"rivven-connect: {args.config}: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    bootstrap = args.bootstrap or environ.get("RIVVEN_BOOTSTRAP") or ",".join(config.bootstrap)
+    try:
+        results = trio.run(_serve, config, bootstrap, sources)
+    except (BrokerUnreachable, BaseExceptionGroup) as caught:
+        error = find_error(caught, (BrokerUnreachable,))
+        if error is None:
+            raise
+        print(f"rivven-connect: {error}", file=sys.stderr)
+        return EXIT_BROKER
+    failed = False
+    for result in results.values():
+        print(_describe(result), file=sys.stderr)
+        failed = failed or result.state == "error"
+    return EXIT_SOURCE_ERROR if failed else EXIT_OK
+
+
+def _describe(result: SourceResult) -> str:
+    line = (f"rivven-connect: source {result.name}: {result.state} at position "
+            f"{result.position!r}, {result.records} records committed")
+    return line + (f": {result.error}" if result.error else "")
+
+
+async def _serve(config: ConnectConfig, bootstrap: str,
+                 sources: dict[str, Source]) -> dict[str, SourceResult]:
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        async def on_signals() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    stop.set()
+
+        nursery.start_soon(on_signals)
+        try:
+            results = await run_connect(config, bootstrap, sources, stop)
+        finally:
+            nursery.cancel_scope.cancel()
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,355 @@
+"""The trio driver of the connector runtime: one task per source runs its ``BatchCycle``.
+
+Theory of operation
+-------------------
+``run_connect(config, bootstrap, stop)`` first makes sure ``__connect_offsets`` exists
+(compacted, one partition; ``open_admin``), then starts one ``SourceRunner`` per source in a
+nursery and returns their final statuses when all have halted.
+
+A ``SourceRunner`` holds no protocol state of its own — the cycle has it. It
+
+1. opens a transactional producer (``transactional_id = connect-NAME``, ``acks=all``,
+   idempotent) and calls ``init_transactions``: this fences any older runtime of the same
+   source and aborts its open transaction, so what follows reads a settled offsets topic;
+2. reads the committed position: the offsets topic ``read_committed`` from the beginning to
+   its end, the last record keyed by the source's name (``{"connector", "position"}``);
+3. resumes the source there and builds ``BatchCycle(router, chain, jitter,
+   stored_position=...)``;
+4. executes the cycle's instructions in order and feeds back one event per list:
+   ``Poll`` → ``PollCompleted``; ``BeginTransaction``, ``Send``…, ``CommitTransaction`` →
+   ``TransactionCommitted`` or ``TransactionFailed`` (the first client error stops the rest
+   of the list); ``RunSideEffect`` → ``SideEffectCompleted`` / ``SideEffectFailed``;
+   ``AbortTransaction`` (then ``WakeAt``) → ``TimerFired`` via ``trio.sleep_until``;
+   ``Halt`` ends the task. The clock is trio's (``now_ms`` from ``trio.current_time``).
+
+``stop`` (SIGTERM/SIGINT in the CLI) becomes one ``StopRequested``. A poll or a backoff wait
+in progress is cancelled for it (the cycle halts at once; the uncommitted batch is replayed
+after a restart); a transaction or side effect in flight finishes first, then the cycle
+halts ``stopped``.
+
+Failures: the cycle decides what is retriable; the driver only classifies client errors
+(a fenced producer or an invalid transaction state is fatal, the rest retriable). A failed
+``abort_transaction`` leaves the producer unusable, so the source stops in ``error``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any, Mapping
+
+import attrs
+import trio
+
+from rivven_broker.client.errors import (
+    ConnectionFailedError,
+    ClientTimeoutError,
+    InvalidTxnStateError,
+    ProducerFencedError,
+    RivvenError,
+    TopicAlreadyExistsError,
+)
+from rivven_broker.client.trio import open_admin, open_consumer, open_producer
+from rivven_broker.client.types import TopicPartition
+from rivven_connect.core import batch_cycle as bc
+from rivven_connect.core.admission import Admission
+from rivven_connect.core.config import OFFSETS_TOPIC, ConnectConfig, SourceConfig
+from rivven_connect.core.records import Record
+from rivven_connect.core.routing import Router
+from rivven_connect.core.transforms import build_chain
+from rivven_connect.sources import Source, SourceError
+
+__all__ = ["BrokerUnreachable", "SourceResult", "SourceRunner", "find_error", "ensure_offsets_topic", "read_position",
+           "run_connect"]
+
+#: Records asked of a source per poll (the source's own ``batch_size`` may be lower).
+poll_records_max = 10_000
+#: How long reading the offsets topic at start may take.
+offsets_read_timeout_ms = 30_000
+#: Bounded waits of the client calls the driver makes.
+producer_max_block_ms = 30_000
+admin_connect_attempts_max = 3
+
+_FATAL_ERRORS = (ProducerFencedError, InvalidTxnStateError)
+
+
+class BrokerUnreachable(Exception):
+    """The broker could not be reached at start (the CLI exits 2)."""
+
+
+_UNREACHABLE = (ConnectionFailedError, ClientTimeoutError, OSError)
+
+
+def find_error(error: BaseException, types: tuple[type[BaseException], ...]
+               ) -> BaseException | None:
+    """``error`` itself if it is one of ``types``, else the first such leaf of the exception
+    group it is (trio nurseries wrap what their tasks raise), else None."""
+    if isinstance(error, types):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            found = find_error(inner, types)
+            if found is not None:
+                return found
+    return None
+
+
+def now_ms() -> int:
+    return int(trio.current_time() * 1000)
+
+
+def encode(value: Any) -> bytes | None:
+    """A record key or value as bytes: bytes as is, text as UTF-8, the rest as JSON."""
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+async def ensure_offsets_topic(bootstrap: str) -> None:
+    """Create ``__connect_offsets`` (compacted, 1 partition) unless it exists.
+
+    Raises ``BrokerUnreachable`` when no broker answers."""
+    try:
+        async with open_admin(bootstrap, connect_attempts_max=admin_connect_attempts_max) as admin:
+            try:
+                await admin.create_topic(OFFSETS_TOPIC, partitions=1, replication_factor=1,
+                                         config={"cleanup.policy": "compact"})
+            except TopicAlreadyExistsError:
+                pass
+    except (*_UNREACHABLE, BaseExceptionGroup) as error:
+        cause = find_error(error, _UNREACHABLE)
+        if cause is None:
+            raise
+        raise BrokerUnreachable(f"no broker reachable at {bootstrap}: {cause}") from error
+
+
+async def read_position(bootstrap: str, name: str) -> Any:
+    """The last committed position of source ``name`` (``None``: never committed), read
+    ``read_committed`` from ``__connect_offsets``. Raises ``trio.TooSlowError`` after
+    ``offsets_read_timeout_ms``, client errors as they come."""
+    key = name.encode()
+    position = None
+    with trio.fail_after(offsets_read_timeout_ms / 1000):
+        async with open_admin(bootstrap) as admin:
+            partitions = (await admin.describe_topic(OFFSETS_TOPIC)).partitions
+        async with open_consumer(bootstrap, isolation_level="read_committed",
+                                 enable_auto_commit=False,
+                                 auto_offset_reset="earliest") as consumer:
+            tps = [TopicPartition(OFFSETS_TOPIC, p) for p in range(partitions)]
+            consumer.assign(tps)
+            ends = await consumer.end_offsets(tps)
+            for tp in tps:
+                consumer.seek(tp, 0)
+            remaining = {tp for tp in tps if ends[tp] > 0}
+            while remaining:
+                for record in await consumer.poll(timeout_ms=200):
+                    if record.key == key and record.value is not None:
+                        position = json.loads(record.value)["position"]
+                for tp in list(remaining):
+                    if await consumer.position(tp) >= ends[tp]:
+                        remaining.discard(tp)
+    return position
+
+
+@attrs.define
+class SourceRunner:
+    """Runs one source's batch cycle (see the module docstring)."""
+
+    config: SourceConfig
+    source: Source
+    bootstrap: str
+    stop: trio.Event
+    rng: random.Random = attrs.field(factory=lambda: random.Random(0))
+    cycle: bc.BatchCycle | None = None
+    _stop_told: bool = False
+
+    async def run(self) -> bc.CycleStatus:
+        """Run until the cycle halts; returns its final status. Raises what the client
+        raises while starting (before the first poll)."""
+        async with open_producer(self.bootstrap, transactional_id=self.config.transactional_id,
+                                 acks="all", idempotent=True,
+                                 max_block_ms=producer_max_block_ms) as producer:
+            await producer.init_transactions()
+            stored = await read_position(self.bootstrap, self.config.name)
+            self.source.resume(stored)
+            routing = self.config.routing
+            router = Router(self.config, Admission(routing.admission))
+            chain = build_chain(list(self.config.transforms),
+                                path=f"sources.{self.config.name}.transforms")
+            self.cycle = bc.BatchCycle(router, chain.apply, self.rng.random,
+                                       stored_position=stored,
+                                       position_key=self.source.position_key)
+            try:
+                await self._drive(producer)
+            finally:
+                self.source.close()
+            return self.cycle.status()
+
+    async def _drive(self, producer: Any) -> None:
+        cycle = self.cycle
+        assert cycle is not None
+        instructions = cycle.start()
+        while True:
+            event = await self._execute(instructions, producer)
+            if event is None:
+                return  # halted
+            if self.stop.is_set() and not self._stop_told and not isinstance(
+                    event, bc.StopRequested):
+                self._stop_told = True
+                first = cycle.handle(bc.StopRequested(now_ms()))
+                if first:  # halted at once (polling or backing off)
+                    assert isinstance(first[-1], bc.Halt)
+                    return
+            if isinstance(event, bc.StopRequested):
+                self._stop_told = True
+            instructions = cycle.handle(event)
+            if not instructions:
+                assert cycle.phase is bc.Phase.DONE
+                return
+
+    async def _execute(self, instructions: list[bc.Instruction], producer: Any) -> bc.Event | None:
+        """Run one list of instructions; the event it ends with (None after ``Halt``)."""
+        failure: BaseException | None = None
+        for instruction in instructions:
+            if isinstance(instruction, bc.Poll):
+                return await self._poll()
+            if isinstance(instruction, bc.BeginTransaction):
+                failure = await self._guard(producer.begin_transaction())
+            elif isinstance(instruction, bc.Send):
+                if failure is None:
+                    failure = await self._guard(self._send(producer, instruction.record))
+            elif isinstance(instruction, bc.CommitTransaction):
+                if failure is None:
+                    failure = await self._guard(producer.commit_transaction())
+                if failure is None:
+                    return bc.TransactionCommitted(instruction.batch_id, now_ms())
+                return bc.TransactionFailed(instruction.batch_id, str(failure),
+                                            not isinstance(failure, _FATAL_ERRORS), now_ms())
+            elif isinstance(instruction, bc.AbortTransaction):
+                await self._abort(producer)
+            elif isinstance(instruction, bc.RunSideEffect):
+                return await self._side_effect(instruction)
+            elif isinstance(instruction, bc.WakeAt):
+                return await self._sleep_until(instruction.at_ms)
+            else:
+                assert isinstance(instruction, bc.Halt)
+                return None
+        raise AssertionError(f"an instruction list without an end: {instructions!r}")
+
+    @staticmethod
+    async def _guard(call: Any) -> BaseException | None:
+        try:
+            await call
+        except (RivvenError, trio.TooSlowError) as error:
+            return error
+        return None
+
+    @staticmethod
+    async def _send(producer: Any, record: Record) -> None:
+        destination = record.destination
+        assert destination is not None
+        key = destination.key if destination.key is not None else encode(record.key)
+        await producer.enqueue(destination.topic, encode(record.value), key,
+                               list(record.headers), destination.partition, record.timestamp_ms)
+
+    async def _abort(self, producer: Any) -> None:
+        try:
+            await producer.abort_transaction()
+        except (RivvenError, trio.TooSlowError) as error:
+            raise _SourceStopped(f"abort_transaction failed: {error}") from error
+
+    async def _interruptible(self, call: Any) -> tuple[bool, Any]:
+        """(completed, result) of ``call()``; not completed if ``stop`` came first."""
+        result: list[Any] = []
+        async with trio.open_nursery() as nursery:
+            async def watch() -> None:
+                await self.stop.wait()
+                nursery.cancel_scope.cancel()
+
+            async def work() -> None:
+                result.append(await call())
+                nursery.cancel_scope.cancel()
+
+            if not self._stop_told:
+                nursery.start_soon(watch)
+            nursery.start_soon(work)
+        return (bool(result), result[0] if result else None)
+
+    async def _poll(self) -> bc.Event:
+        try:
+            done, records = await self._interruptible(
+                lambda: self.source.poll(min(poll_records_max, bc.batch_records_max)))
+        except (SourceError, BaseExceptionGroup) as caught:
+            error = find_error(caught, (SourceError,))
+            if error is None:
+                raise
+            raise _SourceStopped(str(error)) from caught
+        if not done:
+            return bc.StopRequested(now_ms())
+        if records is None:  # a finite source is exhausted: stop as if asked
+            return bc.StopRequested(now_ms())
+        return bc.PollCompleted(tuple(records), now_ms())
+
+    async def _side_effect(self, instruction: bc.RunSideEffect) -> bc.Event:
+        try:
+            await self.source.side_effect(instruction.position)
+        except (OSError, SourceError) as error:
+            return bc.SideEffectFailed(instruction.batch_id, str(error), now_ms())
+        return bc.SideEffectCompleted(instruction.batch_id, now_ms())
+
+    async def _sleep_until(self, at_ms: int) -> bc.Event:
+        done, _ = await self._interruptible(lambda: trio.sleep_until(at_ms / 1000))
+        return bc.TimerFired(now_ms()) if done else bc.StopRequested(now_ms())
+
+
+class _SourceStopped(Exception):
+    """The driver cannot go on with this source (its message says why)."""
+
+
+#: What ends one source's task (in ``error``) without ending the others.
+_STOPS_SOURCE = (_SourceStopped, RivvenError, trio.TooSlowError)
+
+
+@attrs.frozen
+class SourceResult:
+    name: str
+    state: str  # running | degraded | error | stopped (a cycle's Status value)
+    error: str | None
+    position: Any
+    records: int
+
+
+async def run_connect(config: ConnectConfig, bootstrap: str, sources: Mapping[str, Source],
+                      stop: trio.Event, *, seed: int | None = None) -> dict[str, SourceResult]:
+    """Run every source until it halts (exhausted, ``stop`` set, or an error).
+
+    Raises ``BrokerUnreachable`` if no broker answers at start."""
+    await ensure_offsets_topic(bootstrap)
+    results: dict[str, SourceResult] = {}
+    rng = random.Random(seed)
+
+    async def run_one(source_config: SourceConfig) -> None:
+        runner = SourceRunner(source_config, sources[source_config.name], bootstrap, stop,
+                              rng=random.Random(rng.random()))
+        try:
+            status = await runner.run()
+        except (*_STOPS_SOURCE, BaseExceptionGroup) as caught:
+            error = find_error(caught, _STOPS_SOURCE)
+            if error is None:
+                raise
+            cycle = runner.cycle
+            results[source_config.name] = SourceResult(
+                source_config.name, "error", str(error),
+                None if cycle is None else cycle.committed_position,
+                0 if cycle is None else cycle.records_committed)
+            return
+        results[source_config.name] = SourceResult(
+            source_config.name, status.state.value, status.last_error, status.position,
+            status.records)
+
+    async with trio.open_nursery() as nursery:
+        for source_config in config.sources.values():
+            nursery.start_soon(run_one, source_config)
+    return results

@@ -1,0 +1,123 @@
+"""Sources: where a connector's records come from (docs/connect.md "Sources").
+
+A source is an object the trio driver owns, one per configured source. It knows nothing of
+the batch cycle, the producer or the offsets topic; it only
+
+- ``resume(position)`` — start after ``position`` (the committed position the driver read
+  from ``__connect_offsets``; ``None``: from the beginning). Called once, before ``poll``;
+- ``await poll(max_records)`` — the next records in order, each with its ``position``
+  (at most ``max_records``; may wait for some; ``None`` when a finite source is exhausted);
+- ``await side_effect(position)`` — the post-commit step for everything up to ``position``
+  (a slot advance, a marker file; nothing for most). Run only for committed positions,
+  maybe more than once for the same position (it must be idempotent);
+- ``position_key(position)`` — orders positions (the cycle drops replays with it);
+- ``close()``.
+
+``build_source(config)`` checks the connector's own ``config`` block and raises
+``ConnectConfigError`` naming ``sources.NAME.config.OPTION``; it does no I/O, so a bad file
+is reported before the broker is contacted.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol
+
+from rivven_connect.core.batch_cycle import batch_records_max
+from rivven_connect.core.config import ConnectConfigError, SourceConfig
+from rivven_connect.core.records import Record
+
+__all__ = ["Source", "SourceError", "build_source", "CONNECTORS", "poll_records_default"]
+
+#: Records per poll unless the source's ``batch_size`` says otherwise.
+poll_records_default = 500
+#: The largest ``batch_size`` a source may ask for (one transaction's records).
+poll_records_max = min(10_000, batch_records_max)
+
+
+class SourceError(Exception):
+    """The source cannot go on (unreadable data, a vanished file). Stops the source."""
+
+
+class Source(Protocol):
+    def resume(self, position: Any) -> None: ...
+
+    async def poll(self, max_records: int) -> list[Record] | None: ...
+
+    async def side_effect(self, position: Any) -> None: ...
+
+    def position_key(self, position: Any) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+class Options:
+    """Typed reads of a connector's ``config`` block; unknown keys are refused."""
+
+    def __init__(self, raw: Mapping[str, Any], path: str, known: tuple[str, ...]) -> None:
+        self.raw, self.path = raw, path
+        for key in raw:
+            if key not in known:
+                raise ConnectConfigError(f"{path}.{key}",
+                                         f"unknown option; known: {', '.join(known)}")
+
+    def int(self, key: str, default: int | None, low: int, high: int) -> int | None:
+        """An integer option; decimal text counts (``${ENV}`` substitutes text)."""
+        value = self.raw.get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ConnectConfigError(f"{self.path}.{key}",
+                                     f"must be an integer in [{low}, {high}], not {value!r}")
+        return value
+
+    def number(self, key: str, low: float, high: float) -> float | None:
+        value = self.raw.get(key)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                low <= value <= high):
+            raise ConnectConfigError(f"{self.path}.{key}",
+                                     f"must be a number in [{low}, {high}], not {value!r}")
+        return float(value)
+
+    def bool(self, key: str, default: bool) -> bool:
+        value = self.raw.get(key, default)
+        if not isinstance(value, bool):
+            raise ConnectConfigError(f"{self.path}.{key}", f"must be true or false, not {value!r}")
+        return value
+
+    def string(self, key: str) -> str:
+        value = self.raw.get(key)
+        if not isinstance(value, str) or not value:
+            raise ConnectConfigError(f"{self.path}.{key}", "is required (a non-empty string)")
+        return value
+
+    def batch_size(self) -> int:
+        size = self.int("batch_size", poll_records_default, 1, poll_records_max)
+        assert size is not None
+        return size
+
+
+def build_source(config: SourceConfig) -> Source:
+    """The source of ``config``. Raises ``ConnectConfigError``; does no I/O."""
+    from rivven_connect.sources.datagen import DatagenSource
+    from rivven_connect.sources.file import FileSource
+
+    path = f"sources.{config.name}.config"
+    if config.connector == "datagen":
+        return DatagenSource.from_config(config.config, path)
+    if config.connector == "file":
+        return FileSource.from_config(config.config, path)
+    raise ConnectConfigError(f"sources.{config.name}.connector",
+                             f"connector {config.connector!r} is not available in this build; "
+                             f"available: {', '.join(CONNECTORS)}")
+
+
+CONNECTORS = ("datagen", "file")

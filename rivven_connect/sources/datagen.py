@@ -1,0 +1,90 @@
+"""``datagen``: a deterministic generator of test records (load tests, demos, the tests).
+
+Record ``n`` (from 0) has value ``{"seq": n, "payload": <record_size_bytes hex chars>}``; the
+payload is a function of ``(seed, n)`` only, so a replay after a restart is byte-identical.
+Its position is ``n``. ``count`` records in all (``null``: unlimited), at most ``rate``
+records per second (``null``: as fast as the producer takes them). No side effect.
+
+Options: ``count`` (null), ``rate`` (null, records/s), ``record_size_bytes`` (16),
+``seed`` (0), ``batch_size`` (500).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Mapping
+
+import trio
+
+from rivven_connect.core.records import Record
+
+__all__ = ["DatagenSource"]
+
+record_size_bytes_max = 1 << 20
+rate_max = 1_000_000.0
+
+
+class DatagenSource:
+    def __init__(self, *, count: int | None, rate: float | None, record_size_bytes: int,
+                 seed: int, batch_size: int) -> None:
+        assert count is None or count >= 0
+        assert rate is None or rate > 0
+        self.count, self.rate, self.seed = count, rate, seed
+        self.record_size_bytes, self.batch_size = record_size_bytes, batch_size
+        self.next_seq = 0
+        self._started_s: float | None = None
+        self._first_seq = 0
+
+    @classmethod
+    def from_config(cls, raw: Mapping[str, Any], path: str) -> DatagenSource:
+        from rivven_connect.sources import Options
+
+        options = Options(raw, path, ("count", "rate", "record_size_bytes", "seed", "batch_size"))
+        return cls(count=options.int("count", None, 0, 1 << 62),
+                   rate=options.number("rate", 0.001, rate_max),
+                   record_size_bytes=options.int("record_size_bytes", 16, 0,
+                                                 record_size_bytes_max) or 0,
+                   seed=options.int("seed", 0, -(1 << 62), 1 << 62) or 0,
+                   batch_size=options.batch_size())
+
+    def resume(self, position: Any) -> None:
+        self.next_seq = 0 if position is None else int(position) + 1
+        self._first_seq = self.next_seq
+
+    def record(self, seq: int) -> Record:
+        """Record ``seq``: the same for the same seed, always."""
+        rng = random.Random(self.seed * 1_000_003 + seq)
+        payload = rng.randbytes((self.record_size_bytes + 1) // 2).hex()[:self.record_size_bytes]
+        return Record(value={"seq": seq, "payload": payload}, key=str(seq), position=seq)
+
+    async def poll(self, max_records: int) -> list[Record] | None:
+        """Up to ``min(max_records, batch_size)`` records; waits for the rate. A checkpoint."""
+        wanted = min(max_records, self.batch_size)
+        if self.count is not None:
+            wanted = min(wanted, self.count - self.next_seq)
+            if wanted <= 0:
+                await trio.lowlevel.checkpoint()
+                return None
+        if self.rate is not None:
+            now_s = trio.current_time()
+            if self._started_s is None:
+                self._started_s = now_s
+            allowed = self._first_seq + int((now_s - self._started_s) * self.rate) + 1
+            if allowed <= self.next_seq:  # wait for the next record's turn
+                due_s = self._started_s + (self.next_seq - self._first_seq) / self.rate
+                await trio.sleep_until(due_s)
+                allowed = self.next_seq + 1
+            wanted = min(wanted, allowed - self.next_seq)
+        await trio.lowlevel.checkpoint()
+        records = [self.record(seq) for seq in range(self.next_seq, self.next_seq + wanted)]
+        self.next_seq += wanted
+        return records
+
+    async def side_effect(self, position: Any) -> None:
+        await trio.lowlevel.checkpoint()
+
+    def position_key(self, position: Any) -> Any:
+        return position
+
+    def close(self) -> None:
+        pass
