@@ -188,6 +188,10 @@ class Admission:
         self.failure_threshold = failure_threshold
         self.cool_down_ms = cool_down_ms
         self.destinations: dict[str, DestinationState] = {}
+        #: Partition counts learned from the broker, admitted topics or not (a topic admitted
+        #: later starts with its count, so ``partition_out_of_range`` holds from its first
+        #: record).
+        self.partition_counts: dict[str, int] = {}
         self.counters = AdmissionCounters()
 
     # --- asking -------------------------------------------------------------------------------
@@ -213,13 +217,14 @@ class Admission:
             return RejectReason.CIRCUIT_OPEN
         partition = destination.partition
         if partition is not None:
-            known = None if state is None else state.partitions
+            known = self.partition_counts.get(topic) if state is None else state.partitions
             if partition < 0 or (known is not None and partition >= known):
                 return RejectReason.PARTITION_OUT_OF_RANGE
         if state is None:
             if len(self.destinations) >= self.config.max_destinations:
                 return RejectReason.MAX_DESTINATIONS
-            self.destinations[topic] = DestinationState(topic)
+            self.destinations[topic] = DestinationState(
+                topic, partitions=self.partition_counts.get(topic))
         return None
 
     def _breaker_admits(self, state: DestinationState, batch_id: int, now_ms: int) -> bool:
@@ -236,8 +241,9 @@ class Admission:
 
     # --- telling ------------------------------------------------------------------------------
     def set_partition_count(self, topic: str, partitions: int) -> None:
-        """The topic's partition count, once known (metadata or creation)."""
+        """The topic's partition count, once known (metadata or creation), admitted or not."""
         assert partitions >= 1
+        self.partition_counts[topic] = partitions
         state = self.destinations.get(topic)
         if state is not None:
             state.partitions = partitions

@@ -91,6 +91,19 @@ def test_invalid_topics_and_partitions_are_rejected_without_taking_a_slot():
     assert admission.destinations["t"].consecutive_failures == 0
 
 
+def test_a_partition_count_learned_before_admission_holds_from_the_first_record():
+    admission = Admission(AdmissionConfig(max_destinations=2))
+    admission.set_partition_count("u", 2)  # a pre-created topic, not admitted yet
+    assert admission.destinations_active == 0
+    assert admission.admit(Destination("u", partition=2), 1, 0) is (
+        RejectReason.PARTITION_OUT_OF_RANGE)
+    assert admission.destinations_active == 0  # the rejection took no slot
+    assert admission.admit(Destination("u", partition=1), 1, 0) is None
+    assert admission.destinations["u"].partitions == 2
+    admission.set_partition_count("u", 4)  # partitions were added: refreshed
+    assert admission.admit(Destination("u", partition=3), 2, 0) is None
+
+
 # The breaker against a model: steps are (ms to advance, batch attempt's outcome). Each batch
 # asks admission once for topic "t"; an admitted batch reports one outcome.
 outcomes = st.sampled_from(list(SendOutcome))
