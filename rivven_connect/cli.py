@@ -1,12 +1,16 @@
-"""``rivven-connect --config connect.yaml [--bootstrap HOST:PORT,...]``: the runtime's process.
+"""``rivven-connect --config connect.yaml [--bootstrap HOST:PORT,...] [--http HOST:PORT|off]``:
+the runtime's process.
 
 Exit codes: 0 every source stopped (exhausted, or SIGTERM/SIGINT: the batch in flight
 finished and committed); 1 the configuration is wrong (the ``ConnectConfigError`` message,
-which starts with the offending path, goes to stderr); 2 the broker cannot be reached at
-start; 3 a source stopped in ``error`` (its error on stderr).
+which starts with the offending path, goes to stderr), or the HTTP address cannot be bound;
+2 the broker cannot be reached at start; 3 a source stopped in ``error`` (its error on
+stderr).
 
 The bootstrap is ``--bootstrap``, else ``$RIVVEN_BOOTSTRAP``, else the file's
-``broker.bootstrap``. ``${NAME}`` in the file comes from the process environment.
+``broker.bootstrap``. The HTTP address is ``--http`` (``off``: none), else the file's
+``http`` (default ``127.0.0.1:9095``; ``off`` or null: none). ``${NAME}`` in the file comes
+from the process environment.
 """
 
 from __future__ import annotations
@@ -20,7 +24,13 @@ from typing import Sequence
 import trio
 
 from rivven_connect.core.config import ConnectConfig, ConnectConfigError, load_config
-from rivven_connect.driver import BrokerUnreachable, SourceResult, find_error, run_connect
+from rivven_connect.driver import (
+    BrokerUnreachable,
+    HttpUnavailable,
+    SourceResult,
+    find_error,
+    run_connect,
+)
 from rivven_connect.sources import Source, build_source
 
 __all__ = ["main", "load"]
@@ -47,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rivven-connect", description=__doc__.split("\n")[0])
     parser.add_argument("--config", required=True, help="the connect.yaml file")
     parser.add_argument("--bootstrap", help="HOST:PORT[,HOST:PORT...] (overrides the file)")
+    parser.add_argument("--http", help="HOST:PORT of the HTTP API, or off (overrides the file)")
     args = parser.parse_args(argv)
     environ = dict(os.environ)
     try:
@@ -55,19 +66,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rivven-connect: {args.config}: {error}", file=sys.stderr)
         return EXIT_CONFIG
     bootstrap = args.bootstrap or environ.get("RIVVEN_BOOTSTRAP") or ",".join(config.bootstrap)
+    http = config.http
+    if args.http is not None:
+        http = None if args.http == "off" else args.http
+        if http is not None and not _is_host_port(http):
+            print(f"rivven-connect: --http: {args.http!r} is not HOST:PORT or off",
+                  file=sys.stderr)
+            return EXIT_CONFIG
     try:
-        results = trio.run(_serve, config, bootstrap, sources)
-    except (BrokerUnreachable, BaseExceptionGroup) as caught:
-        error = find_error(caught, (BrokerUnreachable,))
+        results = trio.run(_serve, config, bootstrap, sources, http)
+    except (BrokerUnreachable, HttpUnavailable, BaseExceptionGroup) as caught:
+        error = find_error(caught, (BrokerUnreachable, HttpUnavailable))
         if error is None:
             raise
         print(f"rivven-connect: {error}", file=sys.stderr)
-        return EXIT_BROKER
+        return EXIT_BROKER if isinstance(error, BrokerUnreachable) else EXIT_CONFIG
     failed = False
     for result in results.values():
         print(_describe(result), file=sys.stderr)
         failed = failed or result.state == "error"
     return EXIT_SOURCE_ERROR if failed else EXIT_OK
+
+
+def _is_host_port(text: str) -> bool:
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit() and int(port) <= 65535
 
 
 def _describe(result: SourceResult) -> str:
@@ -76,8 +99,8 @@ def _describe(result: SourceResult) -> str:
     return line + (f": {result.error}" if result.error else "")
 
 
-async def _serve(config: ConnectConfig, bootstrap: str,
-                 sources: dict[str, Source]) -> dict[str, SourceResult]:
+async def _serve(config: ConnectConfig, bootstrap: str, sources: dict[str, Source],
+                 http: str | None) -> dict[str, SourceResult]:
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         async def on_signals() -> None:
@@ -87,7 +110,7 @@ async def _serve(config: ConnectConfig, bootstrap: str,
 
         nursery.start_soon(on_signals)
         try:
-            results = await run_connect(config, bootstrap, sources, stop)
+            results = await run_connect(config, bootstrap, sources, stop, http=http)
         finally:
             nursery.cancel_scope.cancel()
     return results

@@ -52,14 +52,17 @@ from rivven_broker.client.errors import (
 from rivven_broker.client.trio import open_admin, open_consumer, open_producer
 from rivven_broker.client.types import TopicPartition
 from rivven_connect.core import batch_cycle as bc
-from rivven_connect.core.admission import Admission
+from rivven_connect.core.admission import Admission, AdmissionMode, SendOutcome
 from rivven_connect.core.config import OFFSETS_TOPIC, ConnectConfig, SourceConfig
 from rivven_connect.core.records import Record
 from rivven_connect.core.routing import Router
 from rivven_connect.core.transforms import build_chain
+from rivven_connect.http_api import ConnectorView, respond
+from rivven_connect.http_server import serve_http
 from rivven_connect.sources import Source, SourceError
 
-__all__ = ["BrokerUnreachable", "SourceResult", "SourceRunner", "find_error", "ensure_offsets_topic", "read_position",
+__all__ = ["BrokerUnreachable", "HttpUnavailable", "SourceResult", "SourceRunner", "find_error",
+           "ensure_offsets_topic", "read_position",
            "run_connect"]
 
 #: Records asked of a source per poll (the source's own ``batch_size`` may be lower).
@@ -71,10 +74,56 @@ producer_max_block_ms = 30_000
 admin_connect_attempts_max = 3
 
 _FATAL_ERRORS = (ProducerFencedError, InvalidTxnStateError)
+#: Partitions of a topic created on first admission without ``topic_defaults.partitions``
+#: (the broker's own default for auto-created topics).
+topic_partitions_default = 3
+
+#: Client error codes that are a destination's own fault: its breaker counts them.
+_PERMANENT_CODES = frozenset({
+    "MESSAGE_TOO_LARGE", "RECORD_LIST_TOO_LARGE", "INVALID_TOPIC_NAME", "INVALID_CONFIG",
+    "INVALID_PARTITIONS", "INVALID_REPLICATION_FACTOR", "POLICY_VIOLATION",
+    "TOPIC_AUTHORIZATION_FAILED",
+})
+
+
+def _outcome_of(error: BaseException) -> SendOutcome:
+    """What a client error says about the destination it came from: permanent (authorization,
+    record too large, invalid topic or topic settings: the breaker counts it), transient
+    (connection loss, timeouts, anything retriable: not the topic's fault, not counted), or
+    no verdict (the transaction's own state, fencing, the rest)."""
+    if isinstance(error, RivvenError) and error.code in _PERMANENT_CODES:
+        return SendOutcome.PERMANENT_FAILURE
+    if isinstance(error, (ConnectionFailedError, ClientTimeoutError, trio.TooSlowError)) or (
+            isinstance(error, RivvenError) and error.retriable):
+        return SendOutcome.TRANSIENT_FAILURE
+    return SendOutcome.NO_VERDICT
+
+
+async def _delivery_error(delivery: Any) -> RivvenError | None:
+    """The error a completed delivery failed with (None: delivered, or still pending)."""
+    if not delivery.done():
+        return None
+    try:
+        await delivery.wait()
+    except RivvenError as error:
+        return error
+    return None
+
+
+def _start_topics(config: SourceConfig) -> set[str]:
+    """Topics created before the first batch: the allowlist's literal entries."""
+    admission = config.routing.admission
+    if admission.mode is not AdmissionMode.ALLOWLIST:
+        return set()
+    return {str(pattern) for pattern in admission.patterns if "*" not in pattern.segments}
 
 
 class BrokerUnreachable(Exception):
     """The broker could not be reached at start (the CLI exits 2)."""
+
+
+class HttpUnavailable(Exception):
+    """The HTTP address could not be bound (the CLI exits 1)."""
 
 
 _UNREACHABLE = (ConnectionFailedError, ClientTimeoutError, OSError)
@@ -163,6 +212,9 @@ class SourceRunner:
     stop: trio.Event
     rng: random.Random = attrs.field(factory=lambda: random.Random(0))
     cycle: bc.BatchCycle | None = None
+    admission: Admission | None = None
+    #: Topics known to exist (created or found), their partition counts fed to admission.
+    ensured: set[str] = attrs.Factory(set)
     _stop_told: bool = False
 
     async def run(self) -> bc.CycleStatus:
@@ -170,29 +222,65 @@ class SourceRunner:
         raises while starting (before the first poll)."""
         async with open_producer(self.bootstrap, transactional_id=self.config.transactional_id,
                                  acks="all", idempotent=True,
-                                 max_block_ms=producer_max_block_ms) as producer:
+                                 max_block_ms=producer_max_block_ms) as producer, \
+                open_admin(self.bootstrap) as admin:
             await producer.init_transactions()
             stored = await read_position(self.bootstrap, self.config.name)
             self.source.resume(stored)
             routing = self.config.routing
-            router = Router(self.config, Admission(routing.admission))
+            self.admission = Admission(routing.admission)
+            router = Router(self.config, self.admission)
             chain = build_chain(list(self.config.transforms),
                                 path=f"sources.{self.config.name}.transforms")
+            problems = await self._ensure_topics(admin, _start_topics(self.config))
+            if routing.dlq_topic is not None:  # dead letters are never compacted away
+                problems.update(await self._ensure_topics(admin, {routing.dlq_topic},
+                                                          configs=False))
+            if problems:  # the configuration names a topic the broker refuses
+                topic, error = next(iter(problems.items()))
+                raise _SourceStopped(f"cannot create topic {topic!r}: {error}")
             self.cycle = bc.BatchCycle(router, chain.apply, self.rng.random,
                                        stored_position=stored,
                                        position_key=self.source.position_key)
             try:
-                await self._drive(producer)
+                await self._drive(producer, admin)
             finally:
                 self.source.close()
             return self.cycle.status()
 
-    async def _drive(self, producer: Any) -> None:
+    async def _ensure_topics(self, admin: Any, topics: Any, *, configs: bool = True
+                             ) -> dict[str, RivvenError]:
+        """Create each of ``topics`` not ensured yet with ``routing.topic_defaults`` (its
+        ``configs`` only if ``configs``), or find it, and feed its partition count to
+        admission. Returns the topics the broker refused to create, with the error; raises
+        what a lost connection raises."""
+        defaults = self.config.routing.topic_defaults
+        refused: dict[str, RivvenError] = {}
+        assert self.admission is not None
+        for topic in sorted(set(topics) - self.ensured):
+            try:
+                await admin.create_topic(
+                    topic, partitions=defaults.partitions or topic_partitions_default,
+                    replication_factor=defaults.replication_factor or 1,
+                    config=dict(defaults.configs) if configs else {})
+            except TopicAlreadyExistsError:
+                pass
+            except RivvenError as error:
+                if _outcome_of(error) is not SendOutcome.PERMANENT_FAILURE:
+                    raise
+                refused[topic] = error
+                continue
+            partitions = (await admin.describe_topic(topic)).partitions
+            self.admission.set_partition_count(topic, partitions)
+            self.ensured.add(topic)
+        return refused
+
+    async def _drive(self, producer: Any, admin: Any) -> None:
         cycle = self.cycle
         assert cycle is not None
         instructions = cycle.start()
         while True:
-            event = await self._execute(instructions, producer)
+            event = await self._execute(instructions, producer, admin)
             if event is None:
                 return  # halted
             if self.stop.is_set() and not self._stop_told and not isinstance(
@@ -209,25 +297,15 @@ class SourceRunner:
                 assert cycle.phase is bc.Phase.DONE
                 return
 
-    async def _execute(self, instructions: list[bc.Instruction], producer: Any) -> bc.Event | None:
+    async def _execute(self, instructions: list[bc.Instruction], producer: Any,
+                       admin: Any) -> bc.Event | None:
         """Run one list of instructions; the event it ends with (None after ``Halt``)."""
-        failure: BaseException | None = None
-        for instruction in instructions:
+        for index, instruction in enumerate(instructions):
             if isinstance(instruction, bc.Poll):
                 return await self._poll()
             if isinstance(instruction, bc.BeginTransaction):
-                failure = await self._guard(producer.begin_transaction())
-            elif isinstance(instruction, bc.Send):
-                if failure is None:
-                    failure = await self._guard(self._send(producer, instruction.record))
-            elif isinstance(instruction, bc.CommitTransaction):
-                if failure is None:
-                    failure = await self._guard(producer.commit_transaction())
-                if failure is None:
-                    return bc.TransactionCommitted(instruction.batch_id, now_ms())
-                return bc.TransactionFailed(instruction.batch_id, str(failure),
-                                            not isinstance(failure, _FATAL_ERRORS), now_ms())
-            elif isinstance(instruction, bc.AbortTransaction):
+                return await self._transact(instructions[index:], producer, admin)
+            if isinstance(instruction, bc.AbortTransaction):
                 await self._abort(producer)
             elif isinstance(instruction, bc.RunSideEffect):
                 return await self._side_effect(instruction)
@@ -238,6 +316,63 @@ class SourceRunner:
                 return None
         raise AssertionError(f"an instruction list without an end: {instructions!r}")
 
+    async def _transact(self, instructions: list[bc.Instruction], producer: Any,
+                        admin: Any) -> bc.Event:
+        """``BeginTransaction``, ``Send``..., ``CommitTransaction``: the batch's transaction.
+        Topics not ensured yet are created first; the first client error skips the rest and
+        is reported with what it says about each topic (``_outcome_of``)."""
+        begin, *sends, commit = instructions
+        assert isinstance(begin, bc.BeginTransaction) and isinstance(commit, bc.CommitTransaction)
+        assert all(isinstance(send, bc.Send) for send in sends)
+        topics = {send.record.destination.topic for send in sends  # type: ignore[union-attr]
+                  } - {self.cycle.offsets_topic}  # type: ignore[union-attr]
+        outcomes: dict[str, SendOutcome] = {}
+        deliveries: list[tuple[str, Any]] = []
+        failure = await self._guard(producer.begin_transaction())
+        if failure is None:
+            try:
+                refused = await self._ensure_topics(admin, topics)
+            except (RivvenError, trio.TooSlowError) as error:
+                failure = error
+            else:
+                for topic, error in refused.items():
+                    outcomes[topic] = SendOutcome.PERMANENT_FAILURE
+                    failure = error
+        for send in sends:
+            if failure is not None:
+                break
+            topic = send.record.destination.topic  # type: ignore[union-attr]
+            try:
+                deliveries.append((topic, await self._send(producer, send.record)))
+            except (RivvenError, trio.TooSlowError) as error:
+                failure = error
+                outcomes.setdefault(topic, _outcome_of(error))
+        if failure is None:
+            failure = await self._guard(producer.commit_transaction())
+        self._learn_partition_counts(producer, topics)
+        if failure is None:
+            return bc.TransactionCommitted(commit.batch_id, now_ms())
+        for topic, delivery in deliveries:  # which topic's records the broker refused
+            error = await _delivery_error(delivery)
+            if error is not None:
+                outcome = _outcome_of(error)
+                if outcome is SendOutcome.PERMANENT_FAILURE or topic not in outcomes:
+                    outcomes[topic] = outcome
+        attributed = tuple((topic, outcome) for topic, outcome in sorted(outcomes.items())
+                           if outcome is not SendOutcome.NO_VERDICT)
+        return bc.TransactionFailed(commit.batch_id, str(failure),
+                                    not isinstance(failure, _FATAL_ERRORS), now_ms(),
+                                    topic_outcomes=attributed)
+
+    def _learn_partition_counts(self, producer: Any, topics: set[str]) -> None:
+        """The producer's metadata (refreshed by the client for unknown topics) into
+        admission, so ``partition_out_of_range`` is judged against the broker's counts."""
+        assert self.admission is not None
+        for topic in topics:
+            count = producer.partition_count(topic)
+            if count is not None and self.admission.partition_counts.get(topic) != count:
+                self.admission.set_partition_count(topic, count)
+
     @staticmethod
     async def _guard(call: Any) -> BaseException | None:
         try:
@@ -247,11 +382,12 @@ class SourceRunner:
         return None
 
     @staticmethod
-    async def _send(producer: Any, record: Record) -> None:
+    async def _send(producer: Any, record: Record) -> Any:
+        """Queue ``record``; its ``Delivery``."""
         destination = record.destination
         assert destination is not None
         key = destination.key if destination.key is not None else encode(record.key)
-        await producer.enqueue(destination.topic, encode(record.value), key,
+        return await producer.enqueue(destination.topic, encode(record.value), key,
                                list(record.headers), destination.partition, record.timestamp_ms)
 
     async def _abort(self, producer: Any) -> None:
@@ -322,17 +458,28 @@ class SourceResult:
 
 
 async def run_connect(config: ConnectConfig, bootstrap: str, sources: Mapping[str, Source],
-                      stop: trio.Event, *, seed: int | None = None) -> dict[str, SourceResult]:
-    """Run every source until it halts (exhausted, ``stop`` set, or an error).
+                      stop: trio.Event, *, seed: int | None = None, http: str | None = None,
+                      task_status: trio.TaskStatus[int | None] = trio.TASK_STATUS_IGNORED,
+                      ) -> dict[str, SourceResult]:
+    """Run every source until it halts (exhausted, ``stop`` set, or an error), serving the
+    HTTP API on ``http`` (HOST:PORT; None: no server) meanwhile.
 
-    Raises ``BrokerUnreachable`` if no broker answers at start."""
+    ``task_status.started`` gets the bound HTTP port (None without a server) once the offsets
+    topic is made sure of and the server listens. Raises ``BrokerUnreachable`` if no broker
+    answers at start, ``HttpUnavailable`` if ``http`` cannot be bound."""
     await ensure_offsets_topic(bootstrap)
     results: dict[str, SourceResult] = {}
     rng = random.Random(seed)
+    runners = {
+        name: SourceRunner(source_config, sources[name], bootstrap, stop,
+                           rng=random.Random(rng.random()))
+        for name, source_config in config.sources.items()}
 
-    async def run_one(source_config: SourceConfig) -> None:
-        runner = SourceRunner(source_config, sources[source_config.name], bootstrap, stop,
-                              rng=random.Random(rng.random()))
+    def views() -> list[ConnectorView]:
+        return [_view(runner, results.get(name)) for name, runner in runners.items()]
+
+    async def run_one(runner: SourceRunner) -> None:
+        name = runner.config.name
         try:
             status = await runner.run()
         except (*_STOPS_SOURCE, BaseExceptionGroup) as caught:
@@ -340,16 +487,35 @@ async def run_connect(config: ConnectConfig, bootstrap: str, sources: Mapping[st
             if error is None:
                 raise
             cycle = runner.cycle
-            results[source_config.name] = SourceResult(
-                source_config.name, "error", str(error),
-                None if cycle is None else cycle.committed_position,
+            results[name] = SourceResult(
+                name, "error", str(error), None if cycle is None else cycle.committed_position,
                 0 if cycle is None else cycle.records_committed)
             return
-        results[source_config.name] = SourceResult(
-            source_config.name, status.state.value, status.last_error, status.position,
-            status.records)
+        results[name] = SourceResult(name, status.state.value, status.last_error,
+                                     status.position, status.records)
 
-    async with trio.open_nursery() as nursery:
-        for source_config in config.sources.values():
-            nursery.start_soon(run_one, source_config)
+    async with trio.open_nursery() as server:
+        port = None
+        if http is not None:
+            host, _, port_text = http.rpartition(":")
+            try:
+                port = await server.start(
+                    serve_http, host, int(port_text),
+                    lambda method, target: respond(method, target, views(), now_ms()))
+            except OSError as error:
+                raise HttpUnavailable(f"cannot serve HTTP on {http}: {error}") from error
+        task_status.started(port)
+        async with trio.open_nursery() as nursery:
+            for runner in runners.values():
+                nursery.start_soon(run_one, runner)
+        server.cancel_scope.cancel()
     return results
+
+
+def _view(runner: SourceRunner, result: SourceResult | None) -> ConnectorView:
+    cycle = runner.cycle
+    return ConnectorView(
+        runner.config.name, runner.config.connector,
+        status=None if cycle is None else cycle.status(), admission=runner.admission,
+        final_state=None if result is None else result.state,
+        final_error=None if result is None else result.error)
