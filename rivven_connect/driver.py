@@ -27,6 +27,14 @@ in progress is cancelled for it (the cycle halts at once; the uncommitted batch 
 after a restart); a transaction or side effect in flight finishes first, then the cycle
 halts ``stopped``.
 
+Admission is fed by the broker: each runner creates the allowlist's literal topics (and the
+DLQ) at start and every new destination inside the batch's transaction, before its first
+send, with ``routing.topic_defaults`` (``_ensure_topics``), and hands partition counts
+(``describe_topic``, then the producer's metadata) to ``Admission.set_partition_count``. A
+failed transaction is reported with per-topic outcomes (``_outcome_of``: permanent,
+transient, or no verdict) for the breakers. ``run_connect(http=...)`` serves the HTTP API
+(``http_api``/``http_server``) from snapshots of the runners.
+
 Failures: the cycle decides what is retriable; the driver only classifies client errors
 (a fenced producer or an invalid transaction state is fatal, the rest retriable). A failed
 ``abort_transaction`` leaves the producer unusable, so the source stops in ``error``.
