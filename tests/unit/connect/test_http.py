@@ -195,3 +195,12 @@ async def test_the_listener_refuses_connections_over_the_cap(monkeypatch):
         await first.aclose()
         await second.aclose()
         nursery.cancel_scope.cancel()
+
+
+def test_the_cli_refuses_an_http_flag_that_is_not_host_port(tmp_path, capsys):
+    from rivven_connect.cli import EXIT_CONFIG, main
+
+    path = tmp_path / "connect.yaml"
+    path.write_text('sources: {gen: {connector: datagen, topic: t, config: {count: 1}}}\n')
+    assert main(["--config", str(path), "--http", "nowhere"]) == EXIT_CONFIG
+    assert "--http: 'nowhere' is not HOST:PORT or off" in capsys.readouterr().err
