@@ -71,6 +71,7 @@ PURE_PACKAGES = (
     "rivven_broker.coordinator",
     "rivven_cluster",
     "rivven_connect.core",
+    "rivven_connect.pg",  # the CDC decoding cores; the replication driver will be exempt
 )
 PURE_EXEMPT = {
     "rivven_broker.storage.file_store": "the real FileStore: the one storage module doing os I/O",
@@ -81,7 +82,8 @@ PURE_EXEMPT = {
 IO_MODULES = {"trio", "socket", "threading", "time", "asyncio", "selectors", "select"}
 # Cores that are stricter still: the environment and randomness come in as arguments (the
 # connector core takes an env mapping and a jitter callable from its driver).
-PURE_EXTRA_BANNED = {"rivven_connect.core": {"os", "random"}}
+PURE_EXTRA_BANNED = {"rivven_connect.core": {"os", "random"},
+                     "rivven_connect.pg": {"os", "random"}}
 
 # Modules allowed to touch real time, real randomness, threads and sockets: the Env
 # implementations and the drivers that by nature live outside the simulator.

@@ -1,0 +1,250 @@
+"""A decoded ``Transaction`` -> ``Record``s in the CDC envelope of CONTRACT.md.
+
+Theory of operation: pure. ``EnvelopeBuilder.records(transaction, now_ms)`` walks the
+changes in order and makes, per change:
+
+- Insert -> ``c``; Update -> ``u``; Delete -> ``d`` and then a tombstone (value ``None``,
+  same key), so a compacted topic forgets the row;
+- an Update whose primary key changed -> ``d`` (old key) + tombstone + ``c`` (new key); the
+  ``d`` and the tombstone carry header ``rivven.cdc.pk_change.new_key``, the ``c`` carries
+  ``rivven.cdc.pk_change.old_key`` (the other key as JSON);
+- Truncate -> one ``t`` record per table (no key, no images); a transactional logical
+  message -> one ``m`` record (``message: {prefix, content}`` with base64 content). Both can
+  be switched off.
+
+Value: ``{before, after, source: {connector, db, schema, table, lsn, txId, ts_ms, snapshot},
+op, ts_ms}``; ``source.lsn`` is the change's WAL position as ``"X/X"`` text, ``source.ts_ms``
+the commit time, the outer ``ts_ms`` the ``now_ms`` the driver passes in; ``snapshot`` is
+``"false"`` (streamed changes). Images are dicts of column -> value typed by ``values.py``.
+
+Images and replica identity: under DEFAULT (or INDEX) Postgres sends no old row for an
+update (``before`` is null) and only the key columns for a delete (``before`` holds just
+those). Under FULL it sends the whole old row. Its key flags then mark *every* column, so
+the primary key of a FULL table must be given (``key_columns``; the driver reads it from
+the catalog) or the table is refused with ``EnvelopeError``.
+
+Unchanged TOAST (kind ``u``: a large value the update did not touch, not sent): never
+null. The value is copied from the old row when Postgres sent one (FULL), else it is
+``UNAVAILABLE_VALUE`` and header ``rivven.cdc.unavailable_columns`` lists the columns
+(JSON array).
+
+Identity and position: each record of a transaction gets ``seq`` 0, 1, 2, ... (tombstones
+and primary-key-change parts count), header ``rivven.cdc.id = "{commit_lsn}:{seq}"`` (stable
+across replays) and ``position = CdcPosition(end_lsn, commit_lsn, seq, last)``; only a
+``last`` position is a whole transaction, the point where a source may commit and resume.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from rivven_connect.core.records import Header, Record
+
+from .pgoutput import (
+    ColumnValue, Delete, Insert, LogicalMessage, Relation, Truncate, Update, format_lsn,
+    pg_timestamp_to_unix_ms,
+)
+from .transactions import Change, Transaction
+from .values import decode_value
+
+__all__ = [
+    "HEADER_ID",
+    "HEADER_PK_CHANGE_NEW_KEY",
+    "HEADER_PK_CHANGE_OLD_KEY",
+    "HEADER_UNAVAILABLE_COLUMNS",
+    "UNAVAILABLE_VALUE",
+    "CdcPosition",
+    "EnvelopeBuilder",
+    "EnvelopeError",
+]
+
+UNAVAILABLE_VALUE = "__rivven_unavailable_value"
+HEADER_ID = "rivven.cdc.id"
+HEADER_PK_CHANGE_OLD_KEY = "rivven.cdc.pk_change.old_key"
+HEADER_PK_CHANGE_NEW_KEY = "rivven.cdc.pk_change.new_key"
+HEADER_UNAVAILABLE_COLUMNS = "rivven.cdc.unavailable_columns"
+
+
+class EnvelopeError(ValueError):
+    """A change that cannot become a record: a tuple that does not fit its Relation, a
+    value that is not its type's text, a FULL-identity table without given key columns."""
+
+
+@attrs.frozen(order=True)
+class CdcPosition:
+    """Where a record sits in the WAL stream; orders as the stream does."""
+
+    end_lsn: int
+    commit_lsn: int
+    seq: int
+    last: bool  # the transaction's last record: committing here resumes after it
+
+
+def _json_bytes(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+
+
+@attrs.frozen
+class _Image:
+    values: dict[str, Any]
+    unavailable: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class EnvelopeBuilder:
+    """Settings of one source; ``records`` does the work."""
+
+    db: str
+    connector: str = "postgres-cdc"
+    # (schema, table) -> primary key column names; () means "no key" (key None).
+    key_columns: Mapping[tuple[str, str], tuple[str, ...]] = attrs.field(factory=dict)
+    emit_truncates: bool = True
+    emit_messages: bool = True
+
+    def records(self, transaction: Transaction, now_ms: int) -> list[Record]:
+        """The records of one transaction, in order. Raises ``EnvelopeError``."""
+        drafts: list[tuple[Any, Any, Change, str | None, Relation | None, list[Header]]] = []
+        for change in transaction.changes:
+            drafts.extend(self._change(change))
+        records = []
+        for seq, (value, key, change, op, relation, headers) in enumerate(drafts):
+            position = CdcPosition(transaction.end_lsn, transaction.commit_lsn, seq,
+                                   seq == len(drafts) - 1)
+            if value is not None:
+                value = {**value, "source": self._source(transaction, change, relation),
+                         "ts_ms": now_ms}
+            cdc_id = f"{format_lsn(transaction.commit_lsn)}:{seq}".encode()
+            records.append(Record(
+                value, key=key, headers=((HEADER_ID, cdc_id), *headers),
+                timestamp_ms=pg_timestamp_to_unix_ms(transaction.commit_ts_us),
+                table=relation.name if relation else None,
+                schema=relation.schema if relation else None, op=op, position=position))
+        return records
+
+    def _source(self, transaction: Transaction, change: Change,
+                relation: Relation | None) -> dict[str, Any]:
+        return {"connector": self.connector, "db": self.db,
+                "schema": relation.schema if relation else None,
+                "table": relation.name if relation else None,
+                "lsn": format_lsn(change.lsn), "txId": transaction.xid,
+                "ts_ms": pg_timestamp_to_unix_ms(transaction.commit_ts_us),
+                "snapshot": "false"}
+
+    def _change(self, change: Change) -> list:
+        message = change.message
+        if isinstance(message, Truncate):
+            if not self.emit_truncates:
+                return []
+            return [({"before": None, "after": None, "op": "t"}, None, change, "t", relation, [])
+                    for relation in change.relations]
+        if isinstance(message, LogicalMessage):
+            if not self.emit_messages:
+                return []
+            body = {"prefix": message.prefix,
+                    "content": base64.b64encode(message.content).decode("ascii")}
+            return [({"before": None, "after": None, "op": "m", "message": body},
+                     {"prefix": message.prefix}, change, "m", None, [])]
+        relation = change.relation
+        names = self._key_names(relation)
+        if isinstance(message, Insert):
+            after = self._image(relation, message.new)
+            return [self._draft("c", None, after, names, change, [])]
+        if isinstance(message, Delete):
+            before = self._old_image(relation, message.key, message.old, names)
+            return self._delete(before, names, change, [])
+        assert isinstance(message, Update), message
+        before = self._old_image(relation, message.key, message.old, names)
+        after = self._image(relation, message.new, before if message.old else None)
+        new_key = _key(after.values, names)
+        old_key = _key(before.values, names) if before is not None else new_key
+        if old_key == new_key:
+            return [self._draft("u", before if message.old else None, after, names, change, [])]
+        deleted = self._delete(before, names, change,
+                               [(HEADER_PK_CHANGE_NEW_KEY, _json_bytes(new_key))])
+        created = self._draft("c", None, after, names, change,
+                              [(HEADER_PK_CHANGE_OLD_KEY, _json_bytes(old_key))])
+        return [*deleted, created]
+
+    def _delete(self, before: _Image | None, names: tuple[str, ...], change: Change,
+                headers: list[Header]) -> list:
+        assert before is not None  # pgoutput always sends a key or old tuple for a delete
+        draft = self._draft("d", before, None, names, change, headers)
+        key = draft[1]
+        if key is None:
+            return [draft]
+        return [draft, (None, key, change, "d", change.relation, list(headers))]
+
+    def _draft(self, op: str, before: _Image | None, after: _Image | None,
+               names: tuple[str, ...], change: Change, headers: list[Header]) -> tuple:
+        keyed = after if after is not None else before
+        assert keyed is not None
+        unavailable = sorted({*(before.unavailable if before else ()),
+                              *(after.unavailable if after else ())})
+        if unavailable:
+            headers = [*headers, (HEADER_UNAVAILABLE_COLUMNS, _json_bytes(unavailable))]
+        value = {"before": before.values if before else None,
+                 "after": after.values if after else None, "op": op}
+        return (value, _key(keyed.values, names), change, op, change.relation, headers)
+
+    def _key_names(self, relation: Relation) -> tuple[str, ...]:
+        given = self.key_columns.get((relation.schema, relation.name))
+        if given is None:
+            if relation.replica_identity == "f":
+                raise EnvelopeError(
+                    f"{relation.schema}.{relation.name} has REPLICA IDENTITY FULL: its "
+                    f"primary key columns must be given (key_columns)")
+            return tuple(column.name for column in relation.columns if column.key)
+        known = {column.name for column in relation.columns}
+        missing = [name for name in given if name not in known]
+        if missing:
+            raise EnvelopeError(f"{relation.schema}.{relation.name} has no key column "
+                                f"{missing[0]!r}")
+        return tuple(given)
+
+    def _old_image(self, relation: Relation, key: tuple[ColumnValue, ...] | None,
+                   old: tuple[ColumnValue, ...] | None, names: tuple[str, ...]
+                   ) -> _Image | None:
+        if old is not None:
+            return self._image(relation, old)
+        if key is None:
+            return None
+        image = self._image(relation, key)
+        flagged = {column.name for column in relation.columns if column.key}
+        return _Image({name: value for name, value in image.values.items()
+                       if name in flagged or name in names})
+
+    def _image(self, relation: Relation, tuple_: tuple[ColumnValue, ...],
+               previous: _Image | None = None) -> _Image:
+        if len(tuple_) != len(relation.columns):
+            raise EnvelopeError(
+                f"{relation.schema}.{relation.name}: tuple has {len(tuple_)} columns, the "
+                f"Relation {len(relation.columns)}")
+        values: dict[str, Any] = {}
+        unavailable = []
+        for column, value in zip(relation.columns, tuple_):
+            if value.kind == "n":
+                values[column.name] = None
+            elif value.kind == "u":
+                old = previous.values.get(column.name, UNAVAILABLE_VALUE) if previous else \
+                    UNAVAILABLE_VALUE
+                if old == UNAVAILABLE_VALUE:
+                    unavailable.append(column.name)
+                values[column.name] = old
+            else:
+                assert value.data is not None
+                try:
+                    values[column.name] = decode_value(column.type_oid, value.kind, value.data)
+                except ValueError as error:
+                    raise EnvelopeError(
+                        f"{relation.schema}.{relation.name}.{column.name} (type oid "
+                        f"{column.type_oid}): {error}") from None
+        return _Image(values, tuple(unavailable))
+
+
+def _key(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any] | None:
+    return {name: values.get(name) for name in names} if names else None
