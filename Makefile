@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test run bench bench-peers bench-storage clean java
+.PHONY: test run bench bench-peers bench-storage clean java postgres
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 # Spark's Python workers (tests/spark) must run this venv's interpreter, on loopback.
 test: export PYSPARK_PYTHON = $(abspath $(PY))
 test: export SPARK_LOCAL_IP = 127.0.0.1
-test: $(STAMP) java
+test: $(STAMP) java postgres
 	$(PY) -m pytest
 
 # The Spark tests need a JVM; they fail (not skip) without one. Debian's headless JRE.
@@ -24,6 +24,13 @@ java:
 	@command -v java >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless; \
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless; fi; }
+
+# The Postgres CDC tests (tests/integration/connect/pg) run a real Postgres 15; they fail
+# (not skip) without one. Debian's server package (the tests run initdb as the postgres user).
+postgres:
+	@test -x /usr/lib/postgresql/15/bin/initdb || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15; \
+	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15; fi; }
 
 run: $(STAMP)
 	$(VENV)/bin/rivven-broker
