@@ -57,6 +57,7 @@ from rivven_connect.core.config import OFFSETS_TOPIC, ConnectConfig, SourceConfi
 from rivven_connect.core.records import Record
 from rivven_connect.core.routing import Router
 from rivven_connect.core.transforms import build_chain
+from rivven_connect.sink_runner import run_sinks
 from rivven_connect.sources import Source, SourceError
 
 __all__ = ["BrokerUnreachable", "SourceResult", "SourceRunner", "find_error", "ensure_offsets_topic", "read_position",
@@ -322,8 +323,11 @@ class SourceResult:
 
 
 async def run_connect(config: ConnectConfig, bootstrap: str, sources: Mapping[str, Source],
-                      stop: trio.Event, *, seed: int | None = None) -> dict[str, SourceResult]:
-    """Run every source until it halts (exhausted, ``stop`` set, or an error).
+                      stop: trio.Event, *, seed: int | None = None,
+                      sinks: Mapping[str, Any] | None = None) -> dict[str, SourceResult]:
+    """Run every source until it halts (exhausted, ``stop`` set, or an error), and every
+    sink of ``sinks`` until ``stop`` or an error (``sink_runner.run_sinks``: their
+    ``SinkResult``s are in the answer under ``sinks.NAME``).
 
     Raises ``BrokerUnreachable`` if no broker answers at start."""
     await ensure_offsets_topic(bootstrap)
@@ -352,4 +356,6 @@ async def run_connect(config: ConnectConfig, bootstrap: str, sources: Mapping[st
     async with trio.open_nursery() as nursery:
         for source_config in config.sources.values():
             nursery.start_soon(run_one, source_config)
+        if sinks:
+            nursery.start_soon(run_sinks, config, bootstrap, sinks, stop, results, rng)
     return results
