@@ -31,7 +31,8 @@ def _config(out_dir, sinks: dict, count: int = COUNT):
 def _rows(out_dir) -> list[dict]:
     rows = []
     for path in sorted(out_dir.glob("records-*.jsonl")):
-        rows.extend(json.loads(line) for line in path.read_bytes().splitlines())
+        rows.extend(json.loads(line) for line in path.read_bytes().splitlines(keepends=True)
+                    if line.endswith(b"\n"))  # a line the sink's thread is writing now
     return rows
 
 
