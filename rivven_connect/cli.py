@@ -1,11 +1,11 @@
 """``rivven-connect --config connect.yaml [--bootstrap HOST:PORT,...] [--http HOST:PORT|off]``:
 the runtime's process.
 
-Exit codes: 0 every source stopped (exhausted, or SIGTERM/SIGINT: the batch in flight
-finished and committed); 1 the configuration is wrong (the ``ConnectConfigError`` message,
-which starts with the offending path, goes to stderr), or the HTTP address cannot be bound;
-2 the broker cannot be reached at start; 3 a source stopped in ``error`` (its error on
-stderr).
+Exit codes: 0 every source and sink stopped (a source exhausted, or SIGTERM/SIGINT: the
+batch in flight finished and committed; sinks run until the signal); 1 the configuration is
+wrong (the ``ConnectConfigError`` message, which starts with the offending path, goes to
+stderr), or the HTTP address cannot be bound; 2 the broker cannot be reached at start; 3 a
+source or sink stopped in ``error`` (its error on stderr).
 
 The bootstrap is ``--bootstrap``, else ``$RIVVEN_BOOTSTRAP``, else the file's
 ``broker.bootstrap``. The HTTP address is ``--http`` (``off``: none), else the file's
@@ -31,6 +31,8 @@ from rivven_connect.driver import (
     find_error,
     run_connect,
 )
+from rivven_connect.sink_runner import SinkResult
+from rivven_connect.sinks import Sink, build_sink
 from rivven_connect.sources import Source, build_source
 
 __all__ = ["main", "load"]
@@ -38,19 +40,18 @@ __all__ = ["main", "load"]
 EXIT_OK, EXIT_CONFIG, EXIT_BROKER, EXIT_SOURCE_ERROR = 0, 1, 2, 3
 
 
-def load(path: str, environ: dict[str, str]) -> tuple[ConnectConfig, dict[str, Source]]:
-    """The configuration in ``path`` and its sources. Raises ``ConnectConfigError``."""
+def load(path: str, environ: dict[str, str]
+         ) -> tuple[ConnectConfig, dict[str, Source], dict[str, Sink]]:
+    """The configuration in ``path``, its sources and sinks. Raises ``ConnectConfigError``."""
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
     except (OSError, UnicodeDecodeError) as error:
         raise ConnectConfigError("", f"cannot read the configuration: {error}") from error
     config = load_config(text, environ)
-    for name in config.sinks:
-        raise ConnectConfigError(f"sinks.{name}", "sinks are not available in this build yet "
-                                                  "(sources only; docs/connect.md)")
     sources = {name: build_source(source) for name, source in config.sources.items()}
-    return config, sources
+    sinks = {name: build_sink(sink) for name, sink in config.sinks.items()}
+    return config, sources, sinks
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     environ = dict(os.environ)
     try:
-        config, sources = load(args.config, environ)
+        config, sources, sinks = load(args.config, environ)
     except ConnectConfigError as error:
         print(f"rivven-connect: {args.config}: {error}", file=sys.stderr)
         return EXIT_CONFIG
@@ -74,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   file=sys.stderr)
             return EXIT_CONFIG
     try:
-        results = trio.run(_serve, config, bootstrap, sources, http)
+        results = trio.run(_serve, config, bootstrap, sources, sinks, http)
     except (BrokerUnreachable, HttpUnavailable, BaseExceptionGroup) as caught:
         error = find_error(caught, (BrokerUnreachable, HttpUnavailable))
         if error is None:
@@ -83,7 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BROKER if isinstance(error, BrokerUnreachable) else EXIT_CONFIG
     failed = False
     for result in results.values():
-        print(_describe(result), file=sys.stderr)
+        print(result.describe() if isinstance(result, SinkResult) else _describe(result),
+              file=sys.stderr)
         failed = failed or result.state == "error"
     return EXIT_SOURCE_ERROR if failed else EXIT_OK
 
@@ -100,7 +102,7 @@ def _describe(result: SourceResult) -> str:
 
 
 async def _serve(config: ConnectConfig, bootstrap: str, sources: dict[str, Source],
-                 http: str | None) -> dict[str, SourceResult]:
+                 sinks: dict[str, Sink], http: str | None) -> dict[str, SourceResult]:
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         async def on_signals() -> None:
@@ -110,7 +112,8 @@ async def _serve(config: ConnectConfig, bootstrap: str, sources: dict[str, Sourc
 
         nursery.start_soon(on_signals)
         try:
-            results = await run_connect(config, bootstrap, sources, stop, http=http)
+            results = await run_connect(config, bootstrap, sources, stop, sinks=sinks,
+                                        http=http)
         finally:
             nursery.cancel_scope.cancel()
     return results

@@ -67,6 +67,7 @@ from rivven_connect.core.routing import Router
 from rivven_connect.core.transforms import build_chain
 from rivven_connect.http_api import ConnectorView, respond
 from rivven_connect.http_server import serve_http
+from rivven_connect.sink_runner import run_sinks
 from rivven_connect.sources import Source, SourceError
 
 __all__ = ["BrokerUnreachable", "HttpUnavailable", "SourceResult", "SourceRunner", "find_error",
@@ -467,10 +468,13 @@ class SourceResult:
 
 async def run_connect(config: ConnectConfig, bootstrap: str, sources: Mapping[str, Source],
                       stop: trio.Event, *, seed: int | None = None, http: str | None = None,
+                      sinks: Mapping[str, Any] | None = None,
                       task_status: trio.TaskStatus[int | None] = trio.TASK_STATUS_IGNORED,
                       ) -> dict[str, SourceResult]:
-    """Run every source until it halts (exhausted, ``stop`` set, or an error), serving the
-    HTTP API on ``http`` (HOST:PORT; None: no server) meanwhile.
+    """Run every source until it halts (exhausted, ``stop`` set, or an error), and every
+    sink of ``sinks`` until ``stop`` or an error (``sink_runner.run_sinks``: their
+    ``SinkResult``s are in the answer under ``sinks.NAME``), serving the HTTP API on ``http``
+    (HOST:PORT; None: no server) meanwhile.
 
     ``task_status.started`` gets the bound HTTP port (None without a server) once the offsets
     topic is made sure of and the server listens. Raises ``BrokerUnreachable`` if no broker
@@ -516,6 +520,8 @@ async def run_connect(config: ConnectConfig, bootstrap: str, sources: Mapping[st
         async with trio.open_nursery() as nursery:
             for runner in runners.values():
                 nursery.start_soon(run_one, runner)
+            if sinks:
+                nursery.start_soon(run_sinks, config, bootstrap, sinks, stop, results, rng)
         server.cancel_scope.cancel()
     return results
 
