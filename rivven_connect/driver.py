@@ -30,6 +30,10 @@ halts ``stopped``.
 Failures: the cycle decides what is retriable; the driver only classifies client errors
 (a fenced producer or an invalid transaction state is fatal, the rest retriable). A failed
 ``abort_transaction`` leaves the producer unusable, so the source stops in ``error``.
+
+Test-only: ``crash_points`` hooks (``RIVVEN_CONNECT_CRASH_AT``, off unless set) let the
+crash tests SIGKILL the process after the sends, before the commit, or between the commit
+and the side effect.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from rivven_connect.core.config import OFFSETS_TOPIC, ConnectConfig, SourceConfi
 from rivven_connect.core.records import Record
 from rivven_connect.core.routing import Router
 from rivven_connect.core.transforms import build_chain
+from rivven_connect.crash_points import CrashPoints
 from rivven_connect.sources import Source, SourceError
 
 __all__ = ["BrokerUnreachable", "SourceResult", "SourceRunner", "find_error", "ensure_offsets_topic", "read_position",
@@ -162,6 +167,7 @@ class SourceRunner:
     bootstrap: str
     stop: trio.Event
     rng: random.Random = attrs.field(factory=lambda: random.Random(0))
+    crash: CrashPoints = attrs.field(factory=CrashPoints.from_environ)  # test-only
     cycle: bc.BatchCycle | None = None
     _stop_told: bool = False
 
@@ -222,8 +228,11 @@ class SourceRunner:
                     failure = await self._guard(self._send(producer, instruction.record))
             elif isinstance(instruction, bc.CommitTransaction):
                 if failure is None:
+                    failure = await self._guard(self.crash.before_commit(producer))
+                if failure is None:
                     failure = await self._guard(producer.commit_transaction())
                 if failure is None:
+                    self.crash.reach("after_commit_before_side_effect")
                     return bc.TransactionCommitted(instruction.batch_id, now_ms())
                 return bc.TransactionFailed(instruction.batch_id, str(failure),
                                             not isinstance(failure, _FATAL_ERRORS), now_ms())
