@@ -2,7 +2,7 @@
 
 **Test-only.** Off unless ``RIVVEN_CONNECT_CRASH_AT`` is set in the runtime's environment,
 which nothing but the crash tests does (``tests/integration/connect/test_crash_process.py``).
-When off, each hook is a counter check and nothing else.
+When off, a hook is a comparison (and ``before_commit`` one trio checkpoint) per batch.
 
 ``RIVVEN_CONNECT_CRASH_AT=POINT[:N]`` makes the process SIGKILL itself (no cleanup, no
 ``finally``, no flush: what a ``kill -9`` or a power cut leaves) the ``N``-th time (default 1)
