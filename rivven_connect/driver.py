@@ -38,6 +38,10 @@ transient, or no verdict) for the breakers. ``run_connect(http=...)`` serves the
 Failures: the cycle decides what is retriable; the driver only classifies client errors
 (a fenced producer or an invalid transaction state is fatal, the rest retriable). A failed
 ``abort_transaction`` leaves the producer unusable, so the source stops in ``error``.
+
+Test-only: ``crash_points`` hooks (``RIVVEN_CONNECT_CRASH_AT``, off unless set) let the
+crash tests SIGKILL the process after the sends, before the commit, or between the commit
+and the side effect.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from rivven_connect.core.config import OFFSETS_TOPIC, ConnectConfig, SourceConfi
 from rivven_connect.core.records import Record
 from rivven_connect.core.routing import Router
 from rivven_connect.core.transforms import build_chain
+from rivven_connect.crash_points import CrashPoints
 from rivven_connect.http_api import ConnectorView, respond
 from rivven_connect.http_server import serve_http
 from rivven_connect.sink_runner import run_sinks
@@ -220,6 +225,7 @@ class SourceRunner:
     bootstrap: str
     stop: trio.Event
     rng: random.Random = attrs.field(factory=lambda: random.Random(0))
+    crash: CrashPoints = attrs.field(factory=CrashPoints.from_environ)  # test-only
     cycle: bc.BatchCycle | None = None
     admission: Admission | None = None
     #: Topics known to exist (created or found), their partition counts fed to admission.
@@ -357,9 +363,12 @@ class SourceRunner:
                 failure = error
                 outcomes.setdefault(topic, _outcome_of(error))
         if failure is None:
+            failure = await self._guard(self.crash.before_commit(producer))  # (test-only)
+        if failure is None:
             failure = await self._guard(producer.commit_transaction())
         self._learn_partition_counts(producer, topics)
         if failure is None:
+            self.crash.reach("after_commit_before_side_effect")  # (test-only)
             return bc.TransactionCommitted(commit.batch_id, now_ms())
         for topic, delivery in deliveries:  # which topic's records the broker refused
             error = await _delivery_error(delivery)

@@ -6,7 +6,8 @@ standard suite behind ``make bench``, which rewrites docs/performance.md) and ``
 (the partition log alone), ``membership`` (SWIM crash detection with real processes),
 ``controller`` (Raft commit latency, commands/s, failover with real processes), ``failover``
 (partition leaders SIGKILLed under ``acks=all`` load: failover time, nothing lost),
-``codecs`` (each compression codec's build and decode speed and ratio). See
+``codecs`` (each compression codec's build and decode speed and ratio), ``connect`` (the
+connector runtime: datagen to N routed topics, exactly-once). See
 docs/performance.md.
 """
 
@@ -17,7 +18,7 @@ import json
 import signal
 import sys
 
-from rivven_broker.bench import codecs, controller, failover, membership, storage
+from rivven_broker.bench import codecs, connect, controller, failover, membership, storage
 from rivven_broker.bench.options import MODES, OptionsError, add_arguments, options_from_args
 
 
@@ -45,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     failover.add_arguments(
         suites.add_parser("failover", help=failover.HELP, description=failover.HELP))
     codecs.add_arguments(suites.add_parser("codecs", help=codecs.HELP, description=codecs.HELP))
+    connect.add_arguments(
+        suites.add_parser("connect", help=connect.HELP, description=connect.HELP))
     args = parser.parse_args(argv)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         # SIGTERM unwinds like Ctrl-C, so every server is stopped and every directory removed.
@@ -59,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         return failover.main(args)
     if args.suite == "codecs":
         return codecs.main(args)
+    if args.suite == "connect":
+        return connect.main(args)
     if args.suite == "suite":
         return suite.main(args)
     try:

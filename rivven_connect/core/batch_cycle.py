@@ -26,7 +26,8 @@ flight at a time (the phase says where it is):
     the breakers).
 ``SIDE_EFFECT``
     After, and only after, ``TransactionCommitted``: ``RunSideEffect(position)`` (the slot
-    advance, the deferred ``DELETE``). ``SideEffectCompleted`` → the next ``Poll``.
+    advance, the deferred ``DELETE``). ``SideEffectCompleted`` → the next ``Poll``. A cycle
+    started with a stored position begins here, with the side effect of that position.
 ``BACKING_OFF``
     A retriable failure (the transaction, a side effect, a routing error for an open
     breaker): ``AbortTransaction`` if one was begun, then ``WakeAt`` a backoff of
@@ -281,7 +282,16 @@ class BatchCycle:
 
     # --- the entry points ---------------------------------------------------------------------
     def start(self) -> list[Instruction]:
+        """The first instructions: ``Poll``, or first the side effect of the stored position
+        (a crash between a commit and its side effect left it undone, and a source resuming
+        just after the stored position replays nothing that would redo it)."""
         assert self.phase is Phase.NEW
+        if self.committed_position is not None:
+            batch_id = self.next_batch_id
+            self.next_batch_id += 1
+            self.batch = _Batch(batch_id, (), self.committed_position)
+            self.phase = Phase.SIDE_EFFECT
+            return [RunSideEffect(batch_id, self.committed_position)]
         self.phase = Phase.POLLING
         return [Poll()]
 

@@ -5,8 +5,12 @@ payload is a function of ``(seed, n)`` only, so a replay after a restart is byte
 Its position is ``n``. ``count`` records in all (``null``: unlimited), at most ``rate``
 records per second (``null``: as fast as the producer takes them). No side effect.
 
+With ``topics`` (a list of topic names) record ``n``'s value also has ``"topic":
+topics[n mod len(topics)]``, for spreading records over destinations with ``routing:
+{topic_column: topic}`` (the routing tests and ``rivven bench connect``).
+
 Options: ``count`` (null), ``rate`` (null, records/s), ``record_size_bytes`` (16),
-``seed`` (0), ``batch_size`` (500).
+``seed`` (0), ``batch_size`` (500), ``topics`` (null; at most 10 000).
 """
 
 from __future__ import annotations
@@ -21,31 +25,40 @@ from rivven_connect.core.records import Record
 __all__ = ["DatagenSource"]
 
 record_size_bytes_max = 1 << 20
+topics_max = 10_000
 rate_max = 1_000_000.0
 
 
 class DatagenSource:
     def __init__(self, *, count: int | None, rate: float | None, record_size_bytes: int,
-                 seed: int, batch_size: int) -> None:
+                 seed: int, batch_size: int, topics: tuple[str, ...] = ()) -> None:
         assert count is None or count >= 0
         assert rate is None or rate > 0
         self.count, self.rate, self.seed = count, rate, seed
         self.record_size_bytes, self.batch_size = record_size_bytes, batch_size
+        self.topics = topics
         self.next_seq = 0
         self._started_s: float | None = None
         self._first_seq = 0
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any], path: str) -> DatagenSource:
+        from rivven_connect.core.config import ConnectConfigError
         from rivven_connect.sources import Options
 
-        options = Options(raw, path, ("count", "rate", "record_size_bytes", "seed", "batch_size"))
+        options = Options(raw, path, ("count", "rate", "record_size_bytes", "seed", "batch_size",
+                                      "topics"))
+        topics = raw.get("topics") or []
+        if not isinstance(topics, list) or len(topics) > topics_max or not all(
+                isinstance(topic, str) and topic for topic in topics):
+            raise ConnectConfigError(f"{path}.topics", f"must be a list of at most {topics_max} "
+                                                       f"topic names, not {topics!r}")
         return cls(count=options.int("count", None, 0, 1 << 62),
                    rate=options.number("rate", 0.001, rate_max),
                    record_size_bytes=options.int("record_size_bytes", 16, 0,
                                                  record_size_bytes_max) or 0,
                    seed=options.int("seed", 0, -(1 << 62), 1 << 62) or 0,
-                   batch_size=options.batch_size())
+                   batch_size=options.batch_size(), topics=tuple(topics))
 
     def resume(self, position: Any) -> None:
         self.next_seq = 0 if position is None else int(position) + 1
@@ -55,7 +68,10 @@ class DatagenSource:
         """Record ``seq``: the same for the same seed, always."""
         rng = random.Random(self.seed * 1_000_003 + seq)
         payload = rng.randbytes((self.record_size_bytes + 1) // 2).hex()[:self.record_size_bytes]
-        return Record(value={"seq": seq, "payload": payload}, key=str(seq), position=seq)
+        value = {"seq": seq, "payload": payload}
+        if self.topics:
+            value["topic"] = self.topics[seq % len(self.topics)]
+        return Record(value=value, key=str(seq), position=seq)
 
     async def poll(self, max_records: int) -> list[Record] | None:
         """Up to ``min(max_records, batch_size)`` records; waits for the rate. A checkpoint."""

@@ -10,12 +10,14 @@ from rivven_broker.client.trio import open_admin, open_consumer
 from rivven_broker.client.types import TopicPartition
 
 
-async def read_committed(bootstrap: str, topic: str) -> list:
-    """Every record of ``topic`` a ``read_committed`` reader sees now, partition by partition."""
+async def read_committed(bootstrap: str, topic: str,
+                         isolation_level: str = "read_committed") -> list:
+    """Every record of ``topic`` a ``read_committed`` reader (or ``isolation_level``) sees
+    now, partition by partition."""
     with trio.fail_after(30):
         async with open_admin(bootstrap) as admin:
             partitions = (await admin.describe_topic(topic)).partitions
-        async with open_consumer(bootstrap, isolation_level="read_committed",
+        async with open_consumer(bootstrap, isolation_level=isolation_level,
                                  enable_auto_commit=False,
                                  auto_offset_reset="earliest") as consumer:
             tps = [TopicPartition(topic, p) for p in range(partitions)]

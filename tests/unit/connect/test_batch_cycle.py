@@ -272,10 +272,11 @@ def test_stop_while_backing_off_halts_without_the_side_effect():
 
 def test_replays_below_the_stored_position_are_dropped_and_their_side_effect_redone():
     cycle = _cycle(stored=5)
-    cycle.start()
-    out = cycle.handle(bc.PollCompleted(_records(4, 5), 0))
-    assert out == [bc.RunSideEffect(1, 5)]
+    assert cycle.start() == [bc.RunSideEffect(1, 5)]  # a restart redoes the stored one first
     assert cycle.handle(bc.SideEffectCompleted(1, 0)) == [bc.Poll()]
+    out = cycle.handle(bc.PollCompleted(_records(4, 5), 0))
+    assert out == [bc.RunSideEffect(2, 5)]
+    assert cycle.handle(bc.SideEffectCompleted(2, 0)) == [bc.Poll()]
     out = cycle.handle(bc.PollCompleted(_records(5, 6, 7), 0))
     sent = [i.record.position for i in out if isinstance(i, bc.Send)]
     assert sent == [6, 7, 7]  # two records and the offset record at 7
