@@ -400,7 +400,7 @@ class ClusterControl:
         assert self.host is not None
         await self.host.ready.wait()
         while True:
-            changed = self.host.changed()  # armed before reconciling: no change is missed
+            changed = self.host.next_change()  # taken before reconciling: none is missed
             image = self.image()
             await self._reconcile(image)
             if self.replicas is not None:
@@ -410,7 +410,7 @@ class ClusterControl:
             self.reconciled.set()
             self._reconciled_changed.set()
             self._reconciled_changed = trio.Event()
-            await changed
+            await changed.wait()
 
     async def _reconcile(self, image: MetadataImage) -> None:
         local = self._local.topics()

@@ -152,6 +152,11 @@ class ControllerHost:
         """Return after the next applied command."""
         await self._changed.wait()
 
+    def next_change(self) -> trio.Event:
+        """The event set by the next applied command, taken now: a caller that takes it,
+        then reads the image, misses no command applied in between."""
+        return self._changed
+
     @property
     def voters(self) -> list[int]:
         return sorted(self._voters)  # (a node that does not vote is not among them)
