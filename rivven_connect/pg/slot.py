@@ -46,10 +46,16 @@ puts the slot ahead of the stored offset, and then a restart cannot tell it from
 advanced by hand past undelivered changes. The source therefore confirms ``end_lsn - 1``
 (Postgres resumes from the LSN we ask for, and a transaction whose commit record starts
 below the start point is never resent, so ``end_lsn - 1`` loses and repeats nothing), and
-``start`` emits the ``rivven.cdc.resume`` message before ``START_REPLICATION`` so the
-first frame received is data (the server sends idle keepalives only once caught up, i.e.
-after it). With both, psycopg2 never forwards, and ``confirmed_flush_lsn`` stays at or
-below the stored offset. Cost: with only unpublished writes the slot retains WAL until the
+``start`` emits the ``rivven.cdc.resume`` message — and flushes it, with a commit under
+``synchronous_commit = on`` — before ``START_REPLICATION``, so the first data frame comes
+before any keepalive that could carry a ``wal_end`` past the stored offset (the walsender
+pings when it must wait for WAL beyond the flush point it knows, i.e. only after it
+decoded the flushed marker; measured: without the flush, an idle restart moved the slot
+past the stored offset). With both, psycopg2 never forwards, and ``confirmed_flush_lsn``
+stays at or below the stored offset. (Relation messages arrive with ``data_start`` 0; a
+keepalive right after one, in the middle of a transaction, would let psycopg2 forward —
+the walsender pings there only after ``wal_sender_timeout / 2`` without a status update,
+and psycopg2 sends one every ``status_interval``: keep that well below it.) Cost: with only unpublished writes the slot retains WAL until the
 next published transaction is delivered (heartbeat offsets are the later fix).
 """
 
@@ -68,7 +74,7 @@ import trio
 
 from .pgoutput import format_lsn, parse_lsn
 
-__all__ = ["PgConnectConfig", "ReplicationSlot", "SlotError", "SlotInfo", "RESUME_MESSAGE_PREFIX",
+__all__ = ["PgConnectConfig", "ReplicationSlot", "SlotActiveError", "SlotError", "SlotInfo", "RESUME_MESSAGE_PREFIX",
            "parse_table_name"]
 
 #: The prefix of the non-transactional message ``start`` emits (the source drops it).
@@ -84,6 +90,11 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
 
 class SlotError(Exception):
     """A start check failed or the connection to Postgres did (the message says which)."""
+
+
+class SlotActiveError(SlotError):
+    """The slot is in use by another connection (maybe our own previous process, whose
+    walsender has not noticed its death yet: the source retries for a while)."""
 
 
 def parse_table_name(text: str) -> tuple[str, str] | None:
@@ -238,7 +249,7 @@ class ReplicationSlot:
         if database != self.config.database:
             raise SlotError(f"replication slot {name} belongs to database {database}")
         if active:
-            raise SlotError(f"replication slot {name} is active (pid {pid}): another "
+            raise SlotActiveError(f"replication slot {name} is active (pid {pid}): another "
                             f"consumer reads it")
         if wal_status == "lost":
             raise SlotError(f"replication slot {name} has lost required WAL "
@@ -250,11 +261,13 @@ class ReplicationSlot:
         ``start_lsn`` (0: the slot's ``confirmed_flush_lsn``). Blocking; raises
         ``SlotError``."""
         marker = self.config.connect()
-        marker.autocommit = True
-        try:
+        try:  # flushed before we start: the server decodes only flushed WAL (docstring)
             with marker.cursor() as cursor:
+                cursor.execute("SET synchronous_commit = on")
                 cursor.execute("SELECT pg_logical_emit_message(false, %s, %s)",
                                (RESUME_MESSAGE_PREFIX, self.slot_name))
+                cursor.execute("SELECT txid_current()")  # a commit record, flushed
+            marker.commit()
         except psycopg2.Error as error:
             raise SlotError(f"postgres: {str(error).strip()}") from error
         finally:

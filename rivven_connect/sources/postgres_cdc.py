@@ -44,7 +44,7 @@ from rivven_connect.pg.pgoutput import (
     LogicalMessage, PgOutputError, decode_message, format_lsn, parse_lsn,
 )
 from rivven_connect.pg.slot import (
-    PgConnectConfig, ReplicationSlot, SlotError, parse_table_name,
+    PgConnectConfig, ReplicationSlot, SlotActiveError, SlotError, parse_table_name,
 )
 from rivven_connect.pg.transactions import (
     ReplicationStateError, Transaction, TransactionAssembler, TransactionTooLarge,
@@ -58,6 +58,10 @@ changes_per_transaction_max = 33_333
 #: How long one wait for the replication socket lasts (psycopg2 sends its status updates
 #: from ``read_message``, so it is called at least this often).
 read_wait_s = 1.0
+#: An active slot at start is waited for this long (a crashed predecessor's walsender may
+#: not have noticed yet), trying every ``slot_active_retry_s``.
+slot_active_wait_s = 15.0
+slot_active_retry_s = 0.5
 #: Frames one read takes from the replication connection.
 frames_per_read = 1000
 SNAPSHOT_MODES_LATER = ("initial", "initial_only", "always", "when_needed", "no_data")
@@ -123,7 +127,7 @@ class PostgresCdcSource:
                 raise ConnectConfigError(f"{path}.tables[{index}]", f"{table!r} is listed twice")
             parsed.append(name)
         _check_snapshot(raw.get("snapshot"), f"{path}.snapshot")
-        interval = options.int("status_interval_ms", 10_000, 100, 60_000)
+        interval = options.int("status_interval_ms", 10_000, 1000, 60_000)
         assert port is not None and interval is not None
         config = PgConnectConfig(options.string("host"), port, options.string("database"),
                                  options.string("user"), password)
@@ -198,8 +202,17 @@ class PostgresCdcSource:
                 raise SourceError(f"postgres-cdc {self.slot.slot_name}: the stored offset "
                                   f"{self.stored!r} is not a postgres-cdc position at the end "
                                   f"of a transaction") from None
-        info = await trio.to_thread.run_sync(
-            lambda: self.slot.prepare(create_slot=stored_end is None))
+        info = None
+        with trio.move_on_after(slot_active_wait_s):
+            while info is None:
+                try:
+                    info = await trio.to_thread.run_sync(
+                        lambda: self.slot.prepare(create_slot=stored_end is None))
+                except SlotActiveError:
+                    await trio.sleep(slot_active_retry_s)
+        if info is None:  # still active: another consumer, really
+            info = await trio.to_thread.run_sync(
+                lambda: self.slot.prepare(create_slot=stored_end is None))
         confirmed = info.confirmed_flush_lsn
         if stored_end is not None and confirmed is not None and confirmed > stored_end:
             raise SourceError(
