@@ -71,13 +71,15 @@ PURE_PACKAGES = (
     "rivven_broker.coordinator",
     "rivven_cluster",
     "rivven_connect.core",
-    "rivven_connect.pg",  # the CDC decoding cores; the replication driver will be exempt
+    "rivven_connect.pg",  # the CDC decoding cores; the replication driver is exempt
 )
 PURE_EXEMPT = {
     "rivven_broker.storage.file_store": "the real FileStore: the one storage module doing os I/O",
     "rivven_broker.storage.sync_worker": "the trio driver of group commit (fsync off-thread)",
     "rivven_broker.storage.partition": "its waits (wait_committed, wait_durable) are trio "
                                        "events; appends and reads never await",
+    "rivven_connect.pg.slot": "the replication driver: psycopg2 connections, trio waits on "
+                              "the replication socket",
 }
 IO_MODULES = {"trio", "socket", "threading", "time", "asyncio", "selectors", "select"}
 # Cores that are stricter still: the environment and randomness come in as arguments (the

@@ -109,15 +109,18 @@ def build_source(config: SourceConfig) -> Source:
     """The source of ``config``. Raises ``ConnectConfigError``; does no I/O."""
     from rivven_connect.sources.datagen import DatagenSource
     from rivven_connect.sources.file import FileSource
+    from rivven_connect.sources.postgres_cdc import PostgresCdcSource
 
     path = f"sources.{config.name}.config"
     if config.connector == "datagen":
         return DatagenSource.from_config(config.config, path)
     if config.connector == "file":
         return FileSource.from_config(config.config, path)
+    if config.connector == "postgres-cdc":
+        return PostgresCdcSource.from_config(config.config, path)
     raise ConnectConfigError(f"sources.{config.name}.connector",
                              f"connector {config.connector!r} is not available in this build; "
                              f"available: {', '.join(CONNECTORS)}")
 
 
-CONNECTORS = ("datagen", "file")
+CONNECTORS = ("datagen", "file", "postgres-cdc")

@@ -1,0 +1,341 @@
+"""The replication slot: the one module that talks SQL and the replication protocol (psycopg2).
+
+Theory of operation
+-------------------
+``ReplicationSlot`` owns two connections to one database: a plain one for the start checks
+and a ``LogicalReplicationConnection`` for the stream. Everything else of the CDC source is
+pure (``pgoutput``, ``transactions``, ``envelope``) or the trio source that drives this.
+
+``prepare()`` (blocking: run it in a worker thread) checks, in order, and raises
+``SlotError`` with a message an operator can act on:
+
+1. ``wal_level = logical``; ``server_encoding = UTF8`` (the value decoding assumes it);
+2. every configured table exists and has a primary key or ``REPLICA IDENTITY FULL``
+   (DEFAULT without a key, NOTHING, or INDEX are refused); the primary key columns are
+   read from ``pg_index`` for every table, because under FULL pgoutput flags *every* column
+   as key and the envelope needs the real key;
+3. the publication exists and covers every table, else it is created
+   ``FOR TABLE ...`` (only when it does not exist: an existing one is never altered);
+   it must exist before the slot, or decoding WAL from before its creation fails;
+4. the slot exists with plugin ``pgoutput`` in this database, is not ``active`` (another
+   consumer) and its WAL is not ``lost``; else, if ``create_slot`` allows, it is created.
+   It is never dropped.
+
+It returns a ``SlotInfo``: the slot's ``confirmed_flush_lsn``, whether it was created, and
+the key columns per table.
+
+``start(start_lsn)`` (blocking) emits a non-transactional logical message
+``rivven.cdc.resume`` (see "Keepalives" below), opens the replication connection with
+``DateStyle=ISO`` and runs ``START_REPLICATION SLOT s LOGICAL start_lsn`` with
+``proto_version '1'``, ``publication_names``, ``messages 'true'``.
+
+``await read_frames(max_frames, wait_s)`` returns the ``(data_start, payload)`` of the
+XLogData frames available now — ``read_message()`` never blocks — and waits for the socket
+with ``trio.lowlevel.wait_readable`` (bounded by ``wait_s``) only when none is.
+
+``confirm(lsn)``: ``send_feedback(flush_lsn=lsn, force=True)``, the slot advance.
+
+Keepalives
+----------
+psycopg2 answers the server's keepalives itself and *moves its flush LSN to the keepalive's
+``wal_end``* whenever the last flush LSN we gave is at or past the start of the last data
+message received (measured: after ``send_feedback(flush_lsn=end_lsn)`` of the last
+transaction, an idle stream with unpublished writes moves ``confirmed_flush_lsn`` to the
+server's WAL end). That is safe for the data — nothing published lies in between — but it
+puts the slot ahead of the stored offset, and then a restart cannot tell it from a slot
+advanced by hand past undelivered changes. The source therefore confirms ``end_lsn - 1``
+(Postgres resumes from the LSN we ask for, and a transaction whose commit record starts
+below the start point is never resent, so ``end_lsn - 1`` loses and repeats nothing), and
+``start`` emits the ``rivven.cdc.resume`` message — and flushes it, with a commit under
+``synchronous_commit = on`` — before ``START_REPLICATION``, so the first data frame comes
+before any keepalive that could carry a ``wal_end`` past the stored offset (the walsender
+pings when it must wait for WAL beyond the flush point it knows, i.e. only after it
+decoded the flushed marker; measured: without the flush, an idle restart moved the slot
+past the stored offset). With both, psycopg2 never forwards, and ``confirmed_flush_lsn``
+stays at or below the stored offset. (Relation messages arrive with ``data_start`` 0; a
+keepalive right after one, in the middle of a transaction, would let psycopg2 forward —
+the walsender pings there only after ``wal_sender_timeout / 2`` without a status update,
+and psycopg2 sends one every ``status_interval``: keep that well below it.) Cost: with only unpublished writes the slot retains WAL until the
+next published transaction is delivered (heartbeat offsets are the later fix).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+import attrs
+import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
+import psycopg2.extras
+from psycopg2 import sql
+import trio
+
+from .pgoutput import format_lsn, parse_lsn
+
+__all__ = ["PgConnectConfig", "ReplicationSlot", "SlotActiveError", "SlotError", "SlotInfo", "RESUME_MESSAGE_PREFIX",
+           "parse_table_name"]
+
+#: The prefix of the non-transactional message ``start`` emits (the source drops it).
+RESUME_MESSAGE_PREFIX = "rivven.cdc.resume"
+#: Bounds of the blocking calls.
+connect_timeout_s = 10
+statement_timeout_ms = 60_000
+#: Frames one ``read_frames`` returns at most.
+frames_per_read_max = 10_000
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
+
+
+class SlotError(Exception):
+    """A start check failed or the connection to Postgres did (the message says which)."""
+
+
+class SlotActiveError(SlotError):
+    """The slot is in use by another connection (maybe our own previous process, whose
+    walsender has not noticed its death yet: the source retries for a while)."""
+
+
+def parse_table_name(text: str) -> tuple[str, str] | None:
+    """``schema.table`` or ``table`` (schema ``public``) of plain identifiers; None if not."""
+    parts = text.split(".")
+    if len(parts) == 1:
+        parts = ["public", parts[0]]
+    if len(parts) != 2 or not all(_IDENTIFIER.fullmatch(part) for part in parts):
+        return None
+    return parts[0], parts[1]
+
+
+@attrs.frozen
+class PgConnectConfig:
+    host: str
+    port: int
+    database: str
+    user: str
+    password: str | None = attrs.field(default=None, repr=False)
+
+    def connect(self, **extra: Any) -> Any:
+        """A psycopg2 connection (blocking). Raises ``SlotError``."""
+        try:
+            return psycopg2.connect(
+                host=self.host, port=self.port, dbname=self.database, user=self.user,
+                password=self.password, connect_timeout=connect_timeout_s,
+                application_name="rivven-connect", **extra)
+        except psycopg2.Error as error:
+            raise SlotError(f"cannot connect to postgres {self.user}@{self.host}:{self.port}/"
+                            f"{self.database}: {str(error).strip()}") from error
+
+
+@attrs.frozen
+class SlotInfo:
+    confirmed_flush_lsn: int | None
+    created: bool
+    #: (schema, table) -> primary key column names (() for a FULL table without a key).
+    key_columns: dict[tuple[str, str], tuple[str, ...]]
+
+
+class ReplicationSlot:
+    """One slot of one database (see the module docstring). Not thread-safe: ``prepare``
+    and ``start`` run in a worker thread before any ``read_frames``/``confirm``."""
+
+    def __init__(self, config: PgConnectConfig, slot_name: str, publication_name: str,
+                 tables: Sequence[tuple[str, str]], *, status_interval_s: float = 10.0) -> None:
+        assert _IDENTIFIER.fullmatch(slot_name) and _IDENTIFIER.fullmatch(publication_name)
+        assert tables
+        self.config = config
+        self.slot_name, self.publication_name = slot_name, publication_name
+        self.tables = tuple(tables)
+        self.status_interval_s = status_interval_s
+        self._connection: Any = None
+        self._cursor: Any = None
+
+    # --- start (blocking) ---------------------------------------------------------------------
+    def prepare(self, *, create_slot: bool) -> SlotInfo:
+        """The start checks (module docstring). Blocking; raises ``SlotError``."""
+        connection = self.config.connect()
+        connection.autocommit = True
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET statement_timeout = {statement_timeout_ms}")
+                self._check_server(cursor)
+                keys = {table: self._check_table(cursor, table) for table in self.tables}
+                self._ensure_publication(cursor)
+                confirmed, created = self._ensure_slot(cursor, create_slot)
+            return SlotInfo(confirmed, created, keys)
+        except psycopg2.Error as error:
+            raise SlotError(f"postgres: {str(error).strip()}") from error
+        finally:
+            connection.close()
+
+    @staticmethod
+    def _check_server(cursor: Any) -> None:
+        cursor.execute("SHOW wal_level")
+        (wal_level,) = cursor.fetchone()
+        if wal_level != "logical":
+            raise SlotError(f"wal_level is {wal_level!r}; logical decoding needs "
+                            f"wal_level = logical (postgresql.conf, then restart Postgres)")
+        cursor.execute("SHOW server_encoding")
+        (encoding,) = cursor.fetchone()
+        if encoding != "UTF8":
+            raise SlotError(f"server_encoding is {encoding!r}; only UTF8 is supported")
+
+    @staticmethod
+    def _check_table(cursor: Any, table: tuple[str, str]) -> tuple[str, ...]:
+        schema, name = table
+        cursor.execute(
+            "SELECT c.oid, c.relreplident FROM pg_class c JOIN pg_namespace n ON "
+            "n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s AND "
+            "c.relkind IN ('r', 'p')", (schema, name))
+        row = cursor.fetchone()
+        if row is None:
+            raise SlotError(f"table {schema}.{name} does not exist")
+        oid, identity = row
+        cursor.execute(
+            "SELECT a.attname FROM pg_index i JOIN LATERAL unnest(i.indkey) WITH ORDINALITY "
+            "AS k(attnum, n) ON true JOIN pg_attribute a ON a.attrelid = i.indrelid AND "
+            "a.attnum = k.attnum WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.n",
+            (oid,))
+        key = tuple(column for (column,) in cursor.fetchall())
+        if identity == "f":
+            return key
+        if identity == "d" and key:
+            return key
+        what = {"d": "has no primary key", "n": "has REPLICA IDENTITY NOTHING",
+                "i": "has REPLICA IDENTITY USING INDEX"}.get(identity, f"identity {identity}")
+        raise SlotError(f"table {schema}.{name} {what}: give it a primary key or "
+                        f"ALTER TABLE {schema}.{name} REPLICA IDENTITY FULL")
+
+    def _ensure_publication(self, cursor: Any) -> None:
+        cursor.execute("SELECT 1 FROM pg_publication WHERE pubname = %s",
+                       (self.publication_name,))
+        if cursor.fetchone() is None:
+            cursor.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+                sql.Identifier(self.publication_name),
+                sql.SQL(", ").join(sql.Identifier(schema, name) for schema, name in self.tables)))
+            return
+        cursor.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE "
+                       "pubname = %s", (self.publication_name,))
+        published = {tuple(row) for row in cursor.fetchall()}
+        missing = [f"{schema}.{name}" for schema, name in self.tables
+                   if (schema, name) not in published]
+        if missing:
+            raise SlotError(f"publication {self.publication_name} does not publish "
+                            f"{', '.join(missing)} (ALTER PUBLICATION ... ADD TABLE; a table "
+                            f"added later has no snapshot yet)")
+
+    def _ensure_slot(self, cursor: Any, create_slot: bool) -> tuple[int | None, bool]:
+        cursor.execute(
+            "SELECT plugin, slot_type, database, active, active_pid, wal_status, "
+            "confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+            (self.slot_name,))
+        row = cursor.fetchone()
+        if row is None:
+            if not create_slot:
+                raise SlotError(
+                    f"replication slot {self.slot_name} does not exist but a stored offset "
+                    f"does: the WAL since that offset is gone (the slot was dropped); "
+                    f"recreating it would silently skip changes — delete the source's "
+                    f"offset to start over (snapshots come in a later step)")
+            cursor.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, "
+                           "'pgoutput')", (self.slot_name,))
+            (lsn,) = cursor.fetchone()
+            return parse_lsn(lsn), True
+        plugin, slot_type, database, active, pid, wal_status, confirmed = row
+        name = self.slot_name
+        if slot_type != "logical" or plugin != "pgoutput":
+            raise SlotError(f"replication slot {name} uses {slot_type}/{plugin}, not "
+                            f"logical/pgoutput")
+        if database != self.config.database:
+            raise SlotError(f"replication slot {name} belongs to database {database}")
+        if active:
+            raise SlotActiveError(f"replication slot {name} is active (pid {pid}): another "
+                            f"consumer reads it")
+        if wal_status == "lost":
+            raise SlotError(f"replication slot {name} has lost required WAL "
+                            f"(max_slot_wal_keep_size): changes are gone")
+        return (None if confirmed is None else parse_lsn(confirmed)), False
+
+    def start(self, start_lsn: int) -> None:
+        """Emit the resume message, open the replication connection and start streaming at
+        ``start_lsn`` (0: the slot's ``confirmed_flush_lsn``). Blocking; raises
+        ``SlotError``."""
+        marker = self.config.connect()
+        try:  # flushed before we start: the server decodes only flushed WAL (docstring)
+            with marker.cursor() as cursor:
+                cursor.execute("SET synchronous_commit = on")
+                cursor.execute("SELECT pg_logical_emit_message(false, %s, %s)",
+                               (RESUME_MESSAGE_PREFIX, self.slot_name))
+                cursor.execute("SELECT txid_current()")  # a commit record, flushed
+            marker.commit()
+        except psycopg2.Error as error:
+            raise SlotError(f"postgres: {str(error).strip()}") from error
+        finally:
+            marker.close()
+        connection = self.config.connect(
+            connection_factory=psycopg2.extras.LogicalReplicationConnection,
+            options="-c DateStyle=ISO,MDY -c extra_float_digits=3")
+        try:
+            cursor = connection.cursor()
+            cursor.start_replication(
+                slot_name=self.slot_name, decode=False, start_lsn=format_lsn(start_lsn),
+                status_interval=self.status_interval_s,
+                options={"proto_version": "1", "publication_names": self.publication_name,
+                         "messages": "true"})
+        except psycopg2.Error as error:
+            connection.close()
+            raise SlotError(f"START_REPLICATION of {self.slot_name} failed: "
+                            f"{str(error).strip()}") from error
+        self._connection, self._cursor = connection, cursor
+
+    # --- streaming (trio) ---------------------------------------------------------------------
+    async def read_frames(self, max_frames: int, wait_s: float) -> list[tuple[int, bytes]]:
+        """The XLogData frames available now, at most ``max_frames``; if none, waits up to
+        ``wait_s`` for the socket and reads again. Raises ``SlotError`` when the connection
+        fails. A checkpoint."""
+        assert self._cursor is not None and 0 < max_frames <= frames_per_read_max
+        frames = self._read_now(max_frames)
+        if frames:
+            await trio.lowlevel.checkpoint()
+            return frames
+        with trio.move_on_after(wait_s):
+            await trio.lowlevel.wait_readable(self._cursor.fileno())
+        return self._read_now(max_frames)
+
+    def _read_now(self, max_frames: int) -> list[tuple[int, bytes]]:
+        frames = []
+        try:
+            while len(frames) < max_frames:
+                message = self._cursor.read_message()
+                if message is None:
+                    break
+                frames.append((message.data_start, bytes(message.payload)))
+        except psycopg2.Error as error:
+            raise SlotError(f"replication stream of {self.slot_name} failed: "
+                            f"{str(error).strip()}") from error
+        return frames
+
+    def confirm(self, flush_lsn: int) -> None:
+        """Tell the server everything below ``flush_lsn`` is safe (the slot advance).
+        Raises ``SlotError``."""
+        assert self._cursor is not None and flush_lsn >= 0
+        try:
+            self._cursor.send_feedback(flush_lsn=flush_lsn, force=True)
+        except psycopg2.Error as error:
+            raise SlotError(f"confirming {format_lsn(flush_lsn)} on {self.slot_name} "
+                            f"failed: {str(error).strip()}") from error
+
+    @property
+    def started(self) -> bool:
+        return self._cursor is not None
+
+    def close(self) -> None:
+        """Close the replication connection (the slot stays). From the trio thread."""
+        if self._connection is None:
+            return
+        try:
+            trio.lowlevel.notify_closing(self._connection.fileno())
+        except (RuntimeError, psycopg2.Error):
+            pass  # outside trio, or the connection is already gone: nothing waits on it
+        self._connection.close()
+        self._connection = self._cursor = None

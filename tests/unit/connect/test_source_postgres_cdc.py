@@ -1,0 +1,69 @@
+"""``postgres-cdc`` configuration: every problem names its option; positions order as the
+stream does. (The source itself runs against a real Postgres in
+tests/integration/connect/pg/test_postgres_cdc_source.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from rivven_connect.core.config import ConnectConfigError, load_config
+from rivven_connect.sources import build_source
+from rivven_connect.sources.postgres_cdc import PostgresCdcSource
+
+GOOD = {"host": "127.0.0.1", "port": 5432, "database": "shop", "user": "rivven",
+        "password": "pw", "slot_name": "rivven_slot", "publication_name": "rivven_pub",
+        "tables": ["public.orders", "items"], "snapshot": {"mode": "never"}}
+
+
+def _build(**changes):
+    config = {**GOOD, **changes}
+    for key in [key for key, value in changes.items() if value is ...]:
+        del config[key]
+    loaded = load_config({"sources": {"db": {"connector": "postgres-cdc",
+                                              "topic": "cdc.{schema}.{table}",
+                                              "config": config}}}, {})
+    return build_source(loaded.sources["db"])
+
+
+def test_a_good_config_builds_the_source():
+    source = _build()
+    assert isinstance(source, PostgresCdcSource)
+    assert source.slot.tables == (("public", "orders"), ("public", "items"))
+    assert source.slot.config.port == 5432 and source.slot.config.password == "pw"
+    assert "pw" not in repr(source.slot.config)
+    assert _build(port="6543", password=...).slot.config.port == 6543  # ${ENV} text
+
+
+@pytest.mark.parametrize("changes,path,words", [
+    ({"host": ...}, "config.host", "required"),
+    ({"database": ""}, "config.database", "required"),
+    ({"user": 3}, "config.user", "required"),
+    ({"password": 3}, "config.password", "string"),
+    ({"port": 0}, "config.port", "[1, 65535]"),
+    ({"port": "x"}, "config.port", "integer"),
+    ({"slot_name": ...}, "config.slot_name", "required"),
+    ({"slot_name": "Bad-Name"}, "config.slot_name", "identifier"),
+    ({"publication_name": "a.b"}, "config.publication_name", "identifier"),
+    ({"tables": []}, "config.tables", "non-empty"),
+    ({"tables": ["public.orders", "a.b.c"]}, "config.tables[1]", "schema.table"),
+    ({"tables": ["orders", "public.orders"]}, "config.tables[1]", "twice"),
+    ({"snapshot": ...}, "config.snapshot", "mode: never"),
+    ({"snapshot": {"mode": "initial"}}, "config.snapshot.mode", "snapshots come next"),
+    ({"snapshot": {"mode": "never", "chunk": 3}}, "config.snapshot.chunk", "unknown"),
+    ({"slot": "x"}, "config.slot", "unknown option"),
+])
+def test_config_errors_name_the_option(changes, path, words):
+    with pytest.raises(ConnectConfigError) as caught:
+        _build(**changes)
+    message = str(caught.value)
+    assert message.startswith(f"sources.db.{path}"), message
+    assert words in message, message
+
+
+def test_positions_order_by_end_lsn_then_seq():
+    source = _build()
+    positions = [{"end_lsn": "0/FF", "commit_lsn": "0/F0", "seq": 2, "last": True},
+                 {"end_lsn": "1/0", "commit_lsn": "0/100", "seq": 0, "last": False},
+                 {"end_lsn": "1/0", "commit_lsn": "0/100", "seq": 1, "last": True}]
+    keys = [source.position_key(p) for p in positions]
+    assert keys == sorted(keys) and keys[0] == (0xFF, 2) and keys[1] == (1 << 32, 0)
