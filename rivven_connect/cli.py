@@ -16,10 +16,12 @@ from the process environment.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
-from typing import Sequence
+import urllib.request
+from typing import Any, Sequence
 
 import trio
 
@@ -35,9 +37,26 @@ from rivven_connect.sink_runner import SinkResult
 from rivven_connect.sinks import Sink, build_sink
 from rivven_connect.sources import Source, build_source
 
-__all__ = ["main", "load"]
+__all__ = ["main", "load", "fetch_mapping"]
 
 EXIT_OK, EXIT_CONFIG, EXIT_BROKER, EXIT_SOURCE_ERROR = 0, 1, 2, 3
+#: A ``Route`` transform's ``mapping_url``: the answer's size and time limits.
+MAPPING_BYTES_MAX = 4 << 20
+MAPPING_TIMEOUT_S = 10.0
+
+
+def fetch_mapping(url: str) -> Any:
+    """GET ``url`` once and parse its JSON body (at most ``MAPPING_BYTES_MAX`` bytes, within
+    ``MAPPING_TIMEOUT_S``). Raises ``OSError`` (the request failed, or not 200) or
+    ``ValueError`` (too large, not JSON)."""
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    with urllib.request.urlopen(request, timeout=MAPPING_TIMEOUT_S) as answer:  # noqa: S310
+        if answer.status != 200:
+            raise OSError(f"HTTP {answer.status}")
+        body = answer.read(MAPPING_BYTES_MAX + 1)
+    if len(body) > MAPPING_BYTES_MAX:
+        raise ValueError(f"the answer is over {MAPPING_BYTES_MAX} bytes")
+    return json.loads(body)
 
 
 def load(path: str, environ: dict[str, str]
@@ -48,7 +67,7 @@ def load(path: str, environ: dict[str, str]
             text = handle.read()
     except (OSError, UnicodeDecodeError) as error:
         raise ConnectConfigError("", f"cannot read the configuration: {error}") from error
-    config = load_config(text, environ)
+    config = load_config(text, environ, fetch_mapping)
     sources = {name: build_source(source) for name, source in config.sources.items()}
     sinks = {name: build_sink(sink) for name, sink in config.sinks.items()}
     return config, sources, sinks

@@ -28,7 +28,7 @@ import difflib
 import enum
 import re
 import string
-from typing import Any, Mapping, NoReturn
+from typing import Any, Callable, Mapping, NoReturn
 
 import attrs
 import yaml
@@ -194,8 +194,16 @@ class ConnectConfig:
 # --- entry point ------------------------------------------------------------------------------
 
 
-def load_config(document: str | Mapping[str, Any], env: Mapping[str, str]) -> ConnectConfig:
+#: ``fetch_mapping(url) -> mapping``: a ``Route`` transform's ``mapping_url``, fetched once by
+#: the runtime (``cli.fetch_mapping``); raises ``ValueError`` or ``OSError`` saying why not.
+FetchMapping = Callable[[str], Any]
+
+
+def load_config(document: str | Mapping[str, Any], env: Mapping[str, str],
+                fetch_mapping: FetchMapping | None = None) -> ConnectConfig:
     """The validated configuration of YAML text (or an already parsed mapping).
+    ``fetch_mapping`` loads a ``Route`` transform's ``mapping_url`` (the only I/O the
+    configuration asks for, injected; without it a ``mapping_url`` is refused).
 
     Raises ``ConnectConfigError`` naming the first offending path.
     """
@@ -225,7 +233,7 @@ def load_config(document: str | Mapping[str, Any], env: Mapping[str, str]) -> Co
     else:
         http = _host_port(http, "http")
     sources = {
-        name: _source(name, raw, f"sources.{name}")
+        name: _source(name, raw, f"sources.{name}", fetch_mapping)
         for name, raw in _named(top.get("sources", {}), "sources").items()
     }
     sinks = {
@@ -365,14 +373,16 @@ _ROUTING_KEYS = (
 )
 
 
-def _source(name: str, raw: object, path: str) -> SourceConfig:
+def _source(name: str, raw: object, path: str,
+            fetch_mapping: FetchMapping | None) -> SourceConfig:
     table = _mapping(raw, path)
     _known(table, path, _SOURCE_KEYS)
     connector = _string(_required(table, "connector", path), f"{path}.connector")
     topic = _template(_required(table, "topic", path), f"{path}.topic")
     config = _mapping(table.get("config") or {}, f"{path}.config")
     mode = _source_mode(connector, config)
-    transforms = _transforms(table.get("transforms") or [], f"{path}.transforms")
+    transforms = _transforms(table.get("transforms") or [], f"{path}.transforms",
+                             fetch_mapping)
     routing = _routing(table.get("routing") or {}, f"{path}.routing", mode)
     errors = _mapping(table.get("errors") or {}, f"{path}.errors")
     _known(errors, f"{path}.errors", ("tolerance",))
@@ -403,7 +413,8 @@ def _source_mode(connector: str, config: Mapping[str, Any]) -> SourceMode:
     return SourceMode.OTHER
 
 
-def _transforms(value: object, path: str) -> tuple[Mapping[str, Any], ...]:
+def _transforms(value: object, path: str,
+                fetch_mapping: FetchMapping | None) -> tuple[Mapping[str, Any], ...]:
     if not isinstance(value, list):
         _fail(path, "must be a list of transforms ({type: Name, ...options})")
     specs = []
@@ -412,8 +423,34 @@ def _transforms(value: object, path: str) -> tuple[Mapping[str, Any], ...]:
         _string(_required(spec, "type", f"{path}[{i}]"), f"{path}[{i}].type")
         if "predicate" in spec:
             _mapping(spec["predicate"], f"{path}[{i}].predicate")
+        if spec["type"] == "Route" and "mapping_url" in spec:
+            spec = _fetched_route(spec, f"{path}[{i}]", fetch_mapping)
         specs.append(spec)
     return tuple(specs)
+
+
+def _fetched_route(spec: Mapping[str, Any], path: str,
+                   fetch_mapping: FetchMapping | None) -> dict[str, Any]:
+    """A ``Route`` spec whose ``mapping_url`` is replaced by the mapping fetched from it, once,
+    at load: a failed fetch refuses to start, and an empty mapping is never a fallback."""
+    where = f"{path}.mapping_url"
+    if "mapping" in spec:
+        _fail(where, "give mapping or mapping_url, not both")
+    url = _string(spec["mapping_url"], where)
+    if not url.startswith(("http://", "https://")):
+        _fail(where, f"{url!r} is not an http:// or https:// URL")
+    if fetch_mapping is None:
+        _fail(where, "this loader fetches no mapping (the runtime does, at start)")
+    try:
+        mapping = fetch_mapping(url)
+    except (OSError, ValueError) as error:
+        _fail(where, f"could not load the mapping from {url}: {error}")
+    if not isinstance(mapping, dict) or not mapping:
+        _fail(where, f"{url} answered {type(mapping).__name__ if mapping else 'an empty mapping'}"
+                     f"; a Route needs a non-empty JSON object of value -> topic")
+    resolved = {k: v for k, v in spec.items() if k != "mapping_url"}
+    resolved["mapping"] = mapping  # (checked entry by entry by the Route transform)
+    return resolved
 
 
 def _routing(raw: object, path: str, mode: SourceMode) -> RoutingConfig:

@@ -116,3 +116,84 @@ def test_no_broker_exits_2(tmp_path):
     done = subprocess.run(_command(config), env=_env(), capture_output=True, timeout=120)
     assert done.returncode == 2, done.stderr.decode()
     assert "no broker reachable" in done.stderr.decode()
+
+
+class _MappingServer:
+    """A real HTTP server on loopback answering ``/mapping.json`` (and 404 otherwise)."""
+
+    def __init__(self, mapping: dict) -> None:
+        import http.server
+        import json
+        import threading
+
+        body = json.dumps(mapping).encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+                if self.path != "/mapping.json":
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _route_config(path: pathlib.Path, bootstrap: str, url: str, lines: pathlib.Path) -> None:
+    path.write_text(f"""
+version: "1.0"
+broker: {{ bootstrap: "{bootstrap}" }}
+http: off
+sources:
+  lines:
+    connector: file
+    topic: routed.other
+    config: {{ path: "{lines}" }}
+    transforms:
+      - {{ type: Route, field: kind, mapping_url: "{url}" }}
+""")
+
+
+def test_a_route_mapping_fetched_from_a_url_routes_and_a_failed_fetch_refuses_to_start(
+        broker_process, tmp_path):
+    import json
+
+    broker = broker_process()
+    lines = tmp_path / "lines.jsonl"
+    kinds = ["order", "refund", "order", "other"] * 5
+    lines.write_text("".join(json.dumps({"kind": k, "n": i}) + "\n" for i, k in enumerate(kinds)))
+    server = _MappingServer({"order": "routed.orders", "refund": "routed.refunds"})
+    config = tmp_path / "connect.yaml"
+    try:
+        _route_config(config, broker.address, server.url + "/mapping.json", lines)
+        done = subprocess.run(_command(config), env=_env(), capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stderr.decode()
+
+        async def read(topic: str) -> list:
+            return sorted(row["n"] for row in values(await read_committed(broker.address, topic)))
+
+        assert trio.run(read, "routed.orders") == [i for i, k in enumerate(kinds) if k == "order"]
+        assert trio.run(read, "routed.refunds") == [
+            i for i, k in enumerate(kinds) if k == "refund"]
+        assert trio.run(read, "routed.other") == [i for i, k in enumerate(kinds) if k == "other"]
+
+        _route_config(config, broker.address, server.url + "/missing.json", lines)
+        refused = subprocess.run(_command(config), env=_env(), capture_output=True, timeout=60)
+        assert refused.returncode == 1
+        message = refused.stderr.decode()
+        assert "sources.lines.transforms[0].mapping_url: could not load the mapping" in message
+        assert "404" in message, message
+    finally:
+        server.close()
