@@ -29,10 +29,12 @@ import attrs
 
 from .pgoutput import format_lsn, parse_lsn
 
-__all__ = ["SNAPSHOT_MODES", "SnapshotPosition", "StartPlan", "plan_start",
+__all__ = ["ON_INTERRUPTED", "SNAPSHOT_MODES", "SnapshotPosition", "StartPlan", "plan_start",
            "position_phase", "snapshot_chunk_rows_default", "snapshot_chunk_rows_max"]
 
 SNAPSHOT_MODES = ("never", "initial", "initial_only", "always", "when_needed")
+#: After an interrupted snapshot: stop with an error, or snapshot again from the start.
+ON_INTERRUPTED = ("fail", "restart")
 #: Rows one keyset query reads (the ``chunk_size`` option).
 snapshot_chunk_rows_default = 1024
 snapshot_chunk_rows_max = 10_000
@@ -104,20 +106,28 @@ class StartPlan:
     reason: str = ""
 
 
-def plan_start(mode: str, stored: Any, slot_state: str) -> StartPlan:
-    """The start for snapshot ``mode``, the stored position (``None`` or as stored) and the
-    slot's state (``ok``, ``missing`` or ``lost``). Raises ``ValueError`` for a stored
-    snapshot position that does not parse."""
+def plan_start(mode: str, stored: Any, slot_state: str, on_interrupted: str = "fail"
+               ) -> StartPlan:
+    """The start for snapshot ``mode``, the stored position (``None`` or as stored), the
+    slot's state (``ok``, ``missing`` or ``lost``) and what to do after an interrupted
+    snapshot (``fail``, or ``restart`` it from scratch: the rows it sent are sent again).
+    Raises ``ValueError`` for a stored snapshot position that does not parse."""
     assert mode in SNAPSHOT_MODES and slot_state in ("ok", "missing", "lost"), (mode, slot_state)
+    assert on_interrupted in ON_INTERRUPTED, on_interrupted
     snapshot = StartPlan("snapshot", drop_slot=slot_state != "missing")
+    interrupted = position_phase(stored) == "snapshot" and not SnapshotPosition.from_json(
+        stored).done
+    if interrupted and on_interrupted == "restart" and mode != "never":
+        return attrs.evolve(snapshot, temporary=mode == "initial_only",
+                            stop_after=mode == "initial_only")
     if mode == "initial_only":
         if stored is None:
             return StartPlan("snapshot", temporary=True, stop_after=True)
-        if position_phase(stored) == "snapshot" and SnapshotPosition.from_json(stored).done:
+        if position_phase(stored) == "snapshot" and not interrupted:
             return StartPlan("stop")
-        return StartPlan("refuse", reason=_interrupted(stored) if position_phase(
-            stored) == "snapshot" else "the stored offset is a streaming position; "
-                                       "initial_only snapshots only when nothing is stored")
+        return StartPlan("refuse", reason=_interrupted(stored) if interrupted else
+                         "the stored offset is a streaming position; initial_only "
+                         "snapshots only when nothing is stored")
     if mode == "always":
         return snapshot
     if stored is None:
@@ -151,4 +161,6 @@ def _interrupted(stored: Any) -> str:
     return (f"a snapshot was interrupted (stored offset {stored!r}); its exported snapshot "
             f"died with the process and resuming it under another snapshot could miss or "
             f"repeat rows changed meanwhile (docs/connect-postgres.md \"Snapshots\"); "
-            f"delete the connector's topics and offset, then start again")
+            f"set snapshot.on_interrupted: restart to snapshot again from the start (the "
+            f"rows already sent are sent again), or delete the connector's topics and "
+            f"offset and start again")

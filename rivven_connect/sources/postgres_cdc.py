@@ -59,7 +59,7 @@ from rivven_connect.pg.slot import (
     PgConnectConfig, ReplicationSlot, SlotActiveError, SlotError, SlotInfo, parse_table_name,
 )
 from rivven_connect.pg.snapshot import (
-    SNAPSHOT_MODES, SnapshotPosition, StartPlan, plan_start, position_phase,
+    ON_INTERRUPTED, SNAPSHOT_MODES, SnapshotPosition, StartPlan, plan_start, position_phase,
     snapshot_chunk_rows_default, snapshot_chunk_rows_max,
 )
 from rivven_connect.pg.snapshot_reader import ExportedSnapshot, SnapshotReader
@@ -96,12 +96,14 @@ class PostgresCdcSource:
     def __init__(self, slot: ReplicationSlot, *, batch_size: int = 500,
                  snapshot_mode: str = "never",
                  snapshot_chunk_rows: int = snapshot_chunk_rows_default,
+                 snapshot_on_interrupted: str = "fail",
                  clock_ms: Callable[[], int] = _wall_clock_ms) -> None:
         assert snapshot_mode in SNAPSHOT_MODES
         self.slot = slot
         self.batch_size = batch_size
         self.snapshot_mode = snapshot_mode
         self.snapshot_chunk_rows = snapshot_chunk_rows
+        self.snapshot_on_interrupted = snapshot_on_interrupted
         #: The running snapshot (None when none runs); ``finished``: ``initial_only`` is done.
         self.snapshot: SnapshotRun | None = None
         self.finished = False
@@ -153,7 +155,8 @@ class PostgresCdcSource:
             if name in parsed:
                 raise ConnectConfigError(f"{path}.tables[{index}]", f"{table!r} is listed twice")
             parsed.append(name)
-        mode, chunk_rows = _check_snapshot(raw.get("snapshot"), f"{path}.snapshot")
+        mode, chunk_rows, on_interrupted = _check_snapshot(raw.get("snapshot"),
+                                                           f"{path}.snapshot")
         interval = options.int("status_interval_ms", 10_000, 1000, 60_000)
         assert port is not None and interval is not None
         config = PgConnectConfig(options.string("host"), port, options.string("database"),
@@ -161,7 +164,7 @@ class PostgresCdcSource:
         slot = ReplicationSlot(config, names["slot_name"], names["publication_name"], parsed,
                                status_interval_s=interval / 1000)
         return cls(slot, batch_size=options.batch_size(), snapshot_mode=mode,
-                   snapshot_chunk_rows=chunk_rows)
+                   snapshot_chunk_rows=chunk_rows, snapshot_on_interrupted=on_interrupted)
 
     # --- the Source protocol ------------------------------------------------------------------
     def resume(self, position: Any) -> None:
@@ -241,7 +244,8 @@ class PostgresCdcSource:
                                   f"or a snapshot row") from None
         info = await self._prepare()
         try:
-            plan = plan_start(self.snapshot_mode, self.stored, info.state)
+            plan = plan_start(self.snapshot_mode, self.stored, info.state,
+                              self.snapshot_on_interrupted)
         except ValueError as error:
             raise SourceError(f"postgres-cdc {name}: {error}") from None
         if plan.action == "refuse":
@@ -346,14 +350,14 @@ class PostgresCdcSource:
         self.slot.close()
 
 
-def _check_snapshot(snapshot: Any, path: str) -> tuple[str, int]:
+def _check_snapshot(snapshot: Any, path: str) -> tuple[str, int, str]:
     from rivven_connect.core.config import ConnectConfigError
     from rivven_connect.sources import Options
 
     if not isinstance(snapshot, dict) or "mode" not in snapshot:
         raise ConnectConfigError(path, f"is required: {{ mode: M }} with M one of "
                                        f"{', '.join(SNAPSHOT_MODES)}")
-    options = Options(snapshot, path, ("mode", "chunk_size"))
+    options = Options(snapshot, path, ("mode", "chunk_size", "on_interrupted"))
     mode = snapshot["mode"]
     if mode not in SNAPSHOT_MODES:
         raise ConnectConfigError(f"{path}.mode", f"{mode!r} is not one of "
@@ -361,7 +365,11 @@ def _check_snapshot(snapshot: Any, path: str) -> tuple[str, int]:
     chunk_rows = options.int("chunk_size", snapshot_chunk_rows_default, 1,
                              snapshot_chunk_rows_max)
     assert chunk_rows is not None
-    return mode, chunk_rows
+    on_interrupted = snapshot.get("on_interrupted", "fail")
+    if on_interrupted not in ON_INTERRUPTED:
+        raise ConnectConfigError(f"{path}.on_interrupted", f"{on_interrupted!r} is not one "
+                                                           f"of {', '.join(ON_INTERRUPTED)}")
+    return mode, chunk_rows, on_interrupted
 
 
 class SnapshotRun:

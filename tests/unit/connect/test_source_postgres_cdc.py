@@ -55,6 +55,8 @@ def test_a_good_config_builds_the_source():
     ({"snapshot": {"mode": "initial", "chunk_size": 0}}, "config.snapshot.chunk_size",
      "[1, 10000]"),
     ({"snapshot": {"mode": "never", "chunk": 3}}, "config.snapshot.chunk", "unknown"),
+    ({"snapshot": {"mode": "initial", "on_interrupted": "resume"}},
+     "config.snapshot.on_interrupted", "fail, restart"),
     ({"slot": "x"}, "config.slot", "unknown option"),
 ])
 def test_config_errors_name_the_option(changes, path, words):
@@ -78,6 +80,9 @@ def test_snapshot_options_and_positions():
     source = _build(snapshot={"mode": "initial", "chunk_size": "64"})
     assert (source.snapshot_mode, source.snapshot_chunk_rows) == ("initial", 64)
     assert _build(snapshot={"mode": "when_needed"}).snapshot_chunk_rows == 1024
+    assert _build(snapshot={"mode": "initial"}).snapshot_on_interrupted == "fail"
+    assert _build(snapshot={"mode": "initial", "on_interrupted": "restart"}
+                  ).snapshot_on_interrupted == "restart"
     rows = [SnapshotPosition(0x100, 0, "public.orders", ("1",), 1, False),
             SnapshotPosition(0x100, 1, "public.items", ("a", "2"), 2, True)]
     stored = [json.loads(json.dumps(p.to_json())) for p in rows]  # as the offsets topic keeps it

@@ -26,7 +26,8 @@ INSERT INTO orders SELECT n, 'old', n FROM generate_series(1, {ROWS}) n;
 """
 
 
-def _config(path, database: str, bootstrap: str, mode: str, chunk_size: int = 50) -> None:
+def _config(path, database: str, bootstrap: str, mode: str, chunk_size: int = 50,
+            on_interrupted: str = "fail") -> None:
     path.write_text(f"""
 version: "1.0"
 broker: {{ bootstrap: "{bootstrap}" }}
@@ -37,7 +38,8 @@ sources:
     topic: "cdc.{{schema}}.{{table}}"
     config: {{ host: 127.0.0.1, port: "${{PGPORT_TEST}}", database: {database},
               user: postgres, slot_name: rivven_slot, publication_name: rivven_pub,
-              tables: [public.orders], snapshot: {{ mode: {mode}, chunk_size: {chunk_size} }},
+              tables: [public.orders], snapshot: {{ mode: {mode}, chunk_size: {chunk_size},
+                          on_interrupted: {on_interrupted} }},
               status_interval_ms: 1000, batch_size: 50 }}
     routing: {{ topic_defaults: {{ partitions: 1 }} }}
 """)
@@ -215,7 +217,7 @@ def test_never_without_a_slot_streams_from_now(postgres_server, pg_database, bro
     assert [e[:2] for e in _events(bootstrap)] == [("u", 3)]
 
 
-def test_kill_9_mid_snapshot_is_refused_at_restart_without_duplicates(
+def test_kill_9_mid_snapshot_is_refused_at_restart_then_restarted_on_request(
         postgres_server, pg_database, broker_process, tmp_path):
     dsn, bootstrap, config = _setup(tmp_path, postgres_server, pg_database, broker_process,
                                     "initial")
@@ -235,3 +237,24 @@ def test_kill_9_mid_snapshot_is_refused_at_restart_without_duplicates(
     assert "a snapshot was interrupted" in runtime.stderr(), runtime.stderr()
     assert _events(bootstrap) == partial  # nothing sent twice; the slot is kept
     assert _slot(dsn)[0] is not None
+    # on_interrupted: restart — a new slot and snapshot; the rows sent before are sent again
+    _config(config, pg_database, bootstrap, "initial", on_interrupted="restart")
+    _sql(dsn, "UPDATE orders SET status = 'changed' WHERE id = 1",
+         f"DELETE FROM orders WHERE id = {ROWS}")
+    runtime = Runtime(config, postgres_server.port, log)
+    try:
+        _wait(lambda: len(_records(bootstrap)) >= len(partial) + ROWS - 1, "the new snapshot",
+              runtime=runtime, timeout_s=120)
+        _sql(dsn, "INSERT INTO orders VALUES (0, 'streamed', 0)")
+        _wait(lambda: _materialized(_events(bootstrap)) == _table(dsn), "the topic = the table",
+              runtime=runtime)
+        assert runtime.stop() == 0, runtime.stderr()
+    finally:
+        if runtime.popen.poll() is None:
+            runtime.kill()
+    events = _events(bootstrap)
+    again = events[len(partial):]
+    assert [e[1] for e in again if e[0] == "r"] == list(range(1, ROWS))
+    assert again[0][2]["status"] == "changed" and [e[:2] for e in again[ROWS - 1:]] == [
+        ("c", 0)]
+    _assert_slot_not_ahead(dsn, bootstrap)

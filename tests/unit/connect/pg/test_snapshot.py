@@ -55,7 +55,20 @@ def test_plan_start(mode, stored, slot, action, extra):
 
 def test_an_interrupted_snapshot_is_refused_with_the_reason():
     reason = plan_start("initial", MID, "ok").reason
-    assert "interrupted" in reason and "Snapshots" in reason
+    assert "interrupted" in reason and "on_interrupted: restart" in reason
+
+
+@pytest.mark.parametrize("mode,slot,expected", [
+    ("initial", "ok", SNAPSHOT),
+    ("when_needed", "ok", SNAPSHOT),
+    ("when_needed", "lost", SNAPSHOT),
+    ("initial", "missing", FRESH_SNAPSHOT),
+    ("initial_only", "missing", StartPlan("snapshot", temporary=True, stop_after=True)),
+])
+def test_on_interrupted_restart_snapshots_again(mode, slot, expected):
+    assert plan_start(mode, MID, slot, "restart") == expected
+    assert plan_start(mode, DONE, "ok", "restart").action in ("stream", "stop")
+    assert plan_start("never", MID, "ok", "restart").action == "refuse"
 
 
 def test_a_snapshot_row_is_an_r_record_typed_as_streamed_rows():
