@@ -291,6 +291,13 @@ class PostgresCdcSource:
         await trio.to_thread.run_sync(lambda: self.slot.start(start_lsn))
 
     async def _begin_snapshot(self, plan: StartPlan, info: SlotInfo) -> None:
+        from rivven_connect.sources import SourceError
+
+        for (schema, table), key in info.key_columns.items():
+            if not key:  # checked before the slot is touched
+                raise SourceError(f"postgres-cdc {self.slot.slot_name}: table {schema}.{table} "
+                                  f"has no primary key: a snapshot reads by primary key "
+                                  f"(give it one, or use snapshot mode never)")
         if plan.drop_slot:
             await trio.to_thread.run_sync(self.slot.drop)
         run = SnapshotRun(self.slot, info.key_columns, temporary=plan.temporary,

@@ -258,3 +258,14 @@ def test_kill_9_mid_snapshot_is_refused_at_restart_then_restarted_on_request(
     assert again[0][2]["status"] == "changed" and [e[:2] for e in again[ROWS - 1:]] == [
         ("c", 0)]
     _assert_slot_not_ahead(dsn, bootstrap)
+
+
+def test_a_snapshot_of_a_table_without_primary_key_is_refused_before_the_slot(
+        postgres_server, pg_database, broker_process, tmp_path):
+    dsn, bootstrap, config = _setup(tmp_path, postgres_server, pg_database, broker_process,
+                                    "initial")
+    _sql(dsn, "ALTER TABLE orders DROP CONSTRAINT orders_pkey")  # FULL: streamable, no key
+    runtime = Runtime(config, postgres_server.port, tmp_path / "connect.log")
+    assert runtime.wait(timeout_s=60) == 3
+    assert "has no primary key: a snapshot reads by primary key" in runtime.stderr()
+    assert _slot(dsn) == (None, False)
