@@ -13,6 +13,10 @@ import threading
 import time
 
 import psycopg2
+import trio
+
+from rivven_connect.driver import read_position
+from rivven_connect.pg.pgoutput import parse_lsn
 
 from tests.integration.connect.pg.test_postgres_cdc_source import (
     SOURCE, Runtime, _assert_slot_not_ahead, _records, _slot, _sql, _wait,
@@ -177,7 +181,9 @@ def test_initial_snapshot_then_stream_with_writes_during_the_snapshot(
     tail = _events(bootstrap)[total:]
     assert [e[:2] for e in tail] == [("u", 1)], tail
     assert _materialized(_events(bootstrap)) == _table(dsn)
-    _assert_slot_not_ahead(dsn, bootstrap)
+    stored = trio.run(read_position, bootstrap, SOURCE)  # the snapshot's last row
+    assert stored["phase"] == "snapshot" and stored["done"]
+    assert _slot(dsn)[0] == parse_lsn(stored["consistent_lsn"])  # a new slot, not confirmed
 
 
 def test_initial_only_stops_after_the_snapshot_and_keeps_no_slot(
@@ -269,3 +275,53 @@ def test_a_snapshot_of_a_table_without_primary_key_is_refused_before_the_slot(
     assert runtime.wait(timeout_s=60) == 3
     assert "has no primary key: a snapshot reads by primary key" in runtime.stderr()
     assert _slot(dsn) == (None, False)
+
+
+def _run_until(config, postgres_server, log, bootstrap, count: int) -> None:
+    runtime = Runtime(config, postgres_server.port, log)
+    try:
+        _wait(lambda: len(_records(bootstrap)) >= count, f"{count} records", runtime=runtime,
+              timeout_s=120)
+        time.sleep(1)
+        assert runtime.stop() == 0, runtime.stderr()
+    finally:
+        if runtime.popen.poll() is None:
+            runtime.kill()
+
+
+def test_always_snapshots_at_every_start_and_when_needed_when_the_slot_is_gone(
+        postgres_server, pg_database, broker_process, tmp_path):
+    dsn, bootstrap, config = _setup(tmp_path, postgres_server, pg_database, broker_process,
+                                    "always")
+    _sql(dsn, f"DELETE FROM orders WHERE id > 100")
+    log = tmp_path / "connect.log"
+    _run_until(config, postgres_server, log, bootstrap, 100)
+    _sql(dsn, "UPDATE orders SET status = 'between' WHERE id = 5")  # while stopped
+    _run_until(config, postgres_server, log, bootstrap, 200)
+    events = _events(bootstrap)
+    assert [e[:2] for e in events] == [("r", i) for i in range(1, 101)] * 2  # no u for id 5
+    assert events[104][2]["status"] == "between"
+    # when_needed: an offset is stored and the slot is there -> stream only
+    _config(config, pg_database, bootstrap, "when_needed")
+    runtime = Runtime(config, postgres_server.port, log)
+    try:
+        _wait(lambda: _slot(dsn)[1], "the slot to be active", runtime=runtime)
+        _sql(dsn, "UPDATE orders SET status = 'live' WHERE id = 6")
+        _wait(lambda: len(_records(bootstrap)) > 200, "the update", runtime=runtime)
+        time.sleep(1)
+        assert runtime.stop() == 0, runtime.stderr()
+    finally:
+        if runtime.popen.poll() is None:
+            runtime.kill()
+    assert [e[:2] for e in _events(bootstrap)[200:]] == [("u", 6)]
+    # ... and when the slot is gone, a new snapshot (initial would stop: WAL lost)
+    _sql(dsn, "SELECT pg_drop_replication_slot('rivven_slot')")
+    _sql(dsn, "UPDATE orders SET status = 'unseen' WHERE id = 7")
+    _run_until(config, postgres_server, log, bootstrap, 301)
+    tail = _events(bootstrap)[201:]
+    assert [e[:2] for e in tail] == [("r", i) for i in range(1, 101)]
+    assert tail[6][2]["status"] == "unseen"
+    assert _materialized(_events(bootstrap)) == _table(dsn)
+    stored = trio.run(read_position, bootstrap, SOURCE)  # the snapshot's last row
+    assert stored["phase"] == "snapshot" and stored["done"]
+    assert _slot(dsn)[0] == parse_lsn(stored["consistent_lsn"])  # a new slot, not confirmed
