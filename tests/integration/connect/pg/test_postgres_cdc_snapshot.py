@@ -181,9 +181,7 @@ def test_initial_snapshot_then_stream_with_writes_during_the_snapshot(
     tail = _events(bootstrap)[total:]
     assert [e[:2] for e in tail] == [("u", 1)], tail
     assert _materialized(_events(bootstrap)) == _table(dsn)
-    stored = trio.run(read_position, bootstrap, SOURCE)  # the snapshot's last row
-    assert stored["phase"] == "snapshot" and stored["done"]
-    assert _slot(dsn)[0] == parse_lsn(stored["consistent_lsn"])  # a new slot, not confirmed
+    _assert_slot_not_ahead(dsn, bootstrap)
 
 
 def test_initial_only_stops_after_the_snapshot_and_keeps_no_slot(
@@ -199,8 +197,7 @@ def test_initial_only_stops_after_the_snapshot_and_keeps_no_slot(
     assert {e[0] for e in events} == {"r"}
     assert _slot(dsn) == (None, False)  # the exporting slot was temporary
     # Started again: the stored offset says done; it stops at once, sending nothing.
-    _sql(dsn, "INSERT INTO orders VALUES (ROWS_PLUS, 'x', 1)".replace("ROWS_PLUS",
-                                                                       str(ROWS + 1)))
+    _sql(dsn, f"INSERT INTO orders VALUES ({ROWS + 1}, 'x', 1)")
     runtime = Runtime(config, postgres_server.port, log)
     assert runtime.wait(timeout_s=60) == 0, runtime.stderr()
     assert len(_records(bootstrap)) == ROWS
@@ -293,7 +290,7 @@ def test_always_snapshots_at_every_start_and_when_needed_when_the_slot_is_gone(
         postgres_server, pg_database, broker_process, tmp_path):
     dsn, bootstrap, config = _setup(tmp_path, postgres_server, pg_database, broker_process,
                                     "always")
-    _sql(dsn, f"DELETE FROM orders WHERE id > 100")
+    _sql(dsn, "DELETE FROM orders WHERE id > 100")
     log = tmp_path / "connect.log"
     _run_until(config, postgres_server, log, bootstrap, 100)
     _sql(dsn, "UPDATE orders SET status = 'between' WHERE id = 5")  # while stopped
