@@ -80,6 +80,8 @@ PURE_EXEMPT = {
                                        "events; appends and reads never await",
     "rivven_connect.pg.slot": "the replication driver: psycopg2 connections, trio waits on "
                               "the replication socket",
+    "rivven_connect.pg.snapshot_reader": "the snapshot's psycopg2 connections (the exporting "
+                                         "slot creation, the keyset reads)",
 }
 IO_MODULES = {"trio", "socket", "threading", "time", "asyncio", "selectors", "select"}
 # Cores that are stricter still: the environment and randomness come in as arguments (the

@@ -126,6 +126,26 @@ class EnvelopeBuilder:
                 schema=relation.schema if relation else None, op=op, position=position))
         return records
 
+    def snapshot_record(self, relation: Relation, row: tuple[ColumnValue, ...],
+                        consistent_lsn: int, seq: int, snapshot: str, position: Any,
+                        now_ms: int) -> Record:
+        """One row read by a snapshot -> an ``r`` record (``before`` null, ``after`` the
+        row typed as streamed rows are; ``source.snapshot`` is ``"true"`` or ``"last"``,
+        ``source.lsn`` the snapshot's consistent LSN, ``txId`` null; header
+        ``rivven.cdc.id = "{consistent_lsn}:r:{seq}"``). Raises ``EnvelopeError``."""
+        assert snapshot in ("true", "last"), snapshot
+        after = self._image(relation, row)
+        key = _key(after.values, self._key_names(relation))
+        source = {"connector": self.connector, "db": self.db, "schema": relation.schema,
+                  "table": relation.name, "lsn": format_lsn(consistent_lsn), "txId": None,
+                  "ts_ms": now_ms, "snapshot": snapshot}
+        value = {"before": None, "after": after.values, "op": "r", "source": source,
+                 "ts_ms": now_ms}
+        cdc_id = f"{format_lsn(consistent_lsn)}:r:{seq}".encode()
+        return Record(value, key=key, headers=((HEADER_ID, cdc_id),), timestamp_ms=now_ms,
+                      table=relation.name,
+                      schema=relation.schema, op="r", position=position)
+
     def _source(self, transaction: Transaction, change: Change,
                 relation: Relation | None) -> dict[str, Any]:
         return {"connector": self.connector, "db": self.db,

@@ -17,12 +17,14 @@ pure (``pgoutput``, ``transactions``, ``envelope``) or the trio source that driv
 3. the publication exists and covers every table, else it is created
    ``FOR TABLE ...`` (only when it does not exist: an existing one is never altered);
    it must exist before the slot, or decoding WAL from before its creation fails;
-4. the slot exists with plugin ``pgoutput`` in this database, is not ``active`` (another
-   consumer) and its WAL is not ``lost``; else, if ``create_slot`` allows, it is created.
-   It is never dropped.
+4. the slot, if it exists, has plugin ``pgoutput``, is in this database and is not
+   ``active`` (another consumer).
 
-It returns a ``SlotInfo``: the slot's ``confirmed_flush_lsn``, whether it was created, and
-the key columns per table.
+It returns a ``SlotInfo``: the slot's ``confirmed_flush_lsn``, its state (``ok``,
+``missing``, ``lost``: ``wal_status = 'lost'``) and the key columns per table. What a
+missing or lost slot means is the snapshot mode's business (``pg.snapshot.plan_start``):
+``create()`` makes it without a snapshot, ``drop()`` removes an inactive one before it is
+recreated with an exported snapshot (``pg.snapshot_reader``).
 
 ``start(start_lsn)`` (blocking) emits a non-transactional logical message
 ``rivven.cdc.resume`` (see "Keepalives" below), opens the replication connection with
@@ -130,7 +132,7 @@ class PgConnectConfig:
 @attrs.frozen
 class SlotInfo:
     confirmed_flush_lsn: int | None
-    created: bool
+    state: str  # ok, missing or lost (the source's snapshot mode decides what follows)
     #: (schema, table) -> primary key column names (() for a FULL table without a key).
     key_columns: dict[tuple[str, str], tuple[str, ...]]
 
@@ -151,7 +153,7 @@ class ReplicationSlot:
         self._cursor: Any = None
 
     # --- start (blocking) ---------------------------------------------------------------------
-    def prepare(self, *, create_slot: bool) -> SlotInfo:
+    def prepare(self) -> SlotInfo:
         """The start checks (module docstring). Blocking; raises ``SlotError``."""
         connection = self.config.connect()
         connection.autocommit = True
@@ -161,8 +163,8 @@ class ReplicationSlot:
                 self._check_server(cursor)
                 keys = {table: self._check_table(cursor, table) for table in self.tables}
                 self._ensure_publication(cursor)
-                confirmed, created = self._ensure_slot(cursor, create_slot)
-            return SlotInfo(confirmed, created, keys)
+                confirmed, state = self._inspect_slot(cursor)
+            return SlotInfo(confirmed, state, keys)
         except psycopg2.Error as error:
             raise SlotError(f"postgres: {str(error).strip()}") from error
         finally:
@@ -224,23 +226,15 @@ class ReplicationSlot:
                             f"{', '.join(missing)} (ALTER PUBLICATION ... ADD TABLE; a table "
                             f"added later has no snapshot yet)")
 
-    def _ensure_slot(self, cursor: Any, create_slot: bool) -> tuple[int | None, bool]:
+    def _inspect_slot(self, cursor: Any) -> tuple[int | None, str]:
+        """The slot's ``confirmed_flush_lsn`` and state: ``ok``, ``missing`` or ``lost``."""
         cursor.execute(
             "SELECT plugin, slot_type, database, active, active_pid, wal_status, "
             "confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
             (self.slot_name,))
         row = cursor.fetchone()
         if row is None:
-            if not create_slot:
-                raise SlotError(
-                    f"replication slot {self.slot_name} does not exist but a stored offset "
-                    f"does: the WAL since that offset is gone (the slot was dropped); "
-                    f"recreating it would silently skip changes — delete the source's "
-                    f"offset to start over (snapshots come in a later step)")
-            cursor.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, "
-                           "'pgoutput')", (self.slot_name,))
-            (lsn,) = cursor.fetchone()
-            return parse_lsn(lsn), True
+            return None, "missing"
         plugin, slot_type, database, active, pid, wal_status, confirmed = row
         name = self.slot_name
         if slot_type != "logical" or plugin != "pgoutput":
@@ -252,9 +246,33 @@ class ReplicationSlot:
             raise SlotActiveError(f"replication slot {name} is active (pid {pid}): another "
                             f"consumer reads it")
         if wal_status == "lost":
-            raise SlotError(f"replication slot {name} has lost required WAL "
-                            f"(max_slot_wal_keep_size): changes are gone")
-        return (None if confirmed is None else parse_lsn(confirmed)), False
+            return None, "lost"
+        return (None if confirmed is None else parse_lsn(confirmed)), "ok"
+
+    def create(self) -> int:
+        """Create the slot without a snapshot (mode ``never``); its LSN. Raises
+        ``SlotError``."""
+        return parse_lsn(self._run("SELECT lsn::text FROM pg_create_logical_replication_slot("
+                                   "%s, 'pgoutput')", (self.slot_name,)))
+
+    def drop(self) -> None:
+        """Drop the (inactive) slot, to recreate it with an exported snapshot. Raises
+        ``SlotError``."""
+        self._run("SELECT pg_drop_replication_slot(slot_name)::text FROM pg_replication_slots "
+                  "WHERE slot_name = %s AND NOT active", (self.slot_name,))
+
+    def _run(self, query: str, arguments: tuple) -> Any:
+        connection = self.config.connect()
+        connection.autocommit = True
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(query, arguments)
+                row = cursor.fetchone()
+                return None if row is None else row[0]
+        except psycopg2.Error as error:
+            raise SlotError(f"postgres: {str(error).strip()}") from error
+        finally:
+            connection.close()
 
     def start(self, start_lsn: int) -> None:
         """Emit the resume message, open the replication connection and start streaming at

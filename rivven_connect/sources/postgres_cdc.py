@@ -22,7 +22,19 @@ the exactly-once order; the source only keeps to its part:
   position it is: it confirms the slot at ``end_lsn - 1`` (``pg.slot`` "Keepalives" says why
   not ``end_lsn``; Postgres resumes at our requested LSN either way). Idempotent;
 - positions are JSON (they go into ``__connect_offsets``): ``{"end_lsn": "X/X",
-  "commit_lsn": "X/X", "seq": n, "last": bool}``, ordered by ``(end_lsn, seq)``.
+  "commit_lsn": "X/X", "seq": n, "last": bool}``, ordered by ``(end_lsn, seq)`` (keys
+  ``(end_lsn, 1, seq)``, after the snapshot rows ``(consistent_lsn, 0, rows)``).
+
+Snapshots (``snapshot.mode``: ``never``, ``initial``, ``initial_only``, ``always``,
+``when_needed``; ``pg.snapshot.plan_start`` decides from the mode, the stored position and
+the slot's state): the slot is (re)created with an exported snapshot, ``SnapshotRun``
+reads every table by primary-key keyset chunks under it and ``poll`` returns the rows as
+``r`` records whose positions are ``SnapshotPosition`` JSON (``phase: snapshot``); after
+the last one (``done``, ``source.snapshot = "last"``) the next poll starts streaming at
+the slot's consistent LSN — no gap, no overlap — or, for ``initial_only``, returns
+``None``. The side effect of a snapshot position does nothing (the slot already sits at
+the consistent LSN). An interrupted snapshot is refused at the next start
+(docs/connect-postgres.md "Snapshots" says why).
 
 Non-transactional logical messages (our own ``rivven.cdc.resume`` among them) and, in this
 build, transactional ones are not emitted; truncates are (``op: t``).
@@ -41,11 +53,16 @@ from rivven_connect.core.batch_cycle import batch_records_max
 from rivven_connect.core.records import Record
 from rivven_connect.pg.envelope import CdcPosition, EnvelopeBuilder, EnvelopeError
 from rivven_connect.pg.pgoutput import (
-    LogicalMessage, PgOutputError, decode_message, format_lsn, parse_lsn,
+    ColumnValue, LogicalMessage, PgOutputError, Relation, decode_message, format_lsn, parse_lsn,
 )
 from rivven_connect.pg.slot import (
-    PgConnectConfig, ReplicationSlot, SlotActiveError, SlotError, parse_table_name,
+    PgConnectConfig, ReplicationSlot, SlotActiveError, SlotError, SlotInfo, parse_table_name,
 )
+from rivven_connect.pg.snapshot import (
+    ON_INTERRUPTED, SNAPSHOT_MODES, SnapshotPosition, StartPlan, plan_start, position_phase,
+    snapshot_chunk_rows_default, snapshot_chunk_rows_max,
+)
+from rivven_connect.pg.snapshot_reader import ExportedSnapshot, SnapshotReader
 from rivven_connect.pg.transactions import (
     ReplicationStateError, Transaction, TransactionAssembler, TransactionTooLarge,
 )
@@ -64,7 +81,6 @@ slot_active_wait_s = 15.0
 slot_active_retry_s = 0.5
 #: Frames one read takes from the replication connection.
 frames_per_read = 1000
-SNAPSHOT_MODES_LATER = ("initial", "initial_only", "always", "when_needed", "no_data")
 
 
 def _wall_clock_ms() -> int:
@@ -78,9 +94,22 @@ def position_json(position: CdcPosition) -> dict[str, Any]:
 
 class PostgresCdcSource:
     def __init__(self, slot: ReplicationSlot, *, batch_size: int = 500,
+                 snapshot_mode: str = "never",
+                 snapshot_chunk_rows: int = snapshot_chunk_rows_default,
+                 snapshot_on_interrupted: str = "fail",
                  clock_ms: Callable[[], int] = _wall_clock_ms) -> None:
+        assert snapshot_mode in SNAPSHOT_MODES
         self.slot = slot
         self.batch_size = batch_size
+        self.snapshot_mode = snapshot_mode
+        self.snapshot_chunk_rows = snapshot_chunk_rows
+        self.snapshot_on_interrupted = snapshot_on_interrupted
+        #: The running snapshot (None when none runs); ``finished``: ``initial_only`` is done.
+        self.snapshot: SnapshotRun | None = None
+        self.finished = False
+        self._started = False
+        #: Where streaming starts once the start (and the snapshot, if any) is done.
+        self.stream_from = 0
         self.clock_ms = clock_ms
         self.stored: Any = None
         self.assembler: TransactionAssembler | None = None
@@ -126,14 +155,16 @@ class PostgresCdcSource:
             if name in parsed:
                 raise ConnectConfigError(f"{path}.tables[{index}]", f"{table!r} is listed twice")
             parsed.append(name)
-        _check_snapshot(raw.get("snapshot"), f"{path}.snapshot")
+        mode, chunk_rows, on_interrupted = _check_snapshot(raw.get("snapshot"),
+                                                           f"{path}.snapshot")
         interval = options.int("status_interval_ms", 10_000, 1000, 60_000)
         assert port is not None and interval is not None
         config = PgConnectConfig(options.string("host"), port, options.string("database"),
                                  options.string("user"), password)
         slot = ReplicationSlot(config, names["slot_name"], names["publication_name"], parsed,
                                status_interval_s=interval / 1000)
-        return cls(slot, batch_size=options.batch_size())
+        return cls(slot, batch_size=options.batch_size(), snapshot_mode=mode,
+                   snapshot_chunk_rows=chunk_rows, snapshot_on_interrupted=on_interrupted)
 
     # --- the Source protocol ------------------------------------------------------------------
     def resume(self, position: Any) -> None:
@@ -146,8 +177,17 @@ class PostgresCdcSource:
 
         wanted = min(max_records, self.batch_size)
         try:
-            if self.assembler is None:
+            if not self._started:
+                self._started = True
                 await self._start()
+            if self.snapshot is not None:
+                records = await self._poll_snapshot(wanted)
+                if records:
+                    return records  # the handover (if the snapshot ended) waits for the next poll
+            if self.finished:
+                return None
+            if self.assembler is None:
+                await self._start_streaming(self.stream_from)
             while True:
                 self._feed(wanted)
                 if self._queued >= wanted:
@@ -193,40 +233,96 @@ class PostgresCdcSource:
     async def _start(self) -> None:
         from rivven_connect.sources import SourceError
 
-        stored_end = None
+        name = self.slot.slot_name
         if self.stored is not None:
             try:
-                stored_end = self.position_key(self.stored)[0]
-                assert self.stored["last"] is True
+                self.position_key(self.stored)
+                assert position_phase(self.stored) == "snapshot" or self.stored["last"] is True
             except (KeyError, TypeError, ValueError, AssertionError, IndexError):
-                raise SourceError(f"postgres-cdc {self.slot.slot_name}: the stored offset "
-                                  f"{self.stored!r} is not a postgres-cdc position at the end "
-                                  f"of a transaction") from None
-        info = None
-        with trio.move_on_after(slot_active_wait_s):
-            while info is None:
-                try:
-                    info = await trio.to_thread.run_sync(
-                        lambda: self.slot.prepare(create_slot=stored_end is None))
-                except SlotActiveError:
-                    await trio.sleep(slot_active_retry_s)
-        if info is None:  # still active: another consumer, really
-            info = await trio.to_thread.run_sync(
-                lambda: self.slot.prepare(create_slot=stored_end is None))
+                raise SourceError(f"postgres-cdc {name}: the stored offset {self.stored!r} is "
+                                  f"not a postgres-cdc position at the end of a transaction "
+                                  f"or a snapshot row") from None
+        info = await self._prepare()
+        try:
+            plan = plan_start(self.snapshot_mode, self.stored, info.state,
+                              self.snapshot_on_interrupted)
+        except ValueError as error:
+            raise SourceError(f"postgres-cdc {name}: {error}") from None
+        if plan.action == "refuse":
+            raise SourceError(f"postgres-cdc {name}: {plan.reason}")
+        if plan.action == "stop":
+            self.finished = True
+            return
+        self.builder = EnvelopeBuilder(db=self.slot.config.database, key_columns=info.key_columns,
+                                       emit_messages=False)
+        if plan.action == "snapshot":
+            await self._begin_snapshot(plan, info)
+            return
+        assert plan.action == "stream", plan
         confirmed = info.confirmed_flush_lsn
+        if plan.create_slot:
+            confirmed = await trio.to_thread.run_sync(self.slot.create)
+        stored_end = plan.stream_from if self.stored is not None else None
         if stored_end is not None and confirmed is not None and confirmed > stored_end:
             raise SourceError(
-                f"postgres-cdc {self.slot.slot_name}: the slot ran ahead: its "
+                f"postgres-cdc {name}: the slot ran ahead: its "
                 f"confirmed_flush_lsn {format_lsn(confirmed)} is past the stored offset "
                 f"end_lsn {format_lsn(stored_end)}, so changes in between were confirmed "
                 f"without being delivered (pg_replication_slot_advance by hand, or the slot "
                 f"was recreated); refusing to start — check what is missing, then delete "
                 f"the source's offset (or recreate the slot) to start over")
-        self.builder = EnvelopeBuilder(db=self.slot.config.database, key_columns=info.key_columns,
-                                       emit_messages=False)
-        self.assembler = TransactionAssembler(resume_end_lsn=stored_end or 0,
+        self.stream_from = stored_end or 0
+
+    async def _prepare(self) -> SlotInfo:
+        info = None
+        with trio.move_on_after(slot_active_wait_s):
+            while info is None:
+                try:
+                    info = await trio.to_thread.run_sync(self.slot.prepare)
+                except SlotActiveError:
+                    await trio.sleep(slot_active_retry_s)
+        if info is None:  # still active: another consumer, really
+            info = await trio.to_thread.run_sync(self.slot.prepare)
+        return info
+
+    async def _start_streaming(self, start_lsn: int) -> None:
+        self.assembler = TransactionAssembler(resume_end_lsn=start_lsn,
                                               changes_max=changes_per_transaction_max)
-        await trio.to_thread.run_sync(lambda: self.slot.start(stored_end or 0))
+        await trio.to_thread.run_sync(lambda: self.slot.start(start_lsn))
+
+    async def _begin_snapshot(self, plan: StartPlan, info: SlotInfo) -> None:
+        from rivven_connect.sources import SourceError
+
+        for (schema, table), key in info.key_columns.items():
+            if not key:  # checked before the slot is touched
+                raise SourceError(f"postgres-cdc {self.slot.slot_name}: table {schema}.{table} "
+                                  f"has no primary key: a snapshot reads by primary key "
+                                  f"(give it one, or use snapshot mode never)")
+        if plan.drop_slot:
+            await trio.to_thread.run_sync(self.slot.drop)
+        run = SnapshotRun(self.slot, info.key_columns, temporary=plan.temporary,
+                          stop_after=plan.stop_after)
+        self.snapshot = run  # closed by close() if what follows fails
+        await trio.to_thread.run_sync(run.open)
+
+    async def _poll_snapshot(self, wanted: int) -> list[Record]:
+        """The next rows of the snapshot as ``r`` records; at its end, the handover:
+        streaming from the consistent LSN (or, for ``initial_only``, the end)."""
+        run = self.snapshot
+        assert run is not None and self.builder is not None
+        rows = await trio.to_thread.run_sync(
+            lambda: run.next_rows(wanted, self.snapshot_chunk_rows))
+        now_ms = self.clock_ms()
+        records = [self.builder.snapshot_record(
+            relation, row, run.consistent_lsn, position.rows - 1,
+            "last" if position.done else "true", position.to_json(), now_ms)
+            for relation, row, position in rows]
+        if run.exhausted:
+            self.snapshot = None
+            run.close()  # every row is read: the exported snapshot may go
+            self.finished = run.stop_after
+            self.stream_from = run.consistent_lsn
+        return records
 
     async def side_effect(self, position: Any) -> None:
         """Confirm the slot for the committed ``position`` (the end of a transaction).
@@ -234,6 +330,8 @@ class PostgresCdcSource:
         from rivven_connect.sources import SourceError
 
         await trio.lowlevel.checkpoint()
+        if position_phase(position) == "snapshot":
+            return  # nothing to confirm: the slot stays at the consistent LSN until streaming
         end_lsn = self.position_key(position)[0]
         assert position["last"], position  # the cycle commits whole transactions only
         if not self.slot.started:
@@ -244,24 +342,104 @@ class PostgresCdcSource:
             raise SourceError(str(error)) from error
         self.confirmed_lsn = end_lsn - 1
 
-    def position_key(self, position: Any) -> tuple[int, int]:
-        return parse_lsn(position["end_lsn"]), int(position["seq"])
+    def position_key(self, position: Any) -> tuple[int, int, int]:
+        """``(lsn, phase, n)``: snapshot rows (phase 0) by count under their consistent
+        LSN, streamed records (phase 1) by ``(end_lsn, seq)``. Raises ``ValueError``,
+        ``KeyError``, ``TypeError`` for what is not a position."""
+        if position_phase(position) == "snapshot":
+            return SnapshotPosition.from_json(position).key()
+        return parse_lsn(position["end_lsn"]), 1, int(position["seq"])
 
     def close(self) -> None:
+        if self.snapshot is not None:
+            self.snapshot.close()
+            self.snapshot = None
         self.slot.close()
 
 
-def _check_snapshot(snapshot: Any, path: str) -> None:
+def _check_snapshot(snapshot: Any, path: str) -> tuple[str, int, str]:
     from rivven_connect.core.config import ConnectConfigError
+    from rivven_connect.sources import Options
 
     if not isinstance(snapshot, dict) or "mode" not in snapshot:
-        raise ConnectConfigError(path, "is required: { mode: never } (the only mode of this "
-                                       "build; snapshots come next)")
-    unknown = sorted(set(snapshot) - {"mode"})
-    if unknown:
-        raise ConnectConfigError(f"{path}.{unknown[0]}", "unknown option; known: mode")
+        raise ConnectConfigError(path, f"is required: {{ mode: M }} with M one of "
+                                       f"{', '.join(SNAPSHOT_MODES)}")
+    options = Options(snapshot, path, ("mode", "chunk_size", "on_interrupted"))
     mode = snapshot["mode"]
-    if mode != "never":
-        later = f" ({mode!r} comes with snapshots)" if mode in SNAPSHOT_MODES_LATER else ""
-        raise ConnectConfigError(f"{path}.mode", f"only 'never' is supported in this build: "
-                                                 f"snapshots come next{later}")
+    if mode not in SNAPSHOT_MODES:
+        raise ConnectConfigError(f"{path}.mode", f"{mode!r} is not one of "
+                                                 f"{', '.join(SNAPSHOT_MODES)}")
+    chunk_rows = options.int("chunk_size", snapshot_chunk_rows_default, 1,
+                             snapshot_chunk_rows_max)
+    assert chunk_rows is not None
+    on_interrupted = snapshot.get("on_interrupted", "fail")
+    if on_interrupted not in ON_INTERRUPTED:
+        raise ConnectConfigError(f"{path}.on_interrupted", f"{on_interrupted!r} is not one "
+                                                           f"of {', '.join(ON_INTERRUPTED)}")
+    return mode, chunk_rows, on_interrupted
+
+
+class SnapshotRun:
+    """One snapshot in progress (blocking methods: run them in a worker thread): the
+    exporting slot creation, the reader, and the keyset walk over the tables with one row
+    of look-ahead, so the snapshot's last row is known when it is emitted."""
+
+    def __init__(self, slot: ReplicationSlot,
+                 key_columns: Mapping[tuple[str, str], tuple[str, ...]], *, temporary: bool,
+                 stop_after: bool) -> None:
+        self.slot, self.key_columns = slot, key_columns
+        self.stop_after = stop_after
+        self.export = ExportedSnapshot(slot.config, slot.slot_name, temporary=temporary)
+        self.reader = SnapshotReader(slot.config)
+        self.consistent_lsn = 0
+        self.relations: list[Relation] = []
+        self.table_index = 0            # the table being read
+        self.read_after: tuple[str, ...] | None = None  # its last key read
+        self.rows = 0                   # rows handed out
+        self.ahead: collections.deque[tuple[int, tuple[str | None, ...]]] = collections.deque()
+        self.exhausted = False          # every row handed out
+
+    def open(self) -> None:
+        self.consistent_lsn, name = self.export.create()
+        self.reader.open(name)
+        self.relations = [self.reader.describe(table, self.key_columns[table])
+                          for table in self.slot.tables]
+
+    def next_rows(self, wanted: int, chunk_rows: int
+                  ) -> list[tuple[Relation, tuple[ColumnValue, ...], SnapshotPosition]]:
+        """Up to ``wanted`` rows with their positions (the last one ``done``)."""
+        while len(self.ahead) <= wanted and self.table_index < len(self.relations):
+            relation = self.relations[self.table_index]
+            key = self.key_columns[(relation.schema, relation.name)]
+            rows = self.reader.read_chunk(relation, key, self.read_after, chunk_rows)
+            self.ahead.extend((self.table_index, row) for row in rows)
+            if len(rows) < chunk_rows:
+                self.table_index, self.read_after = self.table_index + 1, None
+            else:
+                self.read_after = _key_text(relation, key, rows[-1])
+        out = []
+        while self.ahead and len(out) < wanted:
+            index, row = self.ahead.popleft()
+            relation = self.relations[index]
+            key = self.key_columns[(relation.schema, relation.name)]
+            self.rows += 1
+            done = not self.ahead and self.table_index == len(self.relations)
+            position = SnapshotPosition(self.consistent_lsn, index,
+                                        f"{relation.schema}.{relation.name}",
+                                        _key_text(relation, key, row), self.rows, done)
+            out.append((relation, tuple(ColumnValue("n") if value is None else ColumnValue(
+                "t", value.encode()) for value in row), position))
+        self.exhausted = not self.ahead and self.table_index == len(self.relations)
+        return out
+
+    def close(self) -> None:
+        self.reader.close()
+        self.export.close()
+
+
+def _key_text(relation: Relation, key: tuple[str, ...], row: tuple[str | None, ...]
+              ) -> tuple[str, ...]:
+    names = [column.name for column in relation.columns]
+    values = tuple(row[names.index(column)] for column in key)
+    assert all(value is not None for value in values)  # primary key columns are NOT NULL
+    return values  # type: ignore[return-value]

@@ -4,10 +4,13 @@ tests/integration/connect/pg/test_postgres_cdc_source.py.)"""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rivven_connect.core.config import ConnectConfigError, load_config
 from rivven_connect.sources import build_source
+from rivven_connect.pg.snapshot import SnapshotPosition
 from rivven_connect.sources.postgres_cdc import PostgresCdcSource
 
 GOOD = {"host": "127.0.0.1", "port": 5432, "database": "shop", "user": "rivven",
@@ -47,9 +50,13 @@ def test_a_good_config_builds_the_source():
     ({"tables": []}, "config.tables", "non-empty"),
     ({"tables": ["public.orders", "a.b.c"]}, "config.tables[1]", "schema.table"),
     ({"tables": ["orders", "public.orders"]}, "config.tables[1]", "twice"),
-    ({"snapshot": ...}, "config.snapshot", "mode: never"),
-    ({"snapshot": {"mode": "initial"}}, "config.snapshot.mode", "snapshots come next"),
+    ({"snapshot": ...}, "config.snapshot", "is required"),
+    ({"snapshot": {"mode": "sometimes"}}, "config.snapshot.mode", "when_needed"),
+    ({"snapshot": {"mode": "initial", "chunk_size": 0}}, "config.snapshot.chunk_size",
+     "[1, 10000]"),
     ({"snapshot": {"mode": "never", "chunk": 3}}, "config.snapshot.chunk", "unknown"),
+    ({"snapshot": {"mode": "initial", "on_interrupted": "resume"}},
+     "config.snapshot.on_interrupted", "fail, restart"),
     ({"slot": "x"}, "config.slot", "unknown option"),
 ])
 def test_config_errors_name_the_option(changes, path, words):
@@ -66,4 +73,23 @@ def test_positions_order_by_end_lsn_then_seq():
                  {"end_lsn": "1/0", "commit_lsn": "0/100", "seq": 0, "last": False},
                  {"end_lsn": "1/0", "commit_lsn": "0/100", "seq": 1, "last": True}]
     keys = [source.position_key(p) for p in positions]
-    assert keys == sorted(keys) and keys[0] == (0xFF, 2) and keys[1] == (1 << 32, 0)
+    assert keys == sorted(keys) and keys[0] == (0xFF, 1, 2) and keys[1] == (1 << 32, 1, 0)
+
+
+def test_snapshot_options_and_positions():
+    source = _build(snapshot={"mode": "initial", "chunk_size": "64"})
+    assert (source.snapshot_mode, source.snapshot_chunk_rows) == ("initial", 64)
+    assert _build(snapshot={"mode": "when_needed"}).snapshot_chunk_rows == 1024
+    assert _build(snapshot={"mode": "initial"}).snapshot_on_interrupted == "fail"
+    assert _build(snapshot={"mode": "initial", "on_interrupted": "restart"}
+                  ).snapshot_on_interrupted == "restart"
+    rows = [SnapshotPosition(0x100, 0, "public.orders", ("1",), 1, False),
+            SnapshotPosition(0x100, 1, "public.items", ("a", "2"), 2, True)]
+    stored = [json.loads(json.dumps(p.to_json())) for p in rows]  # as the offsets topic keeps it
+    assert [SnapshotPosition.from_json(p) for p in stored] == rows
+    streamed = {"end_lsn": "0/101", "commit_lsn": "0/100", "seq": 0, "last": True}
+    later = SnapshotPosition(0x200, 0, "public.orders", None, 1, False).to_json()
+    keys = [source.position_key(p) for p in [*stored, streamed, later]]
+    assert keys == sorted(keys) and len(set(keys)) == 4
+    with pytest.raises(ValueError):
+        source.position_key({"phase": "snapshot", "consistent_lsn": "0/1"})

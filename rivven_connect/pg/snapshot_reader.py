@@ -1,0 +1,153 @@
+"""The snapshot's I/O (psycopg2, blocking: run in a worker thread): the exporting slot
+creation and the keyset reads (docs/connect-postgres.md "Snapshots").
+
+Theory of operation
+-------------------
+``ExportedSnapshot.create()`` opens a *replication* connection and runs
+``CREATE_REPLICATION_SLOT s [TEMPORARY] LOGICAL pgoutput EXPORT_SNAPSHOT``: the answer is
+the slot's ``consistent_point`` and the name of a snapshot that sees exactly the
+transactions the slot will not stream. That snapshot lives only while the replication
+connection runs no other command and stays open, so the object keeps the connection open
+and idle until ``close()`` — after the last chunk. (Strictly, Postgres needs the exporting
+connection only until ``SET TRANSACTION SNAPSHOT`` succeeded in the reader; keeping it is
+cheap and leaves no doubt. psycopg2 sends nothing on an idle replication connection: no
+keepalive thread, no status updates before ``start_replication``, so "idle" really is.)
+
+``SnapshotReader.open(name)``: an ordinary connection (``DateStyle=ISO``,
+``extra_float_digits=3``, as the replication connection) runs ``BEGIN ISOLATION LEVEL
+REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '<name>'`` (psycopg2 opens the
+transaction itself, with the session set to repeatable read, read only). Every read then
+sees the exported snapshot. ``describe(table, key)`` gives the table's published columns
+(no dropped, no generated ones, in ``attnum`` order: what pgoutput's Relation lists) as a
+pgoutput ``Relation``; values are fetched as Postgres' text output (a per-connection
+caster returns the text untouched for every column type), so ``values.py`` types them
+exactly as streamed rows. ``read_chunk(relation, key, after, limit)`` is ``SELECT cols
+FROM t [WHERE (key) > (after)] ORDER BY key LIMIT limit``; ``after`` is the key's text,
+compared by Postgres with the columns' own types and collations (the same order as
+``ORDER BY``), so no row is read twice or skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import psycopg2
+import psycopg2.extensions
+import psycopg2.extras
+from psycopg2 import sql
+
+from .pgoutput import Column, Relation, parse_lsn
+from .slot import PgConnectConfig, SlotError, statement_timeout_ms
+
+__all__ = ["ExportedSnapshot", "SnapshotReader"]
+
+
+class ExportedSnapshot:
+    """The replication connection that created the slot and exported its snapshot."""
+
+    def __init__(self, config: PgConnectConfig, slot_name: str, *, temporary: bool) -> None:
+        self.config, self.slot_name, self.temporary = config, slot_name, temporary
+        self._connection: Any = None
+
+    def create(self) -> tuple[int, str]:
+        """Create the slot; ``(consistent_lsn, snapshot_name)``. Raises ``SlotError``."""
+        assert self._connection is None
+        connection = self.config.connect(
+            connection_factory=psycopg2.extras.LogicalReplicationConnection)
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(sql.SQL("CREATE_REPLICATION_SLOT {} {} LOGICAL pgoutput "
+                                       "EXPORT_SNAPSHOT").format(
+                    sql.Identifier(self.slot_name),
+                    sql.SQL("TEMPORARY" if self.temporary else "")))
+                _slot, consistent, name, _plugin = cursor.fetchone()
+        except psycopg2.Error as error:
+            connection.close()
+            raise SlotError(f"creating the slot {self.slot_name} with an exported snapshot "
+                            f"failed: {str(error).strip()}") from error
+        self._connection = connection
+        return parse_lsn(consistent), name
+
+    def close(self) -> None:
+        """End the export (a temporary slot goes with it)."""
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+
+class SnapshotReader:
+    """Keyset reads of the configured tables under one imported snapshot."""
+
+    def __init__(self, config: PgConnectConfig) -> None:
+        self.config = config
+        self._connection: Any = None
+
+    def open(self, snapshot_name: str) -> None:
+        """Import the snapshot. Raises ``SlotError``."""
+        connection = self.config.connect(options="-c DateStyle=ISO,MDY -c extra_float_digits=3")
+        try:
+            connection.set_session(
+                isolation_level=psycopg2.extensions.ISOLATION_LEVEL_REPEATABLE_READ,
+                readonly=True)
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+                cursor.execute(f"SET LOCAL statement_timeout = {statement_timeout_ms}")
+        except psycopg2.Error as error:
+            connection.close()
+            raise SlotError(f"importing snapshot {snapshot_name} failed: "
+                            f"{str(error).strip()}") from error
+        self._connection = connection
+
+    def describe(self, table: tuple[str, str], key: Sequence[str]) -> Relation:
+        """The table's published columns as a ``Relation``. Raises ``SlotError``."""
+        schema, name = table
+        if not key:
+            raise SlotError(f"table {schema}.{name} has no primary key: a snapshot reads "
+                            f"by primary key (give it one, or use snapshot mode never)")
+        try:
+            with self._connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT c.oid, a.attname, a.atttypid, a.atttypmod FROM pg_class c JOIN "
+                    "pg_namespace n ON n.oid = c.relnamespace JOIN pg_attribute a ON "
+                    "a.attrelid = c.oid WHERE n.nspname = %s AND c.relname = %s AND "
+                    "a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' "
+                    "ORDER BY a.attnum", (schema, name))
+                rows = cursor.fetchall()
+        except psycopg2.Error as error:
+            raise SlotError(f"reading the columns of {schema}.{name} failed: "
+                            f"{str(error).strip()}") from error
+        if not rows:
+            raise SlotError(f"table {schema}.{name} does not exist in the snapshot")
+        oids = tuple({type_oid for _oid, _name, type_oid, _mod in rows})
+        psycopg2.extensions.register_type(
+            psycopg2.extensions.new_type(oids, "RIVVEN_TEXT", lambda text, _cursor: text),
+            self._connection)
+        columns = tuple(Column(column, type_oid, modifier, column in key)
+                        for _oid, column, type_oid, modifier in rows)
+        return Relation(rows[0][0], schema, name, "d", columns)
+
+    def read_chunk(self, relation: Relation, key: Sequence[str],
+                   after: Sequence[str] | None, limit: int) -> list[tuple[str | None, ...]]:
+        """The next ``limit`` rows after key ``after`` (None: from the first), in key order,
+        each column as Postgres' text (None for NULL). Raises ``SlotError``."""
+        assert key and limit > 0 and (after is None or len(after) == len(key))
+        names = sql.SQL(", ").join(sql.Identifier(column.name) for column in relation.columns)
+        order = sql.SQL(", ").join(sql.Identifier(column) for column in key)
+        query = sql.SQL("SELECT {} FROM {}").format(
+            names, sql.Identifier(relation.schema, relation.name))
+        if after is not None:
+            query += sql.SQL(" WHERE ({}) > ({})").format(
+                order, sql.SQL(", ").join(sql.Placeholder() * len(key)))
+        query += sql.SQL(" ORDER BY {} LIMIT {}").format(order, sql.Literal(limit))
+        try:
+            with self._connection.cursor() as cursor:
+                cursor.execute(query, tuple(after) if after is not None else None)
+                return [tuple(row) for row in cursor.fetchall()]
+        except psycopg2.Error as error:
+            raise SlotError(f"snapshot read of {relation.schema}.{relation.name} failed: "
+                            f"{str(error).strip()}") from error
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
