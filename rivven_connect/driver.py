@@ -72,7 +72,7 @@ from rivven_connect.core.transforms import build_chain
 from rivven_connect.crash_points import CrashPoints
 from rivven_connect.http_api import ConnectorView, respond
 from rivven_connect.http_server import serve_http
-from rivven_connect.sink_runner import run_sinks
+from rivven_connect.sink_runner import SinkRunner, run_sinks, sink_runners
 from rivven_connect.sources import Source, SourceError
 
 __all__ = ["BrokerUnreachable", "HttpUnavailable", "SourceResult", "SourceRunner", "find_error",
@@ -496,8 +496,12 @@ async def run_connect(config: ConnectConfig, bootstrap: str, sources: Mapping[st
                            rng=random.Random(rng.random()))
         for name, source_config in config.sources.items()}
 
+    sinking = sink_runners(config, bootstrap, sinks or {}, stop, rng)
+
     def views() -> list[ConnectorView]:
-        return [_view(runner, results.get(name)) for name, runner in runners.items()]
+        return [*(_view(runner, results.get(name)) for name, runner in runners.items()),
+                *(_sink_view(runner, results.get(f"sinks.{name}"))
+                  for name, runner in sinking.items())]
 
     async def run_one(runner: SourceRunner) -> None:
         name = runner.config.name
@@ -529,10 +533,17 @@ async def run_connect(config: ConnectConfig, bootstrap: str, sources: Mapping[st
         async with trio.open_nursery() as nursery:
             for runner in runners.values():
                 nursery.start_soon(run_one, runner)
-            if sinks:
-                nursery.start_soon(run_sinks, config, bootstrap, sinks, stop, results, rng)
+            if sinking:
+                nursery.start_soon(run_sinks, sinking, results)
         server.cancel_scope.cancel()
     return results
+
+
+def _sink_view(runner: SinkRunner, result: Any) -> ConnectorView:
+    return ConnectorView(
+        runner.config.name, runner.config.connector, status=runner.cycle.status(),
+        final_state=None if result is None else result.state,
+        final_error=None if result is None else result.error, kind="sink")
 
 
 def _view(runner: SourceRunner, result: SourceResult | None) -> ConnectorView:

@@ -16,11 +16,13 @@ before a cycle existed) and calls ``respond(method, target, views, now_ms)``. Ro
     ``state``, ``reason`` or ``action`` where named), never by topic: the destinations are
     unbounded in open mode, the metric cardinality must not be.
 ``GET /connectors``
-    ``{"connectors": [{"name", "connector"}]}`` in configuration order.
+    ``{"connectors": [{"name", "connector", "kind"}]}``: the sources, then the sinks
+    (``kind`` ``source`` or ``sink``), in configuration order.
 ``GET /connectors/NAME/status``
     The cycle's status: ``state`` (running | degraded | error | stopped), ``phase``,
     ``last_error``, ``position``, ``records``, ``batches``, ``consecutive_failures``,
-    ``dropped``, ``dead_lettered``.
+    ``dropped``, ``dead_lettered``. A sink's ``position`` is its committed offsets
+    (``{"topic/partition": next offset}``); it drops and dead-letters nothing (0).
 ``GET /connectors/NAME/destinations``
     Every admitted topic with its breaker state and counts, sorted by topic.
 
@@ -36,6 +38,7 @@ import attrs
 
 from rivven_connect.core.admission import Admission, RejectReason
 from rivven_connect.core.batch_cycle import CycleStatus, Phase, Status
+from rivven_connect.core.sink_cycle import SinkStatus
 
 __all__ = ["CONTENT_TYPE_JSON", "CONTENT_TYPE_METRICS", "ConnectorView", "Response",
            "render_metrics", "respond"]
@@ -54,14 +57,15 @@ class ConnectorView:
     """One source as the HTTP API sees it at the moment of a request."""
 
     name: str
-    connector: str  # the kind: datagen, file, ...
-    #: The cycle's status, once the cycle exists.
-    status: CycleStatus | None = None
+    connector: str  # datagen, file, postgres-cdc; file, stdout, http-webhook ...
+    #: The cycle's status, once the cycle exists (a sink's: ``SinkStatus``).
+    status: CycleStatus | SinkStatus | None = None
     admission: Admission | None = None
     #: The final state and error when the task ended without a cycle status to say so
     #: (a start failure); overrides ``status``.
     final_state: str | None = None
     final_error: str | None = None
+    kind: str = "source"  # or "sink"
 
     @property
     def state(self) -> str:
@@ -89,7 +93,8 @@ def respond(method: str, target: str, views: Sequence[ConnectorView], now_ms: in
     if path == "/metrics":
         return 200, CONTENT_TYPE_METRICS, render_metrics(views, now_ms).encode()
     if path == "/connectors":
-        return _json(200, {"connectors": [{"name": v.name, "connector": v.connector}
+        return _json(200, {"connectors": [{"name": v.name, "connector": v.connector,
+                                            "kind": v.kind}
                                           for v in views]})
     parts = path.split("/")
     if len(parts) == 4 and parts[0] == "" and parts[1] == "connectors":
@@ -120,9 +125,17 @@ def _status(view: ConnectorView) -> dict[str, Any]:
     document.update(
         phase=status.phase.value, last_error=view.final_error or status.last_error,
         position=status.position, records=status.records, batches=status.batches,
-        consecutive_failures=status.consecutive_failures, dropped=status.dropped,
-        dead_lettered=status.dead_lettered)
+        consecutive_failures=status.consecutive_failures, dropped=_dropped(status),
+        dead_lettered=_dead_lettered(status))
     return document
+
+
+def _dropped(status: CycleStatus | SinkStatus | None) -> int:
+    return status.dropped if isinstance(status, CycleStatus) else 0  # (a sink drops none)
+
+
+def _dead_lettered(status: CycleStatus | SinkStatus | None) -> int:
+    return status.dead_lettered if isinstance(status, CycleStatus) else 0
 
 
 def _destinations(view: ConnectorView) -> dict[str, Any]:
@@ -185,10 +198,8 @@ def render_metrics(views: Sequence[ConnectorView], now_ms: int) -> str:
         status = view.status
         families["records"].add(0 if status is None else status.records, connector=name)
         families["batches"].add(0 if status is None else status.batches, connector=name)
-        families["dropped_records"].add(0 if status is None else status.dropped,
-                                        connector=name)
-        families["dead_lettered_records"].add(
-            0 if status is None else status.dead_lettered, connector=name)
+        families["dropped_records"].add(_dropped(status), connector=name)
+        families["dead_lettered_records"].add(_dead_lettered(status), connector=name)
         families["consecutive_failures"].add(
             0 if status is None else status.consecutive_failures, connector=name)
         for state in _STATES:

@@ -191,14 +191,20 @@ def _find(error: BaseException) -> BaseException | None:
     return None
 
 
-async def run_sinks(config: ConnectConfig, bootstrap: str, sinks: Mapping[str, Sink],
-                    stop: trio.Event, results: dict[str, Any], rng: random.Random) -> None:
-    """Run every sink of ``config`` until it halts (``stop`` set, or an error); each one's
-    ``SinkResult`` goes into ``results["sinks.NAME"]``. Never raises for one sink's failure."""
+def sink_runners(config: ConnectConfig, bootstrap: str, sinks: Mapping[str, Sink],
+                 stop: trio.Event, rng: random.Random) -> dict[str, SinkRunner]:
+    """One ``SinkRunner`` per sink of ``config``, in configuration order (not started)."""
+    return {sink_config.name: SinkRunner(sink_config, sinks[sink_config.name], bootstrap, stop,
+                                         rng=random.Random(rng.random()))
+            for sink_config in config.sinks.values()}
 
-    async def run_one(sink_config: SinkConfig, seed: float) -> None:
-        runner = SinkRunner(sink_config, sinks[sink_config.name], bootstrap, stop,
-                            rng=random.Random(seed))
+
+async def run_sinks(runners: Mapping[str, SinkRunner], results: dict[str, Any]) -> None:
+    """Run every sink until it halts (``stop`` set, or an error); each one's ``SinkResult``
+    goes into ``results["sinks.NAME"]``. Never raises for one sink's failure."""
+
+    async def run_one(runner: SinkRunner) -> None:
+        sink_config = runner.config
         try:
             status = await runner.run()
         except (*_STOPS_SINK, BaseExceptionGroup) as caught:
@@ -214,5 +220,5 @@ async def run_sinks(config: ConnectConfig, bootstrap: str, sinks: Mapping[str, S
             status.records)
 
     async with trio.open_nursery() as nursery:
-        for sink_config in config.sinks.values():
-            nursery.start_soon(run_one, sink_config, rng.random())
+        for runner in runners.values():
+            nursery.start_soon(run_one, runner)

@@ -118,7 +118,7 @@ async def test_admission_rejections_are_dead_lettered_in_the_transaction_and_rep
     assert status["state"] == "running" and status["records"] == 240
     assert status["batches"] == COUNT // 50 and status["dead_lettered"] == 60
     assert await _get_json(port, "/connectors") == {
-        "connectors": [{"name": "gen", "connector": "datagen"}]}
+        "connectors": [{"name": "gen", "connector": "datagen", "kind": "source"}]}
     health = await _get_json(port, "/health")
     assert health == {"status": "ok", "connectors": {"gen": "running"}}
     destinations = await _get_json(port, "/connectors/gen/destinations")

@@ -5,6 +5,7 @@ without committing."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import trio
@@ -122,3 +123,34 @@ async def test_a_webhook_answering_400_stops_its_sink_in_error_and_commits_nothi
     hook = results["sinks.hook"]
     assert hook.state == "error" and "HTTP 400" in hook.error and hook.records == 0, hook
     assert await _committed(broker.address, "connect-hook", 1) == {0: None}
+
+
+async def test_a_sink_is_served_by_the_http_api_with_its_committed_offsets(broker, tmp_path):
+    from tests.integration.connect.test_driver_http import _get_json
+
+    async with open_admin(broker.address) as admin:
+        await admin.create_topic("sink.in", partitions=1)
+    out = tmp_path / "archive"
+    sink = {"archive": {"connector": "file", "topics": ["sink.in"], "consumer_group": "web",
+                        "config": {"path": str(out)}}}
+    config = _config(out, sink)
+    stop = trio.Event()
+    sources = {name: build_source(source) for name, source in config.sources.items()}
+    sinks = {name: build_sink(s) for name, s in config.sinks.items()}
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(functools.partial(
+                run_connect, config, broker.address, sources, stop, seed=5, sinks=sinks,
+                http="127.0.0.1:0"))
+            listed = await _get_json(port, "/connectors")
+            assert {"name": "archive", "connector": "file", "kind": "sink"} in \
+                listed["connectors"], listed
+            while True:
+                status = await _get_json(port, "/connectors/archive/status")
+                if status["records"] >= COUNT:
+                    break
+                await trio.sleep(0.05)
+            assert status["state"] == "running" and status["position"] == {
+                "sink.in/0": status["position"]["sink.in/0"]}
+            assert status["position"]["sink.in/0"] > COUNT  # the offsets, markers included
+            stop.set()

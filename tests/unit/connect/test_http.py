@@ -20,6 +20,7 @@ from rivven_connect.core.admission import (
 )
 from rivven_connect.core.batch_cycle import CycleStatus, Phase, Status
 from rivven_connect.core.records import Destination
+from rivven_connect.core.sink_cycle import SinkPhase, SinkStatus
 from rivven_connect.http_api import CONTENT_TYPE_METRICS, ConnectorView, respond
 
 
@@ -69,8 +70,9 @@ def test_health_is_200_unless_a_connector_is_in_error_and_lists_every_state():
 
 def test_connectors_and_status_come_from_the_views():
     assert json.loads(_get("/connectors")[2]) == {"connectors": [
-        {"name": "gen", "connector": "datagen"}, {"name": "lines", "connector": "file"},
-        {"name": "late", "connector": "file"}]}
+        {"name": "gen", "connector": "datagen", "kind": "source"},
+        {"name": "lines", "connector": "file", "kind": "source"},
+        {"name": "late", "connector": "file", "kind": "source"}]}
     status, _, body = _get("/connectors/lines/status?verbose=1")
     assert status == 200
     assert json.loads(body) == {
@@ -83,6 +85,22 @@ def test_connectors_and_status_come_from_the_views():
     failed = [ConnectorView("gen", "datagen", final_state="error", final_error="fenced")]
     document = json.loads(_get("/connectors/gen/status", failed)[2])
     assert document["state"] == "error" and document["last_error"] == "fenced"
+
+
+def test_a_sink_is_listed_with_its_committed_offsets_as_position():
+    status = SinkStatus(state=Status.DEGRADED, phase=SinkPhase.WRITING, last_error="503",
+                        position={"t/0": 12}, records=12, batches=3,
+                        consecutive_failures=16, abandoned=0)
+    views = [ConnectorView("archive", "file", status, kind="sink")]
+    assert json.loads(_get("/connectors", views)[2]) == {"connectors": [
+        {"name": "archive", "connector": "file", "kind": "sink"}]}
+    document = json.loads(_get("/connectors/archive/status", views)[2])
+    assert document == {
+        "name": "archive", "connector": "file", "state": "degraded", "phase": "writing",
+        "last_error": "503", "position": {"t/0": 12}, "records": 12, "batches": 3,
+        "consecutive_failures": 16, "dropped": 0, "dead_lettered": 0}
+    metrics = _get("/metrics", views)[2].decode()
+    assert 'rivven_connect_records_total{connector="archive"} 12' in metrics, metrics
 
 
 def test_destinations_list_each_admitted_topic_with_its_breaker():
