@@ -32,11 +32,21 @@ Identity and position: each record of a transaction gets ``seq`` 0, 1, 2, ... (t
 and primary-key-change parts count), header ``rivven.cdc.id = "{commit_lsn}:{seq}"`` (stable
 across replays) and ``position = CdcPosition(end_lsn, commit_lsn, seq, last)``; only a
 ``last`` position is a whole transaction, the point where a source may commit and resume.
+
+Schema changes: every record of a table (snapshot rows, changes, tombstones, truncates)
+carries header ``rivven.cdc.schema_version``, ``schema_version(relation)``: 16 hex digits
+of a SHA-256 over the table's columns in order (name, type oid, type modifier — not the
+replica-identity flags, so a snapshot row and a streamed change of the same table agree).
+Postgres sends a new Relation message before the first change after DDL; the changes after
+it carry the new column set and a new version, so a consumer sees the switch as the
+header changing between two records of one table (docs/connect-postgres.md "Schema
+changes"). A pure function of the columns: stable across restarts and replays.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -56,11 +66,13 @@ __all__ = [
     "HEADER_ID",
     "HEADER_PK_CHANGE_NEW_KEY",
     "HEADER_PK_CHANGE_OLD_KEY",
+    "HEADER_SCHEMA_VERSION",
     "HEADER_UNAVAILABLE_COLUMNS",
     "UNAVAILABLE_VALUE",
     "CdcPosition",
     "EnvelopeBuilder",
     "EnvelopeError",
+    "schema_version",
 ]
 
 UNAVAILABLE_VALUE = "__rivven_unavailable_value"
@@ -68,6 +80,15 @@ HEADER_ID = "rivven.cdc.id"
 HEADER_PK_CHANGE_OLD_KEY = "rivven.cdc.pk_change.old_key"
 HEADER_PK_CHANGE_NEW_KEY = "rivven.cdc.pk_change.new_key"
 HEADER_UNAVAILABLE_COLUMNS = "rivven.cdc.unavailable_columns"
+HEADER_SCHEMA_VERSION = "rivven.cdc.schema_version"
+
+
+def schema_version(relation: Relation) -> str:
+    """The version of ``relation``'s column set: 16 hex digits, equal for equal columns
+    (names, type oids, type modifiers, in order)."""
+    text = json.dumps([[column.name, column.type_oid, column.type_modifier]
+                       for column in relation.columns], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class EnvelopeError(ValueError):
@@ -119,6 +140,9 @@ class EnvelopeBuilder:
                 value = {**value, "source": self._source(transaction, change, relation),
                          "ts_ms": now_ms}
             cdc_id = f"{format_lsn(transaction.commit_lsn)}:{seq}".encode()
+            if relation is not None:
+                headers = [(HEADER_SCHEMA_VERSION, schema_version(relation).encode()),
+                           *headers]
             records.append(Record(
                 value, key=key, headers=((HEADER_ID, cdc_id), *headers),
                 timestamp_ms=pg_timestamp_to_unix_ms(transaction.commit_ts_us),
@@ -142,7 +166,9 @@ class EnvelopeBuilder:
         value = {"before": None, "after": after.values, "op": "r", "source": source,
                  "ts_ms": now_ms}
         cdc_id = f"{format_lsn(consistent_lsn)}:r:{seq}".encode()
-        return Record(value, key=key, headers=((HEADER_ID, cdc_id),), timestamp_ms=now_ms,
+        return Record(value, key=key, headers=(
+            (HEADER_ID, cdc_id), (HEADER_SCHEMA_VERSION, schema_version(relation).encode())),
+            timestamp_ms=now_ms,
                       table=relation.name,
                       schema=relation.schema, op="r", position=position)
 

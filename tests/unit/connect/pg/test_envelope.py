@@ -7,8 +7,9 @@ import json
 import pytest
 
 from rivven_connect.pg.envelope import (
-    HEADER_ID, HEADER_PK_CHANGE_NEW_KEY, HEADER_PK_CHANGE_OLD_KEY, HEADER_UNAVAILABLE_COLUMNS,
-    UNAVAILABLE_VALUE, CdcPosition, EnvelopeBuilder, EnvelopeError,
+    HEADER_ID, HEADER_PK_CHANGE_NEW_KEY, HEADER_PK_CHANGE_OLD_KEY, HEADER_SCHEMA_VERSION,
+    HEADER_UNAVAILABLE_COLUMNS, UNAVAILABLE_VALUE, CdcPosition, EnvelopeBuilder, EnvelopeError,
+    schema_version,
 )
 from rivven_connect.pg.pgoutput import (
     Column, ColumnValue, Delete, Insert, LogicalMessage, Relation, Truncate, Update,
@@ -129,3 +130,26 @@ def test_a_table_without_a_key_has_no_key_and_no_tombstone():
 def test_changes_that_cannot_be_records_are_typed_errors(builder, change, relation, match):
     with pytest.raises(EnvelopeError, match=match):
         builder.records(txn(change, relation=relation), NOW_MS)
+
+
+def test_every_record_of_a_table_carries_its_schema_version_which_follows_ddl():
+    added = Relation(1, "public", "notes", "d", (*COLUMNS, Column("tag", 25, -1, False)))
+    retyped = Relation(1, "public", "notes", "d",
+                       (COLUMNS[0], Column("body", 1043, 104, False), COLUMNS[2]))
+    versions = {schema_version(r) for r in (DEFAULT, added, retyped)}
+    assert len(versions) == 3 and all(len(v) == 16 for v in versions)
+    # the replica-identity flags do not count: a snapshot's Relation (key flags = the PK)
+    # and pgoutput's under FULL (every column flagged) describe the same columns
+    assert schema_version(FULL) == schema_version(
+        Relation(2, "public", "docs", "d", COLUMNS))
+    before = BUILDER.records(txn(Insert(1, row("1", "a", None)),
+                                 Delete(1, key=row("1", None, None))), NOW_MS)
+    after = BUILDER.records(txn(Insert(1, row("2", "a", None, "t")), relation=added), NOW_MS)
+    assert [headers(r)[HEADER_SCHEMA_VERSION] for r in before] == [schema_version(DEFAULT)] * 3
+    assert headers(after[0])[HEADER_SCHEMA_VERSION] == schema_version(added)
+    assert after[0].value["after"] == {"id": 2, "body": "a", "doc": None, "tag": "t"}
+    truncated = BUILDER.records(txn(Truncate(0, (1, 2))), NOW_MS)
+    assert [headers(r)[HEADER_SCHEMA_VERSION] for r in truncated] == [
+        schema_version(DEFAULT), schema_version(FULL)]
+    snapshot = BUILDER.snapshot_record(DEFAULT, row("3", "x", None), 0x500, 0, "true", {}, NOW_MS)
+    assert headers(snapshot)[HEADER_SCHEMA_VERSION] == schema_version(DEFAULT)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rivven_connect.pg.envelope import EnvelopeBuilder
+from rivven_connect.pg.envelope import EnvelopeBuilder, schema_version
 from rivven_connect.pg.pgoutput import Column, ColumnValue, Relation
 from rivven_connect.pg.snapshot import SnapshotPosition, StartPlan, plan_start
 
@@ -86,4 +86,6 @@ def test_a_snapshot_row_is_an_r_record_typed_as_streamed_rows():
         "source": {"connector": "postgres-cdc", "db": "shop", "schema": "public",
                    "table": "orders", "lsn": "0/300", "txId": None, "ts_ms": 1234,
                    "snapshot": "last"}}
-    assert dict(record.headers) == {"rivven.cdc.id": b"0/300:r:6"}
+    assert dict(record.headers) == {"rivven.cdc.id": b"0/300:r:6",
+                                    "rivven.cdc.schema_version":
+                                        schema_version(relation).encode()}
