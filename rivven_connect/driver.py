@@ -552,4 +552,5 @@ def _view(runner: SourceRunner, result: SourceResult | None) -> ConnectorView:
         runner.config.name, runner.config.connector,
         status=None if cycle is None else cycle.status(), admission=runner.admission,
         final_state=None if result is None else result.state,
-        final_error=None if result is None else result.error)
+        final_error=None if result is None else result.error,
+        metrics=tuple(runner.source.metrics()) if hasattr(runner.source, "metrics") else ())

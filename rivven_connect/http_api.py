@@ -14,7 +14,10 @@ before a cycle existed) and calls ``respond(method, target, views, now_ms)``. Ro
 ``GET /metrics``
     Prometheus text (format 0.0.4). Every family is labelled by ``connector`` (plus
     ``state``, ``reason`` or ``action`` where named), never by topic: the destinations are
-    unbounded in open mode, the metric cardinality must not be.
+    unbounded in open mode, the metric cardinality must not be. A source may add its own
+    families (``Source.metrics()`` -> ``Metric``s, carried by the view): they get the
+    ``connector`` label too, and any label of their own must have a bounded value set
+    (postgres-cdc's ``table`` is one of the configured tables).
 ``GET /connectors``
     ``{"connectors": [{"name", "connector", "kind"}]}``: the sources, then the sinks
     (``kind`` ``source`` or ``sink``), in configuration order.
@@ -40,7 +43,7 @@ from rivven_connect.core.admission import Admission, RejectReason
 from rivven_connect.core.batch_cycle import CycleStatus, Phase, Status
 from rivven_connect.core.sink_cycle import SinkStatus
 
-__all__ = ["CONTENT_TYPE_JSON", "CONTENT_TYPE_METRICS", "ConnectorView", "Response",
+__all__ = ["CONTENT_TYPE_JSON", "CONTENT_TYPE_METRICS", "ConnectorView", "Metric", "Response",
            "render_metrics", "respond"]
 
 CONTENT_TYPE_JSON = "application/json"
@@ -50,6 +53,24 @@ CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
 Response = tuple[int, str, bytes]
 
 _STATES = tuple(status.value for status in Status)
+
+
+@attrs.frozen
+class Metric:
+    """One sample of a source's own metric family (``rivven_connect_{name}``; a counter's
+    sample name gets ``_total``). ``labels`` are the sample's labels besides ``connector``:
+    only labels with a bounded value set (never a topic)."""
+
+    name: str
+    kind: str  # gauge | counter
+    help_text: str
+    value: int
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def __attrs_post_init__(self) -> None:
+        assert self.kind in ("gauge", "counter"), self.kind
+        assert self.name.replace("_", "").isalnum() and self.name.islower(), self.name
+        assert all(key not in ("connector", "topic") for key, _ in self.labels), self.labels
 
 
 @attrs.frozen
@@ -66,6 +87,8 @@ class ConnectorView:
     final_state: str | None = None
     final_error: str | None = None
     kind: str = "source"  # or "sink"
+    #: The source's own metrics (``Source.metrics()``; empty for most).
+    metrics: tuple[Metric, ...] = ()
 
     @property
     def state(self) -> str:
@@ -218,5 +241,13 @@ def render_metrics(views: Sequence[ConnectorView], now_ms: int) -> str:
         for action, count in sorted(counters.unmatched.items()):
             families["unmatched_records"].add(count, connector=name, action=action)
         families["circuits_open"].add(admission.circuits_open(now_ms), connector=name)
+    for view in views:
+        for metric in view.metrics:
+            family = families.get(metric.name)
+            if family is None:
+                family = families[metric.name] = _Family(
+                    f"rivven_connect_{metric.name}", metric.kind, metric.help_text)
+            assert family.kind == metric.kind, (metric, family.kind)
+            family.add(metric.value, connector=view.name, **dict(metric.labels))
     lines = [line for family in families.values() for line in family.lines()]
     return "\n".join(lines) + "\n"

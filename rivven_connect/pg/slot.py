@@ -261,6 +261,14 @@ class ReplicationSlot:
         self._run("SELECT pg_drop_replication_slot(slot_name)::text FROM pg_replication_slots "
                   "WHERE slot_name = %s AND NOT active", (self.slot_name,))
 
+    def retained_wal_bytes(self) -> int | None:
+        """``pg_current_wal_lsn() - restart_lsn`` of the slot: the WAL Postgres keeps for it
+        (None when the slot is missing or has no restart LSN). On an ordinary connection,
+        never the replication one. Blocking; raises ``SlotError``."""
+        value = self._run("SELECT (pg_current_wal_lsn() - restart_lsn)::bigint FROM "
+                          "pg_replication_slots WHERE slot_name = %s", (self.slot_name,))
+        return None if value is None else int(value)
+
     def _run(self, query: str, arguments: tuple) -> Any:
         connection = self.config.connect()
         connection.autocommit = True

@@ -11,7 +11,10 @@ the batch cycle, the producer or the offsets topic; it only
   (a slot advance, a marker file; nothing for most). Run only for committed positions,
   maybe more than once for the same position (it must be idempotent);
 - ``position_key(position)`` — orders positions (the cycle drops replays with it);
-- ``close()``.
+- ``close()``;
+- optionally ``metrics()`` — the source's own ``http_api.Metric``s (postgres-cdc: its slot's
+  retained WAL, the replication lag, changes per table and op), read by the HTTP API; never
+  blocks, never raises.
 
 ``build_source(config)`` checks the connector's own ``config`` block and raises
 ``ConnectConfigError`` naming ``sources.NAME.config.OPTION``; it does no I/O, so a bad file

@@ -36,6 +36,13 @@ the slot's consistent LSN — no gap, no overlap — or, for ``initial_only``, r
 the consistent LSN). An interrupted snapshot is refused at the next start
 (docs/connect-postgres.md "Snapshots" says why).
 
+Metrics (``metrics()``, rendered by ``/metrics``): the slot's retained WAL
+(``pg_current_wal_lsn() - restart_lsn``, read on an ordinary connection at most every
+``slot_stats_interval_ms``, from the poll loop; a failed read is logged and leaves the last
+value), the replication lag (WAL bytes between the end of the last transaction read and the
+last one confirmed) and the changes read per table and op (``table`` is one of the
+configured tables: a bounded label).
+
 Non-transactional logical messages (our own ``rivven.cdc.resume`` among them) and, in this
 build, transactional ones are not emitted; truncates are (``op: t``).
 """
@@ -44,6 +51,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import logging
 from typing import Any, Callable, Mapping
 
 import attrs
@@ -51,6 +59,7 @@ import trio
 
 from rivven_connect.core.batch_cycle import batch_records_max
 from rivven_connect.core.records import Record
+from rivven_connect.http_api import Metric
 from rivven_connect.pg.envelope import CdcPosition, EnvelopeBuilder, EnvelopeError
 from rivven_connect.pg.pgoutput import (
     ColumnValue, LogicalMessage, PgOutputError, Relation, decode_message, format_lsn, parse_lsn,
@@ -81,6 +90,10 @@ slot_active_wait_s = 15.0
 slot_active_retry_s = 0.5
 #: Frames one read takes from the replication connection.
 frames_per_read = 1000
+#: The slot's retained WAL is read at most this often (one short ordinary connection).
+slot_stats_interval_ms = 5_000
+
+_log = logging.getLogger("rivven_connect.postgres_cdc")
 
 
 def _wall_clock_ms() -> int:
@@ -120,6 +133,12 @@ class PostgresCdcSource:
         self._transactions: collections.deque[list[Record]] = collections.deque()
         self._queued = 0
         self.confirmed_lsn: int | None = None
+        #: For ``metrics()``: the slot's retained WAL (None: not read yet) and when it was
+        #: read; the end LSN of the last transaction read; changes read by (table, op).
+        self.retained_wal_bytes: int | None = None
+        self._slot_stats_at_ms: int | None = None
+        self.received_end_lsn: int | None = None
+        self.events: collections.Counter[tuple[str, str]] = collections.Counter()
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any], path: str) -> PostgresCdcSource:
@@ -192,6 +211,7 @@ class PostgresCdcSource:
                 self._feed(wanted)
                 if self._queued >= wanted:
                     break
+                await self._read_slot_stats()
                 frames = await self.slot.read_frames(frames_per_read, read_wait_s)
                 if not frames and self._queued:
                     break
@@ -212,6 +232,8 @@ class PostgresCdcSource:
             if isinstance(result, Transaction):
                 records = [attrs.evolve(record, position=position_json(record.position))
                            for record in builder.records(result, self.clock_ms())]
+                self.received_end_lsn = result.end_lsn
+                self._count(records)
                 if records:
                     self._transactions.append(records)
                     self._queued += len(records)
@@ -317,6 +339,7 @@ class PostgresCdcSource:
             relation, row, run.consistent_lsn, position.rows - 1,
             "last" if position.done else "true", position.to_json(), now_ms)
             for relation, row, position in rows]
+        self._count(records)
         if run.exhausted:
             self.snapshot = None
             run.close()  # every row is read: the exported snapshot may go
@@ -341,6 +364,49 @@ class PostgresCdcSource:
         except SlotError as error:
             raise SourceError(str(error)) from error
         self.confirmed_lsn = end_lsn - 1
+
+    # --- metrics ------------------------------------------------------------------------------
+    def _count(self, records: list[Record]) -> None:
+        for record in records:
+            if record.value is not None and record.table is not None and record.op:
+                self.events[(f"{record.schema}.{record.table}", record.op)] += 1
+
+    async def _read_slot_stats(self) -> None:
+        """Read the slot's retained WAL if the last read is ``slot_stats_interval_ms``
+        old. A failure is logged (the gauge keeps its last value): a metric never stops
+        the stream. A checkpoint."""
+        now_ms = self.clock_ms()
+        if self._slot_stats_at_ms is not None and (
+                now_ms - self._slot_stats_at_ms < slot_stats_interval_ms):
+            return await trio.lowlevel.checkpoint()
+        self._slot_stats_at_ms = now_ms
+        try:
+            self.retained_wal_bytes = await trio.to_thread.run_sync(
+                self.slot.retained_wal_bytes)
+        except SlotError as error:
+            _log.warning("postgres-cdc %s: reading the slot's retained WAL failed: %s",
+                         self.slot.slot_name, error)
+
+    def metrics(self) -> list[Metric]:
+        """The CDC gauges and counters (module docstring "Metrics"). Never blocks."""
+        out = []
+        if self.retained_wal_bytes is not None:
+            out.append(Metric("cdc_retained_wal_bytes", "gauge",
+                              "WAL Postgres keeps for the slot (pg_current_wal_lsn() - "
+                              "restart_lsn), read every few seconds.", self.retained_wal_bytes))
+        confirmed_end = None if self.confirmed_lsn is None else self.confirmed_lsn + 1
+        lag = 0
+        if self.received_end_lsn is not None:
+            lag = max(0, self.received_end_lsn - max(confirmed_end or 0, self.stream_from))
+        out.append(Metric("cdc_replication_lag_bytes", "gauge",
+                          "WAL bytes between the end of the last transaction read and the "
+                          "last one confirmed to the slot (committed to the broker).", lag))
+        for (table, op), count in sorted(self.events.items()):
+            out.append(Metric("cdc_events", "counter",
+                              "Changes read from Postgres, by table (one of the configured "
+                              "tables) and op (c, u, d, t, r).", count,
+                              (("table", table), ("op", op))))
+        return out
 
     def position_key(self, position: Any) -> tuple[int, int, int]:
         """``(lsn, phase, n)``: snapshot rows (phase 0) by count under their consistent

@@ -21,7 +21,7 @@ from rivven_connect.core.admission import (
 from rivven_connect.core.batch_cycle import CycleStatus, Phase, Status
 from rivven_connect.core.records import Destination
 from rivven_connect.core.sink_cycle import SinkPhase, SinkStatus
-from rivven_connect.http_api import CONTENT_TYPE_METRICS, ConnectorView, respond
+from rivven_connect.http_api import CONTENT_TYPE_METRICS, ConnectorView, Metric, respond
 
 
 def _status(state: Status = Status.RUNNING, **changes) -> CycleStatus:
@@ -145,6 +145,38 @@ def test_metrics_are_prometheus_text_labelled_by_connector_never_by_topic():
     assert "topic=" not in text and "t.a" not in text
     assert "# TYPE rivven_connect_records_total counter" in text
     assert "# TYPE rivven_connect_circuits_open gauge" in text
+
+
+def _samples(text: str) -> dict[str, float]:
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def test_a_sources_own_metrics_are_one_family_each_labelled_by_connector_first():
+    def cdc(lag: int) -> tuple[Metric, ...]:
+        return (Metric("cdc_replication_lag_bytes", "gauge", "WAL read, not confirmed.", lag),
+                Metric("cdc_events", "counter", "Changes read.", 3,
+                       (("table", "public.orders"), ("op", "c"))))
+    views = [*_views(), ConnectorView("pg1", "postgres-cdc", _status(), metrics=cdc(10)),
+             ConnectorView("pg2", "postgres-cdc", _status(), metrics=cdc(0))]
+    text = _get("/metrics", views)[2].decode()
+    samples = _samples(text)
+    assert samples['rivven_connect_cdc_replication_lag_bytes{connector="pg1"}'] == 10
+    assert samples['rivven_connect_cdc_replication_lag_bytes{connector="pg2"}'] == 0
+    assert samples['rivven_connect_cdc_events_total{connector="pg2",table="public.orders",'
+                   'op="c"}'] == 3
+    assert text.count("# TYPE rivven_connect_cdc_events_total counter") == 1
+    assert text.count("# HELP rivven_connect_cdc_replication_lag_bytes WAL read, not "
+                      "confirmed.") == 1
+    assert 'rivven_connect_records_total{connector="pg1"} 40' in text
+    for bad in (lambda: Metric("x", "histogram", "", 1),
+                lambda: Metric("x", "gauge", "", 1, (("topic", "t"),)),
+                lambda: Metric("Bad-Name", "gauge", "", 1)):
+        try:
+            bad()
+        except AssertionError:
+            continue
+        raise AssertionError("accepted")
 
 
 # --- the server over memory streams -----------------------------------------------------------

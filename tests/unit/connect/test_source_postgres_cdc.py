@@ -93,3 +93,19 @@ def test_snapshot_options_and_positions():
     assert keys == sorted(keys) and len(set(keys)) == 4
     with pytest.raises(ValueError):
         source.position_key({"phase": "snapshot", "consistent_lsn": "0/1"})
+
+
+def test_metrics_are_the_lag_the_retained_wal_once_read_and_the_changes_per_table():
+    source = _build()
+    assert [(m.name, m.value) for m in source.metrics()] == [("cdc_replication_lag_bytes", 0)]
+    source.stream_from = 0x1000  # resumed at a stored end LSN: that much is confirmed
+    source.received_end_lsn = 0x1800
+    source.events.update({("public.orders", "c"): 2, ("public.items", "d"): 1})
+    source.retained_wal_bytes = 4096
+    assert [(m.name, m.value, m.labels) for m in source.metrics()] == [
+        ("cdc_retained_wal_bytes", 4096, ()),
+        ("cdc_replication_lag_bytes", 0x800, ()),
+        ("cdc_events", 1, (("table", "public.items"), ("op", "d"))),
+        ("cdc_events", 2, (("table", "public.orders"), ("op", "c")))]
+    source.confirmed_lsn = 0x17ff  # confirmed at end_lsn - 1: caught up
+    assert source.metrics()[1].value == 0

@@ -42,13 +42,20 @@ sources:
     return dsn, broker.address, config, http_port
 
 
+def _metrics(http_port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line and not line.startswith("#")}
+
+
 def _version(record) -> str:
     return dict(record.headers)[HEADER_SCHEMA_VERSION].decode()
 
 
 def test_schema_changes_mid_stream_arrive_once_with_their_columns_and_a_new_version(
         postgres_server, pg_database, broker_process, tmp_path):
-    dsn, bootstrap, config, _ = _start(tmp_path, postgres_server, pg_database, broker_process)
+    dsn, bootstrap, config, http_port = _start(tmp_path, postgres_server, pg_database, broker_process)
     runtime = Runtime(config, postgres_server.port, tmp_path / "connect.log")
     try:
         _wait(lambda: _slot(dsn)[1], "the slot to be active", runtime=runtime)
@@ -65,6 +72,18 @@ def test_schema_changes_mid_stream_arrive_once_with_their_columns_and_a_new_vers
         records = _wait(lambda: len(_records(bootstrap)) >= 8 and _records(bootstrap),
                         "8 records", runtime=runtime)
         assert runtime.popen.poll() is None, runtime.stderr()
+        # the CDC gauges: labelled by connector (and table, one of the configured ones)
+        label = f'connector="{SOURCE}"'
+        _wait(lambda: _metrics(http_port).get(
+            f'rivven_connect_cdc_replication_lag_bytes{{{label}}}') == 0, "lag 0 once caught up")
+        metrics = _metrics(http_port)
+        retained = metrics[f"rivven_connect_cdc_retained_wal_bytes{{{label}}}"]
+        assert 0 < retained < 64 << 20
+        events = {key: value for key, value in metrics.items()
+                  if key.startswith("rivven_connect_cdc_events_total")}
+        assert events == {
+            f'rivven_connect_cdc_events_total{{{label},table="public.orders",op="{op}"}}': n
+            for op, n in (("c", 5), ("u", 1), ("d", 1))}
         assert runtime.stop() == 0, runtime.stderr()
     finally:
         if runtime.popen.poll() is None:
