@@ -35,6 +35,13 @@ failed transaction is reported with per-topic outcomes (``_outcome_of``: permane
 transient, or no verdict) for the breakers. ``run_connect(http=...)`` serves the HTTP API
 (``http_api``/``http_server``) from snapshots of the runners.
 
+``POST /connectors/NAME/abandon-batch`` calls ``SourceRunner.request_abandon``: refused
+(the reason is answered) unless the cycle accepts it now (``BatchCycle.abandon_refusal``);
+else the request is noted for the batch being retried and wakes the backoff sleep, which
+hands the cycle ``AbandonRequested`` instead of ``TimerFired`` — only if the same batch
+still waits (a request that lost the race to the timer is dropped, and logged). Accepting
+and carrying it out are logged at WARNING (logger ``rivven_connect.driver``).
+
 Failures: the cycle decides what is retriable; the driver only classifies client errors
 (a fenced producer or an invalid transaction state is fatal, the rest retriable). A failed
 ``abort_transaction`` leaves the producer unusable, so the source stops in ``error``.
@@ -47,6 +54,7 @@ and the side effect.
 from __future__ import annotations
 
 import json
+import logging
 import random
 from typing import Any, Mapping
 
@@ -157,6 +165,9 @@ def find_error(error: BaseException, types: tuple[type[BaseException], ...]
     return None
 
 
+_log = logging.getLogger("rivven_connect.driver")
+
+
 def now_ms() -> int:
     return int(trio.current_time() * 1000)
 
@@ -231,6 +242,27 @@ class SourceRunner:
     #: Topics known to exist (created or found), their partition counts fed to admission.
     ensured: set[str] = attrs.Factory(set)
     _stop_told: bool = False
+    #: An accepted abandon-batch request: set, with the batch id it was accepted for.
+    _abandon: trio.Event = attrs.Factory(trio.Event)
+    _abandon_batch_id: int | None = None
+
+    def request_abandon(self) -> str | None:
+        """Ask that the batch being retried be skipped (``BatchCycle`` "AbandonRequested");
+        why not (None: accepted). Never blocks."""
+        cycle = self.cycle
+        if cycle is None:
+            return "no batch to abandon: the source is starting"
+        refusal = cycle.abandon_refusal()
+        if refusal is not None:
+            return refusal
+        assert cycle.batch is not None
+        self._abandon_batch_id = cycle.batch.batch_id
+        self._abandon.set()
+        records = cycle.batch.records
+        _log.warning("%s: abandon-batch accepted: %d records from position %r to %r will be "
+                     "skipped (the last error: %s)", self.config.name, len(records),
+                     records[0].position, records[-1].position, cycle.last_error)
+        return None
 
     async def run(self) -> bc.CycleStatus:
         """Run until the cycle halts; returns its final status. Raises what the client
@@ -454,8 +486,32 @@ class SourceRunner:
         return bc.SideEffectCompleted(instruction.batch_id, now_ms())
 
     async def _sleep_until(self, at_ms: int) -> bc.Event:
-        done, _ = await self._interruptible(lambda: trio.sleep_until(at_ms / 1000))
-        return bc.TimerFired(now_ms()) if done else bc.StopRequested(now_ms())
+        """The backoff: ``TimerFired`` at ``at_ms``, ``AbandonRequested`` at once if an
+        abandon-batch request was accepted for this batch, ``StopRequested`` on stop."""
+        cycle = self.cycle
+        assert cycle is not None and cycle.batch is not None
+        abandon = self._abandon
+
+        async def sleep() -> bool:
+            with trio.move_on_at(at_ms / 1000):
+                await abandon.wait()
+                return True
+            return False
+
+        done, abandoned = await self._interruptible(sleep)
+        if not done:
+            return bc.StopRequested(now_ms())
+        if not abandoned:
+            return bc.TimerFired(now_ms())
+        self._abandon = trio.Event()
+        if self._abandon_batch_id != cycle.batch.batch_id or cycle.abandon_refusal():
+            _log.warning("%s: abandon-batch request dropped: the batch it was for is no "
+                         "longer waiting", self.config.name)
+            return bc.TimerFired(now_ms())
+        _log.warning("%s: abandoning batch %d: committing position %r without its %d records",
+                     self.config.name, cycle.batch.batch_id, cycle.batch.last_position,
+                     len(cycle.batch.records))
+        return bc.AbandonRequested(now_ms())
 
 
 class _SourceStopped(Exception):
@@ -503,6 +559,16 @@ async def run_connect(config: ConnectConfig, bootstrap: str, sources: Mapping[st
                 *(_sink_view(runner, results.get(f"sinks.{name}"))
                   for name, runner in sinking.items())]
 
+    def abandon(name: str) -> str | None:
+        runner = runners.get(name)
+        if runner is None:
+            return "a sink has no batch to abandon (abandon-batch is for sources)"
+        result = results.get(name)
+        if result is not None:
+            return (f"no batch to abandon: the source ended ({result.state}); a source in "
+                    f"error is restarted, not skipped (its batch is replayed)")
+        return runner.request_abandon()
+
     async def run_one(runner: SourceRunner) -> None:
         name = runner.config.name
         try:
@@ -526,7 +592,8 @@ async def run_connect(config: ConnectConfig, bootstrap: str, sources: Mapping[st
             try:
                 port = await server.start(
                     serve_http, host, int(port_text),
-                    lambda method, target: respond(method, target, views(), now_ms()))
+                    lambda method, target: respond(method, target, views(), now_ms(),
+                                                   abandon=abandon))
             except OSError as error:
                 raise HttpUnavailable(f"cannot serve HTTP on {http}: {error}") from error
         task_status.started(port)

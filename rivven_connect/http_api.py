@@ -24,18 +24,27 @@ before a cycle existed) and calls ``respond(method, target, views, now_ms)``. Ro
 ``GET /connectors/NAME/status``
     The cycle's status: ``state`` (running | degraded | error | stopped), ``phase``,
     ``last_error``, ``position``, ``records``, ``batches``, ``consecutive_failures``,
-    ``dropped``, ``dead_lettered``. A sink's ``position`` is its committed offsets
+    ``dropped``, ``dead_lettered``; a source's also ``abandoned_batches``,
+    ``abandoned_records``, ``last_abandon_at_ms`` (abandon-batch). A sink's ``position`` is its committed offsets
     (``{"topic/partition": next offset}``); it drops and dead-letters nothing (0).
 ``GET /connectors/NAME/destinations``
     Every admitted topic with its breaker state and counts, sorted by topic.
 
-Any other path is 404 (the path is not echoed); a method other than GET or HEAD is 405.
+``POST /connectors/NAME/abandon-batch``
+    The one way to skip data: asks the driver (the injected ``abandon(name)``, which
+    answers why not, or None) to commit the position of the batch a degraded source keeps
+    failing, without its records (``batch_cycle`` "AbandonRequested"). 202 when accepted
+    (it is carried out at once, and logged), 409 with ``{"reason"}`` when refused (not
+    degraded, a failing side effect, a halted source, a sink).
+
+Any other path is 404 (the path is not echoed); a method other than GET or HEAD is 405
+(POST only on ``abandon-batch``, which answers GET with 405).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import attrs
 
@@ -106,11 +115,22 @@ def _text(status: int, text: str) -> Response:
     return status, "text/plain; charset=utf-8", text.encode() + b"\n"
 
 
-def respond(method: str, target: str, views: Sequence[ConnectorView], now_ms: int) -> Response:
-    """The answer to ``method target`` (HEAD is answered as GET; the server drops the body)."""
+def respond(method: str, target: str, views: Sequence[ConnectorView], now_ms: int, *,
+            abandon: Callable[[str], str | None] | None = None) -> Response:
+    """The answer to ``method target`` (HEAD is answered as GET; the server drops the body).
+    ``abandon(name)`` carries out ``abandon-batch`` (why not, or None; never blocks)."""
+    path = target.split("?", 1)[0]
+    parts = path.split("/")
+    if len(parts) == 4 and parts[0] == "" and parts[1] == "connectors" and (
+            parts[3] == "abandon-batch"):
+        view = next((v for v in views if v.name == parts[2]), None)
+        if view is None:
+            return _text(404, "no such page")
+        if method != "POST":
+            return _text(405, "abandon-batch takes POST")
+        return _abandon(view, abandon)
     if method not in ("GET", "HEAD"):
         return _text(405, "only GET and HEAD")
-    path = target.split("?", 1)[0]
     if path == "/health":
         return _health(views)
     if path == "/metrics":
@@ -119,7 +139,6 @@ def respond(method: str, target: str, views: Sequence[ConnectorView], now_ms: in
         return _json(200, {"connectors": [{"name": v.name, "connector": v.connector,
                                             "kind": v.kind}
                                           for v in views]})
-    parts = path.split("/")
     if len(parts) == 4 and parts[0] == "" and parts[1] == "connectors":
         view = next((v for v in views if v.name == parts[2]), None)
         if view is not None and parts[3] == "status":
@@ -127,6 +146,20 @@ def respond(method: str, target: str, views: Sequence[ConnectorView], now_ms: in
         if view is not None and parts[3] == "destinations":
             return _json(200, _destinations(view))
     return _text(404, "no such page")
+
+
+def _abandon(view: ConnectorView, abandon: Callable[[str], str | None] | None) -> Response:
+    if view.kind != "source":
+        reason: str | None = "a sink has no batch to abandon (abandon-batch is for sources)"
+    elif abandon is None:
+        reason = "abandon-batch is not available here"
+    else:
+        reason = abandon(view.name)
+    if reason is not None:
+        return _json(409, {"name": view.name, "abandoned": False, "reason": reason})
+    return _json(202, {"name": view.name, "abandoned": True,
+                       "detail": "the batch being retried is committed without its records; "
+                                 "see abandoned_records in its status"})
 
 
 def _health(views: Sequence[ConnectorView]) -> Response:
@@ -144,12 +177,18 @@ def _status(view: ConnectorView) -> dict[str, Any]:
         document.update(phase=Phase.NEW.value if view.final_state is None else "done",
                         last_error=view.final_error, position=None, records=0, batches=0,
                         consecutive_failures=0, dropped=0, dead_lettered=0)
+        if view.kind == "source":
+            document.update(abandoned_batches=0, abandoned_records=0, last_abandon_at_ms=None)
         return document
     document.update(
         phase=status.phase.value, last_error=view.final_error or status.last_error,
         position=status.position, records=status.records, batches=status.batches,
         consecutive_failures=status.consecutive_failures, dropped=_dropped(status),
         dead_lettered=_dead_lettered(status))
+    if isinstance(status, CycleStatus):  # (a sink's own "abandoned" is another thing)
+        document.update(abandoned_batches=status.abandoned_batches,
+                        abandoned_records=status.abandoned_records,
+                        last_abandon_at_ms=status.last_abandon_at_ms)
     return document
 
 
@@ -206,6 +245,7 @@ def render_metrics(views: Sequence[ConnectorView], now_ms: int) -> str:
                                "transaction)."),
         ("dropped_records", "counter", "Records dropped (filtered, or by drop policies)."),
         ("dead_lettered_records", "counter", "Records committed to the dead-letter topic."),
+        ("abandoned_records", "counter", "Records skipped by abandon-batch."),
         ("consecutive_failures", "gauge", "Failed attempts in a row of the batch in flight."),
         ("connector_state", "gauge", "1 for the connector's current state, else 0."),
         ("routed_records", "counter", "Records committed to admitted destinations."),
@@ -223,6 +263,8 @@ def render_metrics(views: Sequence[ConnectorView], now_ms: int) -> str:
         families["batches"].add(0 if status is None else status.batches, connector=name)
         families["dropped_records"].add(_dropped(status), connector=name)
         families["dead_lettered_records"].add(_dead_lettered(status), connector=name)
+        families["abandoned_records"].add(
+            status.abandoned_records if isinstance(status, CycleStatus) else 0, connector=name)
         families["consecutive_failures"].add(
             0 if status is None else status.consecutive_failures, connector=name)
         for state in _STATES:

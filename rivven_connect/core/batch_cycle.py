@@ -36,6 +36,15 @@ flight at a time (the phase says where it is):
     same polled batch from routing (or the same side effect). ``commit_failure_threshold``
     (16) failures in a row make the status ``degraded`` (retrying, not progressing); one
     success makes it ``running`` again. A non-retriable error makes it ``error`` (``Halt``).
+``AbandonRequested`` (``POST /connectors/NAME/abandon-batch``, the one way to skip data):
+    accepted only while the cycle is ``degraded`` and backing off before another attempt of
+    a batch (``abandon_refusal()`` says why not otherwise: a failing side effect is never
+    skipped, a halted cycle has no batch). The batch is marked abandoned for good: this and
+    every later attempt commits a transaction holding only the offset record of its last
+    position (no data), then runs that position's side effect as usual (the slot advance),
+    so the records are skipped exactly once and never replayed. ``abandoned_batches``,
+    ``abandoned_records`` and ``last_abandon_at_ms`` count it; a batch counts in
+    ``batches``, its records in neither ``records`` nor ``dropped``.
 ``DONE``
     ``Halt`` was issued (``stopped`` or ``error``); later events are ignored.
 
@@ -63,6 +72,7 @@ from rivven_connect.core.records import Destination, Record
 from rivven_connect.core.routing import Action, Router
 
 __all__ = [
+    "AbandonRequested",
     "AbortTransaction",
     "BatchCycle",
     "BeginTransaction",
@@ -162,8 +172,15 @@ class StopRequested:
     now_ms: int
 
 
+@attrs.frozen
+class AbandonRequested:
+    """Skip the batch being retried (only when ``abandon_refusal()`` is None)."""
+
+    now_ms: int
+
+
 Event = Union[PollCompleted, TransactionCommitted, TransactionFailed, SideEffectCompleted,
-              SideEffectFailed, TimerFired, StopRequested]
+              SideEffectFailed, TimerFired, StopRequested, AbandonRequested]
 
 
 # --- instructions (core -> driver) ------------------------------------------------------------
@@ -230,6 +247,9 @@ class CycleStatus:
     consecutive_failures: int
     dropped: int
     dead_lettered: int
+    abandoned_batches: int = 0
+    abandoned_records: int = 0
+    last_abandon_at_ms: int | None = None
 
 
 @attrs.define
@@ -243,6 +263,8 @@ class _Batch:
     sent: int = 0
     dropped: int = 0
     dead_lettered: int = 0
+    #: Skipped by ``AbandonRequested``: every attempt commits only its offset record.
+    abandoned: bool = False
 
 
 class BatchCycle:
@@ -277,6 +299,9 @@ class BatchCycle:
         self.batches_committed = 0
         self.dropped = 0
         self.dead_lettered = 0
+        self.abandoned_batches = 0
+        self.abandoned_records = 0
+        self.last_abandon_at_ms: int | None = None
         #: Where ``TimerFired`` resumes: a batch attempt (PRODUCING) or its side effect.
         self._resume_phase = Phase.PRODUCING
 
@@ -316,6 +341,11 @@ class BatchCycle:
         elif isinstance(event, SideEffectFailed):
             self._assert_current(event.batch_id, Phase.SIDE_EFFECT)
             out = self._retry_later(f"side effect failed: {event.error}", event.now_ms)
+        elif isinstance(event, AbandonRequested):
+            assert self.abandon_refusal() is None, self.abandon_refusal()
+            assert self.batch is not None
+            self.batch.abandoned = True
+            out = self._produce(event.now_ms)
         else:
             assert isinstance(event, TimerFired) and self.phase is Phase.BACKING_OFF
             out = self._on_timer(event.now_ms)
@@ -327,7 +357,21 @@ class BatchCycle:
             state=self.state, phase=self.phase, last_error=self.last_error,
             position=self.committed_position, records=self.records_committed,
             batches=self.batches_committed, consecutive_failures=self.consecutive_failures,
-            dropped=self.dropped, dead_lettered=self.dead_lettered)
+            dropped=self.dropped, dead_lettered=self.dead_lettered,
+            abandoned_batches=self.abandoned_batches, abandoned_records=self.abandoned_records,
+            last_abandon_at_ms=self.last_abandon_at_ms)
+
+    def abandon_refusal(self) -> str | None:
+        """Why ``AbandonRequested`` is not accepted now; None when it is."""
+        if self.phase is not Phase.BACKING_OFF or self._resume_phase is not Phase.PRODUCING:
+            return (f"no batch to abandon: the cycle is {self.state.value} and "
+                    f"{self.phase.value}" + (" (retrying a side effect, which is never "
+                                             "skipped)" if self.phase is Phase.BACKING_OFF
+                                             else ""))
+        if self.state is not Status.DEGRADED:
+            return (f"the batch has failed {self.consecutive_failures} time(s); abandon-batch "
+                    f"is for a degraded source ({commit_failure_threshold} failures in a row)")
+        return None
 
     def _assert_current(self, batch_id: int, phase: Phase) -> None:
         assert self.phase is phase, (self.phase, phase)
@@ -362,6 +406,11 @@ class BatchCycle:
         assert batch is not None and not batch.transaction_open
         batch.topics, batch.sent, batch.dropped, batch.dead_lettered = {}, 0, 0, 0
         self.phase = Phase.PRODUCING
+        if batch.abandoned:  # its records are skipped: commit the position alone
+            batch.transaction_open = True
+            return [BeginTransaction(batch.batch_id),
+                    Send(batch.batch_id, self._offset_record(batch.last_position)),
+                    CommitTransaction(batch.batch_id)]
         sends: list[Instruction] = []
         for polled in batch.records:
             record, dead_letter, problem = self._transformed(polled)
@@ -429,6 +478,10 @@ class BatchCycle:
         self.batches_committed += 1
         self.dropped += batch.dropped
         self.dead_lettered += batch.dead_lettered
+        if batch.abandoned:
+            self.abandoned_batches += 1
+            self.abandoned_records += len(batch.records)
+            self.last_abandon_at_ms = event.now_ms
         for topic, count in batch.topics.items():
             self.router.admission.record_outcome(topic, SendOutcome.DELIVERED, event.now_ms,
                                                  records=count)

@@ -215,3 +215,57 @@ async def test_a_destination_the_broker_refuses_opens_its_breaker_and_the_others
     assert sorted(json.loads(r.value)["seq"] for r in dead) == list(range(1, BREAKER_COUNT, 2))
     assert {dict(r.headers)["rivven.dlq.reason"] for r in dead} == {b"circuit_open"}
     assert re.fullmatch(r"\d+", dict(dead[0].headers)["rivven.dlq.source_position"].decode())
+
+
+async def _post(port: int, path: str) -> tuple[int, dict]:
+    with trio.fail_after(10):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n"
+                                  f"connection: close\r\n\r\n".encode())
+            answer = bytearray()
+            while data := await stream.receive_some(65536):
+                answer += data
+    head, _, body = bytes(answer).partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+async def test_abandon_batch_skips_the_batch_a_degraded_source_cannot_commit(
+        broker, nursery, monkeypatch):
+    from rivven_connect.core import batch_cycle
+
+    monkeypatch.setattr(batch_cycle, "commit_failure_threshold", 3)  # degraded sooner
+    monkeypatch.setattr(batch_cycle, "backoff_max_ms", 200)
+    async with open_admin(broker.address) as admin:
+        await admin.create_topic("ab.big", partitions=1, config={"max.message.bytes": "256"})
+    config = load_config({
+        "http": "off",
+        "sources": {"gen": {
+            "connector": "datagen", "topic": "ab.ok",
+            "config": {"count": 20, "batch_size": 10, "record_size_bytes": 400},
+            "transforms": [{"type": "ContentRouter", "field": "seq", "patterns": [
+                {"matches": "5", "topic": "ab.big"}, {"matches": "\\d+", "topic": "ab.ok"}]}],
+        }},
+    }, env={})
+    results: dict = {}
+    port, release = await _run_held(nursery, config, broker.address, results)
+    status, answer = await _post(port, "/connectors/gen/abandon-batch")
+    assert status == 409, answer  # not degraded (yet): refused, nothing skipped
+    with trio.fail_after(60):
+        while (await _get_json(port, "/connectors/gen/status"))["state"] != "degraded":
+            await trio.sleep(0.02)
+        while (answer := await _post(port, "/connectors/gen/abandon-batch"))[0] != 202:
+            await trio.sleep(0.01)  # refused while retrying (not backing off): try again
+    status = await _wait_for_position(port, "gen", 19)
+    assert status["state"] == "running" and status["abandoned_batches"] == 1
+    assert status["abandoned_records"] == 10 and status["last_abandon_at_ms"] is not None
+    assert status["records"] == 10
+    metrics = _metrics((await _get(port, "/metrics"))[1])
+    assert metrics['rivven_connect_abandoned_records_total{connector="gen"}'] == 10
+    release.set()
+    with trio.fail_after(30):
+        while "gen" not in results:
+            await trio.sleep(0.02)
+    rows = values(await read_committed(broker.address, "ab.ok"))
+    assert sorted(row["seq"] for row in rows) == list(range(10, 20))
+    assert await read_committed(broker.address, "ab.big") == []

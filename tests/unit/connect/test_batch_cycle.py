@@ -376,3 +376,58 @@ def test_events_out_of_turn_are_programmer_errors():
     with pytest.raises(AssertionError):
         cycle.handle(bc.TransactionCommitted(1, 0))
     assert attrs.has(bc.PollCompleted)
+
+
+def _degrade(cycle, batch_id):
+    """Fail ``batch_id``'s transaction until the cycle is degraded; the last WakeAt."""
+    for _ in range(bc.commit_failure_threshold):
+        out = cycle.handle(bc.TransactionFailed(batch_id, "record too large", True, 0))
+        if cycle.state is bc.Status.DEGRADED:
+            return out[-1]
+        cycle.handle(bc.TimerFired(out[-1].at_ms))
+    raise AssertionError("never degraded")
+
+
+def test_abandon_commits_only_the_batch_position_then_its_side_effect():
+    cycle = _cycle()
+    batch_id = _drive_to_commit(cycle, (1, 2, 3))[0].batch_id
+    assert "no batch to abandon: the cycle is running and producing" == cycle.abandon_refusal()
+    cycle.handle(bc.TransactionFailed(batch_id, "record too large", True, 0))
+    assert "failed 1 time(s)" in cycle.abandon_refusal()
+    cycle.handle(bc.TimerFired(10_000))
+    _degrade(cycle, batch_id)
+    assert cycle.abandon_refusal() is None
+    out = cycle.handle(bc.AbandonRequested(77))
+    assert [type(i) for i in out] == [bc.BeginTransaction, bc.Send, bc.CommitTransaction]
+    offset = out[1].record
+    assert offset.destination.topic == OFFSETS_TOPIC and offset.value["position"] == 3
+    # the commit of the abandonment fails too: the retry still carries no data
+    out = cycle.handle(bc.TransactionFailed(batch_id, "broker down", True, 0))
+    out = cycle.handle(bc.TimerFired(out[-1].at_ms))
+    assert [type(i) for i in out] == [bc.BeginTransaction, bc.Send, bc.CommitTransaction]
+    assert cycle.handle(bc.TransactionCommitted(batch_id, 99)) == [bc.RunSideEffect(batch_id, 3)]
+    status = cycle.status()
+    assert (status.state, status.position, status.records, status.batches) == (
+        bc.Status.RUNNING, 3, 0, 1)
+    assert (status.abandoned_batches, status.abandoned_records, status.last_abandon_at_ms) == (
+        1, 3, 99)
+    assert cycle.handle(bc.SideEffectCompleted(batch_id, 100)) == [bc.Poll()]
+    out = cycle.handle(bc.PollCompleted(_records(3, 4), 101))  # 3 is a replay now
+    assert [i.record.position for i in out if isinstance(i, bc.Send)] == [4, 4]
+
+
+def test_abandon_is_refused_for_a_failing_side_effect_and_a_halted_cycle():
+    cycle = _cycle()
+    batch_id = _drive_to_commit(cycle)[0].batch_id
+    cycle.handle(bc.TransactionCommitted(batch_id, 0))
+    for _ in range(bc.commit_failure_threshold):
+        out = cycle.handle(bc.SideEffectFailed(batch_id, "slot gone", 0))
+        assert "never skipped" in cycle.abandon_refusal()
+        cycle.handle(bc.TimerFired(out[-1].at_ms))
+    assert cycle.state is bc.Status.DEGRADED
+    with pytest.raises(AssertionError):
+        cycle.handle(bc.AbandonRequested(0))
+    halted = _cycle()
+    batch_id = _drive_to_commit(halted)[0].batch_id
+    halted.handle(bc.TransactionFailed(batch_id, "fenced", False, 0))
+    assert halted.abandon_refusal() == "no batch to abandon: the cycle is error and done"

@@ -78,7 +78,8 @@ def test_connectors_and_status_come_from_the_views():
     assert json.loads(body) == {
         "name": "lines", "connector": "file", "state": "degraded", "phase": "polling",
         "last_error": "boom", "position": 41, "records": 40, "batches": 4,
-        "consecutive_failures": 0, "dropped": 1, "dead_lettered": 2}
+        "consecutive_failures": 0, "dropped": 1, "dead_lettered": 2, "abandoned_batches": 0,
+        "abandoned_records": 0, "last_abandon_at_ms": None}
     late = json.loads(_get("/connectors/late/status")[2])
     assert late["state"] == "running" and late["phase"] == "new" and late["records"] == 0
     # a task that ended before its cycle existed reports its final state and error
@@ -121,6 +122,7 @@ def test_unknown_names_and_paths_are_404_and_other_methods_405():
         assert status == 404 and b"nope" not in body, target
     for method in ("POST", "PUT", "DELETE"):
         assert _get("/health", method=method)[0] == 405
+        assert _get("/connectors/gen/status", method=method)[0] == 405
     assert _get("/health", method="HEAD")[0] == 200
 
 
@@ -145,6 +147,33 @@ def test_metrics_are_prometheus_text_labelled_by_connector_never_by_topic():
     assert "topic=" not in text and "t.a" not in text
     assert "# TYPE rivven_connect_records_total counter" in text
     assert "# TYPE rivven_connect_circuits_open gauge" in text
+
+
+def test_abandon_batch_is_a_post_answered_202_or_409_with_the_reason():
+    asked = []
+
+    def abandon(name):
+        asked.append(name)
+        return None if name == "gen" else "the batch has failed 1 time(s)"
+
+    sink = ConnectorView("archive", "file", None, kind="sink")
+    views = [*_views(), sink]
+
+    def post(target, method="POST"):
+        status, content_type, body = respond(method, target, views, 0, abandon=abandon)
+        return status, json.loads(body) if content_type == "application/json" else body
+
+    assert post("/connectors/gen/abandon-batch") == (202, {
+        "name": "gen", "abandoned": True, "detail": "the batch being retried is committed "
+        "without its records; see abandoned_records in its status"})
+    assert post("/connectors/lines/abandon-batch") == (409, {
+        "name": "lines", "abandoned": False, "reason": "the batch has failed 1 time(s)"})
+    status, body = post("/connectors/archive/abandon-batch")
+    assert status == 409 and "a sink has no batch" in body["reason"]
+    assert asked == ["gen", "lines"]  # GET, unknown names and sinks never reach the driver
+    assert post("/connectors/gen/abandon-batch", "GET")[0] == 405
+    assert post("/connectors/nope/abandon-batch")[0] == 404
+    assert respond("POST", "/connectors/gen/abandon-batch", views, 0)[0] == 409  # no driver
 
 
 def _samples(text: str) -> dict[str, float]:
