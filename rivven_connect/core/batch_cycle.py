@@ -10,7 +10,10 @@ flight at a time (the phase says where it is):
 ``POLLING``
     ``Poll`` was issued. ``PollCompleted(records)``: records at or below the committed
     position (``position_key`` orders the source's positions) are replays after a restart
-    and are dropped. Nothing new: if the poll returned only replays, their side effect is run
+    and are dropped. A ``position_only`` record (a heartbeat) counts as a record for this
+    and for the batch's last position, but is never transformed, routed or sent: a batch
+    of heartbeats only is a transaction with just the offset record, and its side effect
+    runs after that commit like any other. Nothing new: if the poll returned only replays, their side effect is run
     again at the committed position (a crash between commit and side effect left it undone);
     if it returned nothing, ``Poll`` again.
 ``PRODUCING``
@@ -413,6 +416,8 @@ class BatchCycle:
                     CommitTransaction(batch.batch_id)]
         sends: list[Instruction] = []
         for polled in batch.records:
+            if polled.position_only:
+                continue  # a heartbeat: only its position is committed (the offset record)
             record, dead_letter, problem = self._transformed(polled)
             if problem is not None:
                 self._release_topics(now_ms)

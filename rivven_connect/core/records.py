@@ -10,7 +10,10 @@ transforms that rewrite the value (``ExtractNewRecordState``). ``destination`` i
 record goes; ``None`` until a source's routing or a ``Route`` transform sets it (then the
 connector's ``topic`` or ``on_missing_destination`` decides). ``position`` is the source's
 opaque position of this record (a CDC record's LSN, a file's line offset): the batch cycle
-commits the last one with the batch, the core never looks inside.
+commits the last one with the batch, the core never looks inside. A ``position_only`` record
+(a source's heartbeat: "everything up to here is done, nothing to send") carries only a
+position: the cycle commits it with the batch's offset record and never transforms, routes or
+sends it.
 """
 
 from __future__ import annotations
@@ -48,6 +51,13 @@ class Record:
     schema: str | None = None
     op: str | None = None
     position: Any = None
+    position_only: bool = False
+
+    @classmethod
+    def heartbeat(cls, position: Any) -> Record:
+        """A position-only record: the batch cycle commits ``position`` and sends nothing."""
+        assert position is not None
+        return cls(value=None, position=position, position_only=True)
 
     def with_header(self, name: str, value: bytes) -> Record:
         """This record with one more header (at the end)."""

@@ -82,7 +82,10 @@ def dead_letter(
     original_topic: str | None,
 ) -> Record:
     """``record`` addressed to the DLQ with the context headers (``DLQ_HEADERS``)."""
-    values = (reason, original_topic or "", connector, stage, error, str(record.position))
+    position = record.position
+    if not isinstance(position, str):  # a CDC position is a dict: JSON, not Python's repr
+        position = json.dumps(position, sort_keys=True, separators=(",", ":"))
+    values = (reason, original_topic or "", connector, stage, error, position)
     headers = tuple((name, value.encode()) for name, value in zip(DLQ_HEADERS, values))
     return attrs.evolve(record, headers=(*record.headers, *headers),
                         destination=Destination(dlq_topic))

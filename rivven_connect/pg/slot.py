@@ -57,8 +57,11 @@ past the stored offset). With both, psycopg2 never forwards, and ``confirmed_flu
 stays at or below the stored offset. (Relation messages arrive with ``data_start`` 0; a
 keepalive right after one, in the middle of a transaction, would let psycopg2 forward —
 the walsender pings there only after ``wal_sender_timeout / 2`` without a status update,
-and psycopg2 sends one every ``status_interval``: keep that well below it.) Cost: with only unpublished writes the slot retains WAL until the
-next published transaction is delivered (heartbeat offsets are the later fix).
+and psycopg2 sends one every ``status_interval``: keep that well below it.) With only
+unpublished writes the slot would retain WAL until the next published transaction; the
+source's heartbeats (``emit_heartbeat``: a flushed marker, committed as a position-only
+offset, then confirmed at its LSN - 1, below the marker's own ``data_start``, so psycopg2
+still never forwards) let it follow.
 """
 
 from __future__ import annotations
@@ -76,11 +79,14 @@ import trio
 
 from .pgoutput import format_lsn, parse_lsn
 
-__all__ = ["PgConnectConfig", "ReplicationSlot", "SlotActiveError", "SlotError", "SlotInfo", "RESUME_MESSAGE_PREFIX",
-           "parse_table_name"]
+__all__ = ["HEARTBEAT_MESSAGE_PREFIX", "PgConnectConfig", "RESUME_MESSAGE_PREFIX",
+           "ReplicationSlot", "SlotActiveError", "SlotError", "SlotInfo", "parse_table_name"]
 
 #: The prefix of the non-transactional message ``start`` emits (the source drops it).
 RESUME_MESSAGE_PREFIX = "rivven.cdc.resume"
+#: The prefix of the heartbeat marker ``emit_heartbeat`` writes (the source turns ours into a
+#: position-only record; docs/connect-postgres.md "Idle and heartbeats").
+HEARTBEAT_MESSAGE_PREFIX = "rivven.cdc.heartbeat"
 #: Bounds of the blocking calls.
 connect_timeout_s = 10
 statement_timeout_ms = 60_000
@@ -286,18 +292,7 @@ class ReplicationSlot:
         """Emit the resume message, open the replication connection and start streaming at
         ``start_lsn`` (0: the slot's ``confirmed_flush_lsn``). Blocking; raises
         ``SlotError``."""
-        marker = self.config.connect()
-        try:  # flushed before we start: the server decodes only flushed WAL (docstring)
-            with marker.cursor() as cursor:
-                cursor.execute("SET synchronous_commit = on")
-                cursor.execute("SELECT pg_logical_emit_message(false, %s, %s)",
-                               (RESUME_MESSAGE_PREFIX, self.slot_name))
-                cursor.execute("SELECT txid_current()")  # a commit record, flushed
-            marker.commit()
-        except psycopg2.Error as error:
-            raise SlotError(f"postgres: {str(error).strip()}") from error
-        finally:
-            marker.close()
+        self._emit_marker(RESUME_MESSAGE_PREFIX, None)
         connection = self.config.connect(
             connection_factory=psycopg2.extras.LogicalReplicationConnection,
             options="-c DateStyle=ISO,MDY -c extra_float_digits=3")
@@ -313,6 +308,38 @@ class ReplicationSlot:
             raise SlotError(f"START_REPLICATION of {self.slot_name} failed: "
                             f"{str(error).strip()}") from error
         self._connection, self._cursor = connection, cursor
+
+    def _emit_marker(self, prefix: str, unless_wal_at: int | None) -> int | None:
+        """A flushed non-transactional logical message ``prefix`` with our slot name as
+        content (the server decodes only flushed WAL: a commit under ``synchronous_commit =
+        on`` flushes it). With ``unless_wal_at``: nothing when the server's WAL insert
+        position is still there. Returns the insert position after the marker (None: none
+        written). Blocking; raises ``SlotError``."""
+        marker = self.config.connect()
+        try:
+            with marker.cursor() as cursor:
+                if unless_wal_at is not None:
+                    cursor.execute("SELECT pg_current_wal_insert_lsn()::text")
+                    if parse_lsn(cursor.fetchone()[0]) == unless_wal_at:
+                        return None
+                cursor.execute("SET synchronous_commit = on")
+                cursor.execute("SELECT pg_logical_emit_message(false, %s, %s)",
+                               (prefix, self.slot_name))
+                cursor.execute("SELECT txid_current()")  # a commit record, flushed
+            marker.commit()
+            with marker.cursor() as cursor:
+                cursor.execute("SELECT pg_current_wal_insert_lsn()::text")
+                return parse_lsn(cursor.fetchone()[0])
+        except psycopg2.Error as error:
+            raise SlotError(f"postgres: {str(error).strip()}") from error
+        finally:
+            marker.close()
+
+    def emit_heartbeat(self, unless_wal_at: int | None) -> int | None:
+        """Write the ``rivven.cdc.heartbeat`` marker (flushed), unless the WAL insert
+        position is still ``unless_wal_at`` (nothing happened since the last one). Returns
+        the insert position after it, or None. Blocking; raises ``SlotError``."""
+        return self._emit_marker(HEARTBEAT_MESSAGE_PREFIX, unless_wal_at)
 
     # --- streaming (trio) ---------------------------------------------------------------------
     async def read_frames(self, max_frames: int, wait_s: float) -> list[tuple[int, bytes]]:

@@ -23,7 +23,17 @@ the exactly-once order; the source only keeps to its part:
   not ``end_lsn``; Postgres resumes at our requested LSN either way). Idempotent;
 - positions are JSON (they go into ``__connect_offsets``): ``{"end_lsn": "X/X",
   "commit_lsn": "X/X", "seq": n, "last": bool}``, ordered by ``(end_lsn, seq)`` (keys
-  ``(end_lsn, 1, seq)``, after the snapshot rows ``(consistent_lsn, 0, rows)``).
+  ``(end_lsn, 1, seq)``, after the snapshot rows ``(consistent_lsn, 0, rows)``);
+- **heartbeats** (``heartbeat_interval_ms``, default 10 s, 0 = off): when a poll has waited
+  that long with nothing to return, the source writes a flushed ``rivven.cdc.heartbeat``
+  logical message (content: the slot name) and, when the stream delivers it at LSN ``M``,
+  queues a position-only record (``Record.heartbeat``) at ``{"end_lsn": M, "commit_lsn": M,
+  "seq": 0, "last": true, "heartbeat": true}`` (key ``(M, 2, 0)``: after a transaction
+  ending at ``M``). Every transaction committed before ``M`` was decoded before it, and any
+  later one is resent from ``M``, so ``M`` is a safe resume point; the cycle commits it with
+  no records and its side effect confirms ``M - 1``, below the marker's ``data_start``, so
+  psycopg2 still never forwards the slot past the stored offset. The slot then follows
+  unpublished WAL.
 
 Snapshots (``snapshot.mode``: ``never``, ``initial``, ``initial_only``, ``always``,
 ``when_needed``; ``pg.snapshot.plan_start`` decides from the mode, the stored position and
@@ -65,7 +75,8 @@ from rivven_connect.pg.pgoutput import (
     ColumnValue, LogicalMessage, PgOutputError, Relation, decode_message, format_lsn, parse_lsn,
 )
 from rivven_connect.pg.slot import (
-    PgConnectConfig, ReplicationSlot, SlotActiveError, SlotError, SlotInfo, parse_table_name,
+    HEARTBEAT_MESSAGE_PREFIX, PgConnectConfig, ReplicationSlot, SlotActiveError, SlotError,
+    SlotInfo, parse_table_name,
 )
 from rivven_connect.pg.snapshot import (
     ON_INTERRUPTED, SNAPSHOT_MODES, SnapshotPosition, StartPlan, plan_start, position_phase,
@@ -92,6 +103,9 @@ slot_active_retry_s = 0.5
 frames_per_read = 1000
 #: The slot's retained WAL is read at most this often (one short ordinary connection).
 slot_stats_interval_ms = 5_000
+#: Heartbeats: the default interval, and the largest one accepted (0 = off).
+heartbeat_interval_ms_default = 10_000
+heartbeat_interval_ms_max = 3_600_000
 
 _log = logging.getLogger("rivven_connect.postgres_cdc")
 
@@ -105,13 +119,22 @@ def position_json(position: CdcPosition) -> dict[str, Any]:
         position.commit_lsn), "seq": position.seq, "last": position.last}
 
 
+def heartbeat_position(lsn: int) -> dict[str, Any]:
+    """The position of a heartbeat marker delivered at ``lsn`` (a whole-transaction
+    boundary: nothing before it is pending)."""
+    text = format_lsn(lsn)
+    return {"end_lsn": text, "commit_lsn": text, "seq": 0, "last": True, "heartbeat": True}
+
+
 class PostgresCdcSource:
     def __init__(self, slot: ReplicationSlot, *, batch_size: int = 500,
                  snapshot_mode: str = "never",
                  snapshot_chunk_rows: int = snapshot_chunk_rows_default,
                  snapshot_on_interrupted: str = "fail",
+                 heartbeat_interval_ms: int = heartbeat_interval_ms_default,
                  clock_ms: Callable[[], int] = _wall_clock_ms) -> None:
         assert snapshot_mode in SNAPSHOT_MODES
+        assert 0 <= heartbeat_interval_ms <= heartbeat_interval_ms_max
         self.slot = slot
         self.batch_size = batch_size
         self.snapshot_mode = snapshot_mode
@@ -139,6 +162,12 @@ class PostgresCdcSource:
         self._slot_stats_at_ms: int | None = None
         self.received_end_lsn: int | None = None
         self.events: collections.Counter[tuple[str, str]] = collections.Counter()
+        #: Heartbeats: the interval (0 = off), when the next one is due, the server's WAL
+        #: insert position after the last one (none is written while it has not moved).
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self._heartbeat_due_ms = 0
+        self._heartbeat_wal_at: int | None = None
+        self.heartbeats = 0  # delivered heartbeat markers
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any], path: str) -> PostgresCdcSource:
@@ -148,7 +177,8 @@ class PostgresCdcSource:
 
         options = Options(raw, path, ("host", "port", "database", "user", "password",
                                       "slot_name", "publication_name", "tables", "snapshot",
-                                      "batch_size", "status_interval_ms"))
+                                      "batch_size", "status_interval_ms",
+                                      "heartbeat_interval_ms"))
         port = options.int("port", 5432, 1, 65535)
         password = raw.get("password")
         if password is not None and not isinstance(password, str):
@@ -177,20 +207,24 @@ class PostgresCdcSource:
         mode, chunk_rows, on_interrupted = _check_snapshot(raw.get("snapshot"),
                                                            f"{path}.snapshot")
         interval = options.int("status_interval_ms", 10_000, 1000, 60_000)
-        assert port is not None and interval is not None
+        heartbeat = options.int("heartbeat_interval_ms", heartbeat_interval_ms_default, 0,
+                                heartbeat_interval_ms_max)
+        assert port is not None and interval is not None and heartbeat is not None
         config = PgConnectConfig(options.string("host"), port, options.string("database"),
                                  options.string("user"), password)
         slot = ReplicationSlot(config, names["slot_name"], names["publication_name"], parsed,
                                status_interval_s=interval / 1000)
         return cls(slot, batch_size=options.batch_size(), snapshot_mode=mode,
-                   snapshot_chunk_rows=chunk_rows, snapshot_on_interrupted=on_interrupted)
+                   snapshot_chunk_rows=chunk_rows, snapshot_on_interrupted=on_interrupted,
+                   heartbeat_interval_ms=heartbeat)
 
     # --- the Source protocol ------------------------------------------------------------------
     def resume(self, position: Any) -> None:
         self.stored = position  # checked in the first poll (resume does no I/O, raises nothing)
 
     async def poll(self, max_records: int) -> list[Record] | None:
-        """The records of whole transactions, at least one transaction (waits for one).
+        """The records of whole transactions, at least one transaction (waits for one), or
+        a heartbeat (a position-only record) after ``heartbeat_interval_ms`` of nothing.
         Raises ``SourceError``. A checkpoint."""
         from rivven_connect.sources import SourceError
 
@@ -215,11 +249,25 @@ class PostgresCdcSource:
                 frames = await self.slot.read_frames(frames_per_read, read_wait_s)
                 if not frames and self._queued:
                     break
+                if not frames:
+                    await self._maybe_heartbeat()
                 self._frames.extend(frames)
         except (SlotError, PgOutputError, ReplicationStateError, TransactionTooLarge,
                 EnvelopeError) as error:
             raise SourceError(f"postgres-cdc {self.slot.slot_name}: {error}") from error
+        self._heartbeat_due_ms = self.clock_ms() + self.heartbeat_interval_ms
         return self._take(wanted)
+
+    async def _maybe_heartbeat(self) -> None:
+        """Write the heartbeat marker if one is due (it comes back through the stream)."""
+        now_ms = self.clock_ms()
+        if self.heartbeat_interval_ms == 0 or now_ms < self._heartbeat_due_ms:
+            return
+        self._heartbeat_due_ms = now_ms + self.heartbeat_interval_ms
+        wal_at = await trio.to_thread.run_sync(
+            lambda: self.slot.emit_heartbeat(self._heartbeat_wal_at))
+        if wal_at is not None:
+            self._heartbeat_wal_at = wal_at
 
     def _feed(self, wanted: int) -> None:
         """Decode read frames until ``wanted`` records of whole transactions are queued
@@ -237,8 +285,18 @@ class PostgresCdcSource:
                 if records:
                     self._transactions.append(records)
                     self._queued += len(records)
-            else:  # non-transactional messages (our resume marker among them) are dropped
+            elif isinstance(result, LogicalMessage) and self._is_our_heartbeat(result):
+                # Everything before it is queued: its position follows them (key (M, 2, 0)).
+                position = heartbeat_position(lsn or result.lsn)
+                self._transactions.append([Record.heartbeat(position)])
+                self._queued += 1
+                self.heartbeats += 1
+            else:  # other non-transactional messages (our resume marker among them): dropped
                 assert result is None or isinstance(result, LogicalMessage)
+
+    def _is_our_heartbeat(self, message: LogicalMessage) -> bool:
+        return (message.prefix == HEARTBEAT_MESSAGE_PREFIX and not message.transactional
+                and message.content == self.slot.slot_name.encode())
 
     def _take(self, wanted: int) -> list[Record]:
         """Whole queued transactions: at least one, then more while under ``wanted`` and
@@ -308,6 +366,7 @@ class PostgresCdcSource:
         return info
 
     async def _start_streaming(self, start_lsn: int) -> None:
+        self._heartbeat_due_ms = self.clock_ms() + self.heartbeat_interval_ms
         self.assembler = TransactionAssembler(resume_end_lsn=start_lsn,
                                               changes_max=changes_per_transaction_max)
         await trio.to_thread.run_sync(lambda: self.slot.start(start_lsn))
@@ -410,11 +469,13 @@ class PostgresCdcSource:
 
     def position_key(self, position: Any) -> tuple[int, int, int]:
         """``(lsn, phase, n)``: snapshot rows (phase 0) by count under their consistent
-        LSN, streamed records (phase 1) by ``(end_lsn, seq)``. Raises ``ValueError``,
+        LSN, streamed records (phase 1) by ``(end_lsn, seq)``, a heartbeat (phase 2) after
+        them at its LSN. Raises ``ValueError``,
         ``KeyError``, ``TypeError`` for what is not a position."""
         if position_phase(position) == "snapshot":
             return SnapshotPosition.from_json(position).key()
-        return parse_lsn(position["end_lsn"]), 1, int(position["seq"])
+        phase = 2 if position.get("heartbeat") is True else 1  # after a transaction ending there
+        return parse_lsn(position["end_lsn"]), phase, int(position["seq"])
 
     def close(self) -> None:
         if self.snapshot is not None:

@@ -326,6 +326,34 @@ def test_a_filtered_record_is_dropped_but_its_position_commits():
     assert [r.position for r in sends] == [1, 2] and sends[-1].destination.topic == OFFSETS_TOPIC
 
 
+def _never_called(record):
+    raise AssertionError(f"a heartbeat went through the transform: {record!r}")
+
+
+def test_a_heartbeat_commits_only_its_position_then_runs_its_side_effect():
+    cycle = _cycle(transform=_never_called, stored=3)
+    cycle.start()
+    cycle.handle(bc.SideEffectCompleted(1, 0))
+    out = cycle.handle(bc.PollCompleted((Record.heartbeat(4),), 0))
+    assert out == [bc.BeginTransaction(2), bc.Send(2, cycle._offset_record(4)),
+                   bc.CommitTransaction(2)]
+    assert cycle.handle(bc.TransactionCommitted(2, 0)) == [bc.RunSideEffect(2, 4)]
+    status = cycle.status()
+    assert (status.position, status.records, status.dropped) == (4, 0, 0)
+    # A heartbeat at or below the committed position is a replay: the side effect again.
+    cycle.handle(bc.SideEffectCompleted(2, 0))
+    assert cycle.handle(bc.PollCompleted((Record.heartbeat(4),), 0)) == [bc.RunSideEffect(3, 4)]
+
+
+def test_a_heartbeat_after_records_moves_the_batch_position_past_them():
+    cycle = _cycle()
+    assert cycle.start() == [bc.Poll()]
+    out = cycle.handle(bc.PollCompleted((*_records(1, 2), Record.heartbeat(3)), 0))
+    sends = [i.record for i in out if isinstance(i, bc.Send)]
+    assert [r.position for r in sends] == [1, 2, 3] and sends[-1].destination.topic == OFFSETS_TOPIC
+    assert sends[-1].value == {"connector": "db", "position": 3}
+
+
 @pytest.mark.parametrize("policy,expected", [
     ("drop", ["t.ok", OFFSETS_TOPIC]),
     ("dlq", ["t.ok", "dlq", OFFSETS_TOPIC]),

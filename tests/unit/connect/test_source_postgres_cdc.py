@@ -1,17 +1,22 @@
 """``postgres-cdc`` configuration: every problem names its option; positions order as the
-stream does. (The source itself runs against a real Postgres in
+stream does; heartbeats over a fake slot. (The source itself runs against a real Postgres in
 tests/integration/connect/pg/test_postgres_cdc_source.py.)"""
 
 from __future__ import annotations
 
 import json
+import struct
 
 import pytest
+import trio
 
 from rivven_connect.core.config import ConnectConfigError, load_config
-from rivven_connect.sources import build_source
+from rivven_connect.pg.envelope import EnvelopeBuilder
+from rivven_connect.pg.slot import HEARTBEAT_MESSAGE_PREFIX
 from rivven_connect.pg.snapshot import SnapshotPosition
-from rivven_connect.sources.postgres_cdc import PostgresCdcSource
+from rivven_connect.pg.transactions import TransactionAssembler
+from rivven_connect.sources import build_source
+from rivven_connect.sources.postgres_cdc import PostgresCdcSource, heartbeat_position
 
 GOOD = {"host": "127.0.0.1", "port": 5432, "database": "shop", "user": "rivven",
         "password": "pw", "slot_name": "rivven_slot", "publication_name": "rivven_pub",
@@ -109,3 +114,88 @@ def test_metrics_are_the_lag_the_retained_wal_once_read_and_the_changes_per_tabl
         ("cdc_events", 2, (("table", "public.orders"), ("op", "c")))]
     source.confirmed_lsn = 0x17ff  # confirmed at end_lsn - 1: caught up
     assert source.metrics()[1].value == 0
+
+
+def test_heartbeat_interval_option():
+    assert _build().heartbeat_interval_ms == 10_000
+    assert _build(heartbeat_interval_ms=0).heartbeat_interval_ms == 0
+    with pytest.raises(ConnectConfigError, match="config.heartbeat_interval_ms"):
+        _build(heartbeat_interval_ms=-1)
+
+
+def test_a_heartbeat_orders_after_a_transaction_ending_at_its_lsn():
+    source = _build()
+    ending_there = {"end_lsn": "0/500", "commit_lsn": "0/4F0", "seq": 3, "last": True}
+    heartbeat = heartbeat_position(0x500)
+    later = {"end_lsn": "0/501", "commit_lsn": "0/500", "seq": 0, "last": True}
+    keys = [source.position_key(p) for p in (ending_there, heartbeat, later)]
+    assert keys == sorted(keys) and keys[1] == (0x500, 2, 0)
+
+
+def _message_frame(prefix: str, content: bytes, lsn: int) -> bytes:
+    return (b"M" + struct.pack(">BQ", 0, lsn) + prefix.encode() + b"\0"
+            + struct.pack(">i", len(content)) + content)
+
+
+class FakeSlot:
+    """The stream as a list of frames; a heartbeat marker comes back at the next LSN; the
+    clock moves 600 ms per empty read."""
+
+    slot_name = "rivven_slot"
+    started = True
+
+    def __init__(self, clock: list[int], foreign_first: bool = False) -> None:
+        self.clock, self.frames, self.confirmed, self.emitted = clock, [], [], 0
+        self.lsn = 0x1000
+        if foreign_first:  # another connector's heartbeat in the same WAL
+            self.frames.append((0x800, _message_frame(HEARTBEAT_MESSAGE_PREFIX, b"other", 0x800)))
+
+    async def read_frames(self, max_frames, wait_s):
+        await trio.lowlevel.checkpoint()
+        frames, self.frames = self.frames, []
+        if not frames:
+            self.clock[0] += 600
+        return frames
+
+    def emit_heartbeat(self, unless_wal_at):
+        self.emitted += 1
+        self.lsn += 0x100
+        self.frames.append((self.lsn, _message_frame(HEARTBEAT_MESSAGE_PREFIX,
+                                                     self.slot_name.encode(), self.lsn)))
+        return self.lsn + 0x80
+
+    def confirm(self, flush_lsn):
+        self.confirmed.append(flush_lsn)
+
+    def retained_wal_bytes(self):  # (the metrics' gauge, read every few seconds)
+        return 0
+
+
+def _streaming(slot, clock, interval_ms):
+    source = PostgresCdcSource(slot, heartbeat_interval_ms=interval_ms,  # type: ignore[arg-type]
+                               clock_ms=lambda: clock[0])
+    source._started = True
+    source.builder = EnvelopeBuilder(db="shop", key_columns={}, emit_messages=False)
+    source.assembler = TransactionAssembler(resume_end_lsn=0, changes_max=10)
+    return source
+
+
+async def test_an_idle_stream_returns_a_heartbeat_and_its_side_effect_confirms_below_it():
+    clock = [0]
+    slot = FakeSlot(clock, foreign_first=True)
+    source = _streaming(slot, clock, 1000)
+    [record] = await source.poll(100)
+    assert record.position_only and record.position == heartbeat_position(0x1100)
+    assert slot.emitted == 1 and clock[0] >= 1000  # not before the interval
+    await source.side_effect(record.position)
+    assert slot.confirmed == [0x10FF]  # below the marker's data_start: psycopg2 never forwards
+
+
+async def test_no_heartbeat_when_switched_off():
+    clock = [0]
+    slot = FakeSlot(clock)
+    source = _streaming(slot, clock, 0)
+    for _ in range(60):
+        await source._maybe_heartbeat()
+        clock[0] += 1000
+    assert slot.emitted == 0
