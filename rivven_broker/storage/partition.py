@@ -202,6 +202,7 @@ class Partition:
         #: Under ``sync=always`` only the durable offset is held for good.
         self._durable_is_synced = sync is not None and sync.policy.mode == "always"
         self._rule: CommitRule | None = None
+        self._local_announced = -1  # the local durable end consumers were last told of
         self._progress = trio.Event()
         self._closed = False
         if sync is not None:
@@ -270,6 +271,7 @@ class Partition:
 
     def high_watermark_moved(self) -> None:
         """Wake the waiters and the consumers (the rule's high watermark moved)."""
+        self._local_announced = self.local_durable_end
         self._wake()
         self._events.high_watermark_moved(self.key)
 
@@ -329,7 +331,11 @@ class Partition:
         """The sync worker completed a group commit of the log (or, unless ``sync=always``,
         the log grew): wake the waiters, and the consumers when the high watermark moved."""
         rule = self._rule
-        if rule is None or rule.on_local_durable(self.local_durable_end):
+        if rule is not None:
+            moved = rule.on_local_durable(self.local_durable_end)
+        else:  # (a group may complete without moving it: a roll's directory fsync pending)
+            moved = self.local_durable_end != self._local_announced
+        if moved:
             self.high_watermark_moved()
         else:
             self._wake()
