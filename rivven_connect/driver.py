@@ -85,6 +85,10 @@ poll_records_max = 10_000
 offsets_read_timeout_ms = 30_000
 #: Bounded waits of the client calls the driver makes.
 producer_max_block_ms = 30_000
+#: The producer's linger: a batch's records are queued back to back and ``commit_transaction``
+#: flushes them, so a linger only splits what one request could carry. Long enough to never
+#: expire while a batch is queued; a full batch, or a full buffer, is sent at once anyway.
+producer_linger_ms = 1_000
 admin_connect_attempts_max = 3
 
 _FATAL_ERRORS = (ProducerFencedError, InvalidTxnStateError)
@@ -236,7 +240,7 @@ class SourceRunner:
         """Run until the cycle halts; returns its final status. Raises what the client
         raises while starting (before the first poll)."""
         async with open_producer(self.bootstrap, transactional_id=self.config.transactional_id,
-                                 acks="all", idempotent=True,
+                                 acks="all", idempotent=True, linger_ms=producer_linger_ms,
                                  max_block_ms=producer_max_block_ms) as producer, \
                 open_admin(self.bootstrap) as admin:
             await producer.init_transactions()
