@@ -343,8 +343,14 @@ class SourceRunner:
         begin, *sends, commit = instructions
         assert isinstance(begin, bc.BeginTransaction) and isinstance(commit, bc.CommitTransaction)
         assert all(isinstance(send, bc.Send) for send in sends)
+        offsets_topic = self.cycle.offsets_topic  # type: ignore[union-attr]
         topics = {send.record.destination.topic for send in sends  # type: ignore[union-attr]
-                  } - {self.cycle.offsets_topic}  # type: ignore[union-attr]
+                  } - {offsets_topic}
+        if sends and sends[-1].record.destination.topic == offsets_topic:  # type: ignore
+            # The position record first: its partition joins the transaction in the first
+            # AddPartitionsToTxn and its batch goes in the first request, instead of a round
+            # trip of each after the last record (one transaction: the order is invisible).
+            sends = [sends[-1], *sends[:-1]]
         outcomes: dict[str, SendOutcome] = {}
         deliveries: list[tuple[str, Any]] = []
         failure = await self._guard(producer.begin_transaction())
