@@ -40,6 +40,8 @@ __all__ = [
 
 _START_TIMEOUT_S = 30.0
 _STOP_GRACE_S = 15.0
+#: The directory holding this ``rivven_broker`` package (servers import from it).
+_TREE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -131,10 +133,17 @@ def _pinned(cpu: int | None):
 
 def _spawn(name: str, argv: Sequence[str], cpu: int | None, directory: str,
            env: dict[str, str] | None = None) -> subprocess.Popen:
+    # The server runs the code this bench was imported from: it starts in its own directory,
+    # where a relative PYTHONPATH entry (``PYTHONPATH=.``) would find nothing and the
+    # interpreter would import whatever tree the venv installed (another worktree).
+    merged = {**os.environ, **(env or {})}
+    paths = [_TREE] + [os.path.abspath(p) for p in merged.get("PYTHONPATH", "").split(os.pathsep)
+                       if p]
+    merged["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     try:
         return subprocess.Popen(
             list(argv),
-            env={**os.environ, **env} if env else None,
+            env=merged,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=open(os.path.join(directory, f"{name}.log"), "wb"),

@@ -5,7 +5,8 @@ Theory of operation
 ``send`` appends a record to the open ``ProducerBatch`` of its partition (a ``BatchBuilder``
 plus one opaque completion token per record, which the driver turns into a future). A batch is
 *ready* when it is full (``append`` refused a record, so it was sealed), when it has lingered
-``linger_ms`` since its first record, when a ``flush`` or ``close`` is under way, or, for a batch
+``linger_ms`` since its first record, when a ``flush`` or ``close`` is under way or the buffer is
+full (``buffered_bytes`` at ``buffer_memory_bytes``, as Kafka's "exhausted"), or, for a batch
 that failed and waits to be retried, when its backoff ends. ``drain(now_ms, ...)`` takes the
 ready batches whose leader is known and whose connection can take a request, at most one batch
 per partition per request (so per-partition order holds while nothing fails), groups them by
@@ -31,7 +32,9 @@ Idempotence: a batch drained for the first time gets a producer id, epoch and ba
 from the ``TransactionManager``; ``seal`` writes them into the built header and redoes its CRC
 (``stamp_producer``: one copy and one CRC pass per batch, never per record), and a retry
 resends the same bytes. ``drain(partition_ready=...)`` holds back partitions the manager is not
-ready for (no producer id yet, or not yet added to the transaction).
+ready for (no producer id yet, or not yet added to the transaction); it is also asked for a
+partition whose batch still lingers, so a transaction's AddPartitionsToTxn for it goes out
+while the batch fills, not after (as Kafka's producer adds a partition at ``send``).
 
 Pure and single-threaded: drivers serialise access with their own lock. The only things that
 run outside that lock are ``ProducerBatch.seal`` (builds and compresses the bytes) and the
@@ -319,7 +322,8 @@ class RecordAccumulator:
         """Take the ready batches, grouped into at most one request per ready node.
         ``partition_ready(tp)`` False holds a partition back (no producer id yet, or not yet
         added to the transaction)."""
-        force = self.flushes_in_progress > 0 or self.closing
+        # a full buffer sends what lingers: a sender blocked on room must not wait out linger_ms
+        force = self.flushes_in_progress > 0 or self.closing or not self.has_room()
         by_node: dict[int, list[ProducerBatch]] = {}
         bytes_by_node: dict[int, int] = {}
         next_ready_ms: int | None = None
@@ -335,6 +339,9 @@ class RecordAccumulator:
             else:
                 ready_ms = batch.created_ms + self.linger_ms
             if ready_ms > now_ms:
+                if partition_ready is not None and batch.base_sequence < 0:
+                    # asked now, so a transaction's AddPartitionsToTxn overlaps the linger
+                    partition_ready(tp)
                 next_ready_ms = ready_ms if next_ready_ms is None else min(next_ready_ms, ready_ms)
                 continue
             node = leader_for(tp[0], tp[1])

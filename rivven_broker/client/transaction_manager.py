@@ -102,9 +102,12 @@ __all__ = [
 ]
 
 SEQUENCE_SPACE = 2**31
-#: Retry delay after CONCURRENT_TRANSACTIONS (the previous transaction's markers are being
-#: written; they take one group commit).
-_CONCURRENT_RETRY_MS = 20
+#: Retry delays after CONCURRENT_TRANSACTIONS (the previous transaction's markers are being
+#: written; they take one group commit): the first retry after 2 ms, doubling on each
+#: consecutive answer up to 20 ms. A next transaction's first AddPartitionsToTxn usually
+#: meets the end of the last one's markers, so the first retry should not wait long.
+_CONCURRENT_RETRY_FIRST_MS = 2
+_CONCURRENT_RETRY_MAX_MS = 20
 _FATAL_CODES = frozenset(
     {
         ErrorCode.PRODUCER_FENCED,
@@ -195,6 +198,7 @@ class TransactionManager:
         self._call: tuple[int, _Op | None, frozenset] | None = None  # in flight
         self._next_call_id = 1
         self.retry_at_ms = 0
+        self._concurrent_retry_ms = _CONCURRENT_RETRY_FIRST_MS
         self._wanted: set[tuple[str, int]] = set()
         self._added: set[tuple[str, int]] = set()
         self._started = False  # the coordinator knows the current transaction
@@ -493,6 +497,7 @@ class TransactionManager:
             if code != ErrorCode.NONE:
                 error = error_for(code, f"{type(response).__name__}: {code.description}")
         if error is None:
+            self._concurrent_retry_ms = _CONCURRENT_RETRY_FIRST_MS
             self._succeeded(op, partitions, response)
             return
         if error.retriable:
@@ -500,8 +505,11 @@ class TransactionManager:
                 self._wanted |= partitions
             if error.error_code != ErrorCode.CONCURRENT_TRANSACTIONS:
                 self.coordinator = None  # it may have moved (or died): find it again
-            delay = (_CONCURRENT_RETRY_MS if error.error_code == ErrorCode.CONCURRENT_TRANSACTIONS
-                     else self.retry_backoff_ms)
+            if error.error_code == ErrorCode.CONCURRENT_TRANSACTIONS:
+                delay = self._concurrent_retry_ms
+                self._concurrent_retry_ms = min(delay * 2, _CONCURRENT_RETRY_MAX_MS)
+            else:
+                delay = self.retry_backoff_ms
             self.retry_at_ms = now_ms + delay
             return
         if error.error_code in _FATAL_CODES:

@@ -197,7 +197,7 @@ class Broker:
         env, config = self.env, self.config
         logs = await self._open_logs()
         policy = SyncPolicy.parse(config.sync_policy)
-        sync_worker = SyncWorker(policy, env.run_fsync)
+        sync_worker = SyncWorker(policy, env.run_fsync, getattr(env, "fsync_each", None))
         self.metrics.track_sync(sync_worker.statistics)
         committed, appended = PartitionWaker(), PartitionWaker()
         states = await self._open_partitions(logs, Partitions(sync_worker, PartitionEvents(

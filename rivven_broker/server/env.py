@@ -42,7 +42,7 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 import trio
 
 from rivven_broker.server.eager_stream import EagerStream
-from rivven_broker.server.sync_thread import InlineWhileFast, SyncThread
+from rivven_broker.server.sync_thread import InlineWhileFast, SyncThread, run_concurrently
 from rivven_broker.storage.file_store import FileStore, OsFileStore
 
 __all__ = ["Clock", "Net", "Env", "DatagramSocket", "RealClock", "RealNet", "RealEnv"]
@@ -328,3 +328,6 @@ class RealEnv:
     async def run_fsync(self, fn: Callable[..., T], *args: Any) -> T:
         # On the loop while fsyncs are fast, on the thread once slow (see sync_thread.py).
         return await self._fsyncs.run_sync(fn, *args)
+
+    # The group commit fsyncs a group's files on several threads at once (sync_thread.py).
+    fsync_each = staticmethod(run_concurrently)

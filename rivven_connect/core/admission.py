@@ -278,7 +278,7 @@ class Admission:
                 state.failures += 1
                 state.last_error = error
             state.probe_batch_id = None
-        self.check_invariants()
+        self._check_destination(topic, state)  # only this one changed (all of them: O(N^2))
 
     def note_unmatched(self, action: str) -> None:
         self.counters.unmatched[action] += 1
@@ -301,11 +301,14 @@ class Admission:
     def check_invariants(self) -> None:
         assert len(self.destinations) <= self.config.max_destinations
         for topic, state in self.destinations.items():
-            assert state.topic == topic and topic_name_error(topic) is None
-            assert state.breaker is not BreakerState.OPEN or state.opened_at_ms is not None
-            assert state.probe_batch_id is None or state.breaker is BreakerState.HALF_OPEN
-            if state.breaker is BreakerState.CLOSED:
-                assert state.opened_at_ms is None
-                assert state.consecutive_failures < self.failure_threshold
-            assert 0 <= state.consecutive_failures <= state.failures
-            assert state.partitions is None or state.partitions >= 1
+            self._check_destination(topic, state)
+
+    def _check_destination(self, topic: str, state: DestinationState) -> None:
+        assert state.topic == topic and topic_name_error(topic) is None
+        assert state.breaker is not BreakerState.OPEN or state.opened_at_ms is not None
+        assert state.probe_batch_id is None or state.breaker is BreakerState.HALF_OPEN
+        if state.breaker is BreakerState.CLOSED:
+            assert state.opened_at_ms is None
+            assert state.consecutive_failures < self.failure_threshold
+        assert 0 <= state.consecutive_failures <= state.failures
+        assert state.partitions is None or state.partitions >= 1

@@ -160,7 +160,9 @@ class Router:
         rejection = self.admission.admit(destination, batch_id, now_ms)
         if rejection is not None:
             return self._rejected(record, rejection, destination.topic)
-        return Verdict(Action.SEND, attrs.evolve(record, destination=destination))
+        if destination is not record.destination:
+            record = attrs.evolve(record, destination=destination)
+        return Verdict(Action.SEND, record)
 
     def _rejected(self, record: Record, reason: RejectReason, topic: str) -> Verdict:
         message = f"destination {topic!r} not admitted: {reason.value}"

@@ -1,7 +1,7 @@
 """``datagen``: a deterministic generator of test records (load tests, demos, the tests).
 
 Record ``n`` (from 0) has value ``{"seq": n, "payload": <record_size_bytes hex chars>}``; the
-payload is a function of ``(seed, n)`` only, so a replay after a restart is byte-identical.
+payload (hex of SHAKE-128 of ``"seed:n"``) is a function of ``(seed, n)`` only, so a replay after a restart is byte-identical.
 Its position is ``n``. ``count`` records in all (``null``: unlimited), at most ``rate``
 records per second (``null``: as fast as the producer takes them). No side effect.
 
@@ -15,7 +15,7 @@ Options: ``count`` (null), ``rate`` (null, records/s), ``record_size_bytes`` (16
 
 from __future__ import annotations
 
-import random
+import hashlib
 from typing import Any, Mapping
 
 import trio
@@ -66,8 +66,10 @@ class DatagenSource:
 
     def record(self, seq: int) -> Record:
         """Record ``seq``: the same for the same seed, always."""
-        rng = random.Random(self.seed * 1_000_003 + seq)
-        payload = rng.randbytes((self.record_size_bytes + 1) // 2).hex()[:self.record_size_bytes]
+        # SHAKE-128 of (seed, seq): ~1 us, where seeding a random.Random per record took
+        # ~15 us (a fifth of the runtime's CPU per record in ``rivven bench connect``)
+        size = self.record_size_bytes
+        payload = hashlib.shake_128(b"%d:%d" % (self.seed, seq)).hexdigest((size + 1) // 2)[:size]
         value = {"seq": seq, "payload": payload}
         if self.topics:
             value["topic"] = self.topics[seq % len(self.topics)]

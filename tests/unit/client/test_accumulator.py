@@ -110,6 +110,35 @@ def test_keyless_records_move_on_when_the_sticky_batch_fills():
     acc.check_invariants()
 
 
+def test_a_full_buffer_ignores_linger():
+    acc = make(linger_ms=10_000, buffer_memory_bytes=1000)
+    acc.append("t", 0, 0, None, b"v" * 500, (), "a", now_ms=0, num_partitions=1)
+    assert drain(acc, 1).plans == []  # room left: it lingers
+    acc.append("t", 1, 0, None, b"v" * 500, (), "b", now_ms=0, num_partitions=2)
+    assert not acc.has_room()
+    [plan] = drain(acc, 1).plans  # a sender waiting for room must not wait out the linger
+    assert sorted(b.tokens[0] for b in plan.batches) == ["a", "b"]
+    acc.check_invariants()
+
+
+def test_a_lingering_partition_is_asked_for_before_it_is_ready():
+    """A transaction's AddPartitionsToTxn overlaps the linger: partition_ready is asked for a
+    batch still lingering (and holds it back all the same)."""
+    acc = make(linger_ms=5)
+    acc.append("t", 0, 1, None, b"v", (), "a", now_ms=100, num_partitions=1)
+    asked: list = []
+
+    def ready(tp):
+        asked.append(tp)
+        return False
+
+    early = acc.drain(101, lambda topic, partition: LEADER, lambda node: True, ready)
+    assert early.plans == [] and asked == [("t", 0)] and early.next_ready_ms == 105
+    late = acc.drain(105, lambda topic, partition: LEADER, lambda node: True, lambda tp: True)
+    assert [b.tokens for b in late.plans[0].batches] == [["a"]]
+    acc.check_invariants()
+
+
 def test_buffered_bytes_follow_records_and_completion():
     acc = make(buffer_memory_bytes=1000, linger_ms=0)
     acc.append("t", 0, 0, b"kk", b"v" * 500, (), "a", now_ms=0, num_partitions=1)

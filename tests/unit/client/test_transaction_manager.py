@@ -205,8 +205,15 @@ def test_a_transaction_adds_partitions_offsets_and_commits():
     call = txn.next_call(5)
     assert isinstance(call.request, EndTxn) and call.request.committed
     txn.on_call_done(call.call_id, EndTxnResponse(ErrorCode.CONCURRENT_TRANSACTIONS), None, 6)
-    assert txn.next_call(10) is None  # retried after a short backoff
-    call = txn.next_call(30)
+    assert txn.next_call(7) is None  # retried after a short backoff (2 ms)
+    call = txn.next_call(8)
+    assert isinstance(call.request, EndTxn)
+    txn.on_call_done(call.call_id, EndTxnResponse(ErrorCode.CONCURRENT_TRANSACTIONS), None, 8)
+    assert txn.next_call(11) is None  # doubled: 4 ms
+    call = txn.next_call(12)
+    txn.on_call_done(call.call_id, EndTxnResponse(ErrorCode.CONCURRENT_TRANSACTIONS), None, 12)
+    assert txn.next_call(19) is None  # 8 ms
+    call = txn.next_call(20)
     txn.on_call_done(call.call_id, EndTxnResponse(), None, 31)
     assert commit.done and commit.error is None and txn.phase == TxnPhase.READY
     txn.check_invariants()
