@@ -11,13 +11,7 @@ state is that topic's records (format in ``txn_log_codec``).
 Requests whose outcome must survive a crash are answered only after their record is durable:
 the reply travels with the pending append and is released by ``TxnLogAppended``. While an
 append or the markers of a transactional id are outstanding, further requests for that id get
-CONCURRENT_TRANSACTIONS (retriable), with one exception: the first AddPartitionsToTxn or
-AddOffsetsToTxn of the id's next transaction, sent while its last one is still completing
-(Prepare*, markers, Complete* not yet durable: EndTxn answers before that, as in KIP-98),
-*waits* here for the completion, at most ``completion_wait_ms``, and is then handled as if it
-had just arrived (or answered CONCURRENT_TRANSACTIONS at the deadline, or if the completion's
-append failed). A producer that commits back to back otherwise sleeps out a retry backoff
-per transaction.
+CONCURRENT_TRANSACTIONS (retriable).
 
 States per transactional id: Empty -> Ongoing (AddPartitionsToTxn / AddOffsetsToTxn) ->
 PrepareCommit | PrepareAbort (EndTxn; durable before the reply: a logged commit is
@@ -119,11 +113,6 @@ def _reply(token: Hashable, request: TxnRequest, code: ErrorCode) -> TxnReply:
     return TxnReply(token, error_response(request, code))
 
 
-#: How long a next transaction's first AddPartitionsToTxn / AddOffsetsToTxn waits for the
-#: last one's completion before it is answered CONCURRENT_TRANSACTIONS (module docstring).
-completion_wait_ms = 200
-
-
 class TransactionCoordinator:
     """Transactional ids -> their durable state. See the module docstring."""
 
@@ -141,8 +130,6 @@ class TransactionCoordinator:
         self._block_end = FIRST_PRODUCER_ID
         self._block_append: int | None = None
         self._parked: deque[tuple[Hashable, InitProducerId]] = deque()
-        #: transactional id -> (token, request, deadline): waiting for its completion
-        self._waiting: dict[str, tuple[Hashable, TxnRequest, int]] = {}
         self._next_append_id = 1
         self._loaded = False
 
@@ -233,7 +220,7 @@ class TransactionCoordinator:
     def next_deadline_ms(self) -> int | None:
         """When the next ``TxnTick`` has work (a timeout, an expiry, a completion to retry);
         None when nothing is due. Pure."""
-        deadlines = [deadline for _, _, deadline in self._waiting.values()]
+        deadlines = []
         for transactional_id, meta in self._txns.items():
             if transactional_id in self._markers_written:
                 deadlines.append(meta.update_ms)
@@ -242,26 +229,6 @@ class TransactionCoordinator:
             elif meta.state in _CLOSED:
                 deadlines.append(meta.update_ms + limits.transactional_id_expiration_ms)
         return min(deadlines, default=None)
-
-    def _completing(self, transactional_id: str, meta: TxnMetadata) -> bool:
-        """Whether the id's last transaction is decided and only completing (markers, or the
-        Complete* record being appended)."""
-        if meta.state in _PREPARE:
-            return True
-        append_id = self._pending_ids.get(transactional_id)
-        if append_id is None:
-            return False
-        target = self._pending[append_id].target
-        return target is not None and target.state in (
-            TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
-
-    def _release_waiting(self, transactional_id: str, now_ms: int) -> list[TxnInstruction]:
-        """Handle the request waiting for the id's completion as if it arrived now."""
-        waiting = self._waiting.pop(transactional_id, None)
-        if waiting is None:
-            return []
-        token, request, _ = waiting
-        return self._request(token, request, now_ms)
 
     def _busy(self, transactional_id: str) -> bool:
         return (
@@ -301,12 +268,6 @@ class TransactionCoordinator:
         if meta is None:
             return [_reply(token, request, code)]
         if self._busy(request.transactional_id) or meta.state in _PREPARE:
-            if (isinstance(request, (AddPartitionsToTxn, AddOffsetsToTxn))
-                    and request.transactional_id not in self._waiting
-                    and self._completing(request.transactional_id, meta)):
-                self._waiting[request.transactional_id] = (
-                    token, request, now_ms + completion_wait_ms)
-                return []
             return [_reply(token, request, ErrorCode.CONCURRENT_TRANSACTIONS)]
         if isinstance(request, EndTxn):
             return self._end_txn(token, request, meta, now_ms)
@@ -537,7 +498,6 @@ class TransactionCoordinator:
             instructions.append(self._write_markers(target))
         elif target.state in (TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT):
             self._markers_written.discard(transactional_id)
-            instructions += self._release_waiting(transactional_id, now_ms)
         return instructions
 
     def _block_durable(self, now_ms: int) -> list[TxnInstruction]:
@@ -565,22 +525,13 @@ class TransactionCoordinator:
             self._parked.clear()
             code = ErrorCode.COORDINATOR_NOT_AVAILABLE
             return [_reply(waiting, request, code) for waiting, request in parked]
-        transactional_id = pending.target.transactional_id
-        del self._pending_ids[transactional_id]
-        replies = list(pending.failure_replies)
-        waiting = self._waiting.pop(transactional_id, None)
-        if waiting is not None:  # the completion is retried at a tick: the client retries
-            replies.append(_reply(waiting[0], waiting[1], ErrorCode.CONCURRENT_TRANSACTIONS))
-        return replies
+        del self._pending_ids[pending.target.transactional_id]
+        return list(pending.failure_replies)
 
     # --- time ------------------------------------------------------------------------------
 
     def _tick(self, now_ms: int) -> list[TxnInstruction]:
         instructions: list[TxnInstruction] = []
-        for transactional_id, (token, request, deadline) in list(self._waiting.items()):
-            if now_ms >= deadline:
-                del self._waiting[transactional_id]
-                instructions.append(_reply(token, request, ErrorCode.CONCURRENT_TRANSACTIONS))
         for transactional_id, meta in list(self._txns.items()):
             if transactional_id in self._pending_ids:
                 continue
@@ -624,9 +575,6 @@ class TransactionCoordinator:
         assert (self._block_append is not None) == bool(self._parked)
         assert len(self._parked) <= limits.producer_id_waiters_max
         assert len(self._txns) <= limits.transactional_ids_max
-        for transactional_id, (_, request, _) in self._waiting.items():
-            assert request.transactional_id == transactional_id
-            assert transactional_id in self._txns
 
     def statistics(self) -> dict[str, int]:
         """Counts for metrics: transactional ids per state, outstanding work, producer ids."""
@@ -638,7 +586,6 @@ class TransactionCoordinator:
             appends_pending=len(self._pending),
             markers_outstanding=len(self._markers_outstanding),
             init_producer_id_parked=len(self._parked),
-            waiting_for_completion=len(self._waiting),
             next_producer_id=self._next_producer_id,
             producer_id_block_end=self._block_end,
         )

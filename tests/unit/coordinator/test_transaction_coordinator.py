@@ -18,7 +18,6 @@ import pytest
 
 from rivven_broker.coordinator.transaction_coordinator import (
     FIRST_PRODUCER_ID,
-    completion_wait_ms,
     TransactionCoordinator,
 )
 from rivven_broker.coordinator.txn_events import (
@@ -277,8 +276,8 @@ def test_a_commit_is_answered_when_its_decision_is_durable_then_markers_complete
     (markers,) = driver.markers
     assert (markers.committed, markers.producer_epoch) == (True, epoch)
     assert markers.partitions == (("a", 0), ("b", 1))
-    assert driver.call(EndTxn("t", pid, epoch, True)).error_code == ErrorCode.CONCURRENT_TRANSACTIONS
-    driver.settle()  # the markers, then CompleteCommit
+    busy = driver.call(add("t", pid, epoch, ("a", 0)))  # settles the markers too
+    assert codes(busy) == {ErrorCode.CONCURRENT_TRANSACTIONS}
     assert driver.state("t") == TxnState.COMPLETE_COMMIT
     assert driver.call(EndTxn("t", pid, epoch, True)).error_code == OK  # a retry
     assert driver.call(EndTxn("t", pid, epoch, False)).error_code == ErrorCode.INVALID_TXN_STATE
@@ -557,68 +556,3 @@ def test_statistics_count_states():
     stats = driver.coordinator.statistics()
     assert stats["state_ongoing"] == 1 and stats["transactional_ids"] == 1
     assert stats["next_producer_id"] == 2 and stats["producer_id_block_end"] == 1001
-
-
-# --- a next transaction's first request waits for the last one's completion -------------------
-
-
-def _committed_not_completed(driver: Driver) -> tuple[int, int]:
-    pid, epoch = init(driver)
-    assert codes(driver.call(add("t", pid, epoch, ("a", 0)))) == {OK}
-    token = driver.send(EndTxn("t", pid, epoch, True))
-    driver.ack()
-    assert driver.replies.pop(token).error_code == OK and len(driver.markers) == 1
-    return pid, epoch
-
-
-def test_the_next_transactions_first_add_waits_for_the_completion_then_is_handled():
-    driver = Driver()
-    pid, epoch = _committed_not_completed(driver)
-    waiting = driver.send(add("t", pid, epoch, ("b", 0)))
-    assert waiting not in driver.replies  # not CONCURRENT_TRANSACTIONS: it waits
-    second = driver.send(add("t", pid, epoch, ("c", 0)))  # one waiter per id
-    assert codes(driver.replies.pop(second)) == {ErrorCode.CONCURRENT_TRANSACTIONS}
-    driver.write_markers()
-    assert waiting not in driver.replies  # CompleteCommit is not durable yet
-    driver.ack()  # CompleteCommit durable: the add is handled now, and appends Ongoing
-    assert waiting not in driver.replies and driver.state("t") == TxnState.COMPLETE_COMMIT
-    driver.ack()
-    assert codes(driver.replies.pop(waiting)) == {OK}
-    assert driver.state("t") == TxnState.ONGOING
-    assert driver.coordinator.metadata("t").partitions == {("b", 0)}
-
-
-def test_a_waiting_add_is_answered_concurrent_at_its_deadline():
-    driver = Driver()
-    pid, epoch = _committed_not_completed(driver)
-    waiting = driver.send(add("t", pid, epoch, ("b", 0)))
-    assert driver.coordinator.next_deadline_ms() <= driver.now + completion_wait_ms
-    driver.now += completion_wait_ms
-    driver.feed(TxnTick())
-    assert codes(driver.replies.pop(waiting)) == {ErrorCode.CONCURRENT_TRANSACTIONS}
-    driver.settle()
-    assert codes(driver.call(add("t", pid, epoch, ("b", 0)))) == {OK}
-
-
-def test_a_waiting_add_is_answered_concurrent_when_the_completion_fails():
-    driver = Driver()
-    pid, epoch = _committed_not_completed(driver)
-    driver.write_markers()
-    waiting = driver.send(add("t", pid, epoch, ("b", 0)))  # CompleteCommit being appended
-    assert waiting not in driver.replies
-    driver.fail()
-    assert codes(driver.replies.pop(waiting)) == {ErrorCode.CONCURRENT_TRANSACTIONS}
-    driver.feed(TxnTick())  # the completion is retried
-    driver.settle()
-    assert driver.state("t") == TxnState.COMPLETE_COMMIT
-
-
-def test_a_waiting_add_of_a_fenced_producer_is_answered_fenced():
-    driver = Driver()
-    pid, epoch = init(driver)
-    assert codes(driver.call(add("t", pid, epoch, ("a", 0)))) == {OK}
-    driver.now += 10 * 60 * 1000  # past the transaction timeout: the coordinator aborts it
-    driver.feed(TxnTick())
-    driver.ack()  # PrepareAbort (epoch bumped) durable, markers outstanding
-    waiting = driver.send(add("t", pid, epoch, ("b", 0)))
-    assert codes(driver.replies.pop(waiting)) == {ErrorCode.PRODUCER_FENCED}
