@@ -82,6 +82,7 @@ from rivven_connect.http_api import ConnectorView, respond
 from rivven_connect.http_server import serve_http
 from rivven_connect.sink_runner import SinkRunner, run_sinks, sink_runners
 from rivven_connect.sources import Source, SourceError
+from rivven_connect.stopping import find_error, interruptible
 
 __all__ = ["BrokerUnreachable", "HttpUnavailable", "SourceResult", "SourceRunner", "find_error",
            "ensure_offsets_topic", "read_position",
@@ -153,20 +154,6 @@ class HttpUnavailable(Exception):
 
 
 _UNREACHABLE = (ConnectionFailedError, ClientTimeoutError, OSError)
-
-
-def find_error(error: BaseException, types: tuple[type[BaseException], ...]
-               ) -> BaseException | None:
-    """``error`` itself if it is one of ``types``, else the first such leaf of the exception
-    group it is (trio nurseries wrap what their tasks raise), else None."""
-    if isinstance(error, types):
-        return error
-    if isinstance(error, BaseExceptionGroup):
-        for inner in error.exceptions:
-            found = find_error(inner, types)
-            if found is not None:
-                return found
-    return None
 
 
 _log = logging.getLogger("rivven_connect.driver")
@@ -458,20 +445,7 @@ class SourceRunner:
 
     async def _interruptible(self, call: Any) -> tuple[bool, Any]:
         """(completed, result) of ``call()``; not completed if ``stop`` came first."""
-        result: list[Any] = []
-        async with trio.open_nursery() as nursery:
-            async def watch() -> None:
-                await self.stop.wait()
-                nursery.cancel_scope.cancel()
-
-            async def work() -> None:
-                result.append(await call())
-                nursery.cancel_scope.cancel()
-
-            if not self._stop_told:
-                nursery.start_soon(watch)
-            nursery.start_soon(work)
-        return (bool(result), result[0] if result else None)
+        return await interruptible(call, self.stop, watch=not self._stop_told)
 
     async def _poll(self) -> bc.Event:
         try:

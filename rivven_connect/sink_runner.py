@@ -39,6 +39,7 @@ from rivven_broker.client.types import TopicPartition
 from rivven_connect.core import sink_cycle as sc
 from rivven_connect.core.config import ConnectConfig, SinkConfig
 from rivven_connect.sinks import Sink, SinkError
+from rivven_connect.stopping import find_error, interruptible
 
 __all__ = ["SinkResult", "SinkRunner", "run_sinks"]
 
@@ -160,20 +161,7 @@ class SinkRunner:
 
     async def _interruptible(self, call: Any) -> tuple[bool, Any]:
         """(completed, result) of ``call()``; not completed if ``stop`` came first."""
-        result: list[Any] = []
-        async with trio.open_nursery() as nursery:
-            async def watch() -> None:
-                await self.stop.wait()
-                nursery.cancel_scope.cancel()
-
-            async def work() -> None:
-                result.append(await call())
-                nursery.cancel_scope.cancel()
-
-            if not self._stop_told:
-                nursery.start_soon(watch)
-            nursery.start_soon(work)
-        return (bool(result), result[0] if result else None)
+        return await interruptible(call, self.stop, watch=not self._stop_told)
 
 
 #: What ends one sink's task (in ``error``) without ending the others.
@@ -181,14 +169,7 @@ _STOPS_SINK = (_SinkStopped, RivvenError, trio.TooSlowError, SinkError)
 
 
 def _find(error: BaseException) -> BaseException | None:
-    if isinstance(error, _STOPS_SINK):
-        return error
-    if isinstance(error, BaseExceptionGroup):
-        for inner in error.exceptions:
-            found = _find(inner)
-            if found is not None:
-                return found
-    return None
+    return find_error(error, _STOPS_SINK)
 
 
 def sink_runners(config: ConnectConfig, bootstrap: str, sinks: Mapping[str, Sink],

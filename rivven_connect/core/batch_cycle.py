@@ -98,6 +98,7 @@ __all__ = [
     "TransactionFailed",
     "WakeAt",
     "backoff_base_ms",
+    "backoff_delay_ms",
     "backoff_max_ms",
     "batch_records_max",
     "commit_failure_threshold",
@@ -109,6 +110,17 @@ backoff_base_ms = 100
 backoff_max_ms = 30_000
 #: The most records one poll may deliver (the source's batch size must stay below).
 batch_records_max = 100_000
+
+
+def backoff_delay_ms(failures: int, jitter: float) -> int:
+    """The wait after ``failures`` failures in a row: ``backoff_base_ms`` · 2^(failures-1),
+    capped at ``backoff_max_ms``, its upper half scaled by ``jitter`` in [0, 1) (the source
+    and sink cycles share it)."""
+    assert failures >= 1 and 0.0 <= jitter < 1.0, (failures, jitter)
+    ceiling_ms = min(backoff_max_ms, backoff_base_ms << min(failures - 1, 20))
+    delay_ms = ceiling_ms // 2 + int(jitter * (ceiling_ms - ceiling_ms // 2))
+    assert 0 < delay_ms <= backoff_max_ms
+    return delay_ms
 
 
 class Status(enum.Enum):
@@ -534,12 +546,7 @@ class BatchCycle:
             self.state = Status.DEGRADED
         if self.stopping:
             return self._halt(Status.STOPPED)
-        ceiling_ms = min(backoff_max_ms,
-                         backoff_base_ms << min(self.consecutive_failures - 1, 20))
-        jitter = self.jitter()
-        assert 0.0 <= jitter < 1.0
-        delay_ms = ceiling_ms // 2 + int(jitter * (ceiling_ms - ceiling_ms // 2))
-        assert 0 < delay_ms <= backoff_max_ms
+        delay_ms = backoff_delay_ms(self.consecutive_failures, self.jitter())
         self._resume_phase = self.phase  # PRODUCING (a batch attempt) or SIDE_EFFECT
         self.phase = Phase.BACKING_OFF
         return [WakeAt(now_ms + delay_ms)]

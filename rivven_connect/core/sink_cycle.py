@@ -56,7 +56,7 @@ from rivven_connect.core.batch_cycle import (
     StopRequested,
     TimerFired,
     WakeAt,
-    backoff_base_ms,
+    backoff_delay_ms,
     backoff_max_ms,
     commit_failure_threshold,
 )
@@ -317,12 +317,7 @@ class SinkCycle:
         self._count_failure(error)
         if self.stopping:
             return self._halt(Status.STOPPED)
-        ceiling_ms = min(backoff_max_ms,
-                         backoff_base_ms << min(self.consecutive_failures - 1, 20))
-        jitter = self.jitter()
-        assert 0.0 <= jitter < 1.0
-        delay_ms = ceiling_ms // 2 + int(jitter * (ceiling_ms - ceiling_ms // 2))
-        assert 0 < delay_ms <= backoff_max_ms
+        delay_ms = backoff_delay_ms(self.consecutive_failures, self.jitter())
         self._resume_phase = self.phase  # WRITING or COMMITTING
         self.phase = SinkPhase.BACKING_OFF
         return [WakeAt(now_ms + delay_ms)]
