@@ -493,6 +493,77 @@ class SimNetwork:
         return SimStream(self, connection, connection.forward, connection.backward)
 
 
+class SimReadiness:
+    """The ``Readiness`` of simulated streams (``rivven_broker/server/env.py``): a stream is
+    ready when bytes, its end or a reset are there to read (after delivering what is due);
+    ``wait`` sleeps in one cancel scope that every watched stream's incoming half may wake
+    (each half's ``reader_scope``), with the deadline of the earliest delivery."""
+
+    def __init__(self, network: SimNetwork) -> None:
+        self._network = network
+        self._streams: dict[SimStream, None] = {}  # insertion-ordered: deterministic
+
+    def watch(self, stream: trio.abc.Stream) -> bool:
+        if not isinstance(stream, SimStream):
+            return False
+        self._streams[stream] = None
+        return True
+
+    def unwatch(self, stream: trio.abc.Stream) -> None:
+        self._streams.pop(stream, None)  # type: ignore[call-overload]
+
+    def ready(self) -> list[trio.abc.Stream]:
+        network = self._network
+        ready: list[trio.abc.Stream] = []
+        for stream in self._streams:
+            incoming = stream._in
+            network._settle(stream._connection, incoming)
+            if incoming.inbox or incoming.eof or stream._closed or stream._connection.broken:
+                ready.append(stream)
+        return ready
+
+    async def wait(self) -> None:
+        network = self._network
+        halves = [stream._in for stream in self._streams]
+        deadline = min((network._due_at(half) for half in halves), default=math.inf)
+        with trio.CancelScope(deadline=deadline) as scope:
+            for half in halves:
+                half.reader_scope = scope
+            try:
+                await trio.sleep_forever()
+            finally:
+                for half in halves:
+                    if half.reader_scope is scope:
+                        half.reader_scope = None
+
+    def receive_now(self, stream: trio.abc.Stream, max_bytes: int) -> bytes | None:
+        assert isinstance(stream, SimStream)
+        stream._check()
+        incoming = stream._in
+        self._network._settle(stream._connection, incoming)
+        if not incoming.inbox:
+            return b"" if incoming.eof else None
+        data = bytes(incoming.inbox[:max_bytes])
+        del incoming.inbox[:max_bytes]
+        incoming.buffered_bytes -= len(data)
+        incoming.writer_lot.unpark_all()
+        return data
+
+    def send_now(self, stream: trio.abc.Stream, data: bytes) -> int:
+        assert isinstance(stream, SimStream)
+        stream._check()
+        if stream._out.fin_queued:
+            raise trio.ClosedResourceError("send side closed")
+        if stream._out.buffered_bytes >= self._network.config.buffer_bytes_max:
+            return 0
+        if data:
+            self._network._enqueue(stream._out, bytes(data))
+        return len(data)
+
+    def close(self) -> None:
+        self._streams.clear()
+
+
 class SimNet:
     """One endpoint incarnation's view of the network (the ``Net`` protocol)."""
 
@@ -500,6 +571,9 @@ class SimNet:
         self._network = network
         self.name = name
         self._generation = generation
+
+    def readiness(self) -> SimReadiness:
+        return SimReadiness(self._network)
 
     def _check_alive(self) -> None:
         if not self._network._alive(self.name, self._generation):

@@ -249,6 +249,8 @@ class TestSwitches:
     """Deliberate bugs, to prove the checkers see them. All off in shipped scenarios."""
 
     ack_before_fsync: bool = False
+    #: The produce lane answers a produce as soon as it is appended (before durability).
+    lane_answer_early: bool = False
     lying_fsync_probability: float = 0.0
     fetch_skip_probability: float = 0.0
     #: The disk reports fsyncs of the controller's Raft journal it never did.
@@ -261,10 +263,9 @@ class TestSwitches:
 
     @property
     def any(self) -> bool:
-        return self.ack_before_fsync or bool(self.lying_fsync_probability
-                                             or self.fetch_skip_probability
-                                             or self.raft_lying_fsync_probability
-                                             or self.replication_bug)
+        return self.ack_before_fsync or self.lane_answer_early or bool(
+            self.lying_fsync_probability or self.fetch_skip_probability
+            or self.raft_lying_fsync_probability or self.replication_bug)
 
 
 @attrs.frozen
@@ -467,6 +468,7 @@ def _disk(table: _Table) -> DiskConfig:
 def _test(table: _Table) -> TestSwitches:
     switches = TestSwitches(
         ack_before_fsync=table.take("ack_before_fsync", False, bool),
+        lane_answer_early=table.take("lane_answer_early", False, bool),
         lying_fsync_probability=float(table.take("lying_fsync", 0.0, (int, float))),
         fetch_skip_probability=float(table.take("fetch_skip_offset", 0.0, (int, float))),
         raft_lying_fsync_probability=float(table.take("raft_lying_fsync", 0.0, (int, float))),

@@ -308,7 +308,8 @@ class NodeHost:
                                    stamp_first_epoch=bug == "stamp_first_epoch")
         broker = self.broker = Broker(env, self.config(), key_ring=self.key_ring(),
                                       controller_observer=self.world.controller_monitor,
-                                      replication_faults=faults)
+                                      replication_faults=faults,
+                                      lane_answer_early=self.world.scenario.test.lane_answer_early)
         with trio.CancelScope() as scope:
             self._scope = scope
             try:

@@ -200,6 +200,9 @@ def encode_parts(message: Message, version: int | None = None) -> list[Part]:
     version = _version_for(cls, version)
     body = None
     if cls is ProduceResponse:  # the hot path; None where the generic walk must decide
+        payload = fast_codec.produce_answer_payload(message, version)  # type: ignore[arg-type]
+        if payload is not None:
+            return [payload]
         body = fast_codec.produce_response_to_wire(message, version)  # type: ignore[arg-type]
     if body is None:
         body = struct_to_wire(message, version)

@@ -17,6 +17,12 @@ Building skips the attrs validators (``object.__new__`` and ``object.__setattr__
 frozen, slotted classes) only because every field was checked here first against the same
 ``FieldKind`` the validator reads; a test compares both paths on generated messages.
 
+The commonest answer of all — one partition appended, no error — is encoded from a cached
+*template* per (topic, partition, version) (``produce_answer_payload``): the msgpack bytes
+between its three variable integers (base offset, log append time, log start offset) are
+packed once, so an answer costs three small ``packb`` calls and a join, byte for byte what
+the generic path packs (a test compares them).
+
 The broker's own answer to a successful append is built the same way
 (``produce_partition_appended``, ``produce_response_of``): its fields are a partition number
 and a topic name from a request that was already validated, offsets and times the log
@@ -29,6 +35,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import msgpack
 
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.message_base import field_kind
@@ -43,6 +50,7 @@ from rivven_broker.protocol.messages import (
 
 __all__ = [
     "decode_produce",
+    "produce_answer_payload",
     "produce_response_to_wire",
     "produce_partition_appended",
     "produce_response_of",
@@ -188,6 +196,53 @@ def produce_response_to_wire(response: ProduceResponse, version: int) -> dict[st
         topics.append({"name": topic.name, "partitions": partitions})
     return {"topics": topics, "throttle_time_ms": response.throttle_time_ms}
 
+
+_TEMPLATES_MAX = 4096  # (topic, partition, version) templates kept; then the cache starts over
+_templates: dict[tuple[str, int, int], tuple[bytes, bytes, bytes, bytes]] = {}
+_packb = msgpack.packb
+
+
+def _template(name: str, partition: int, version: int) -> tuple[bytes, bytes, bytes, bytes]:
+    """The fixed bytes around the three integers of a one-partition success answer."""
+    packer = msgpack.Packer()
+    fields = 7 if version >= 1 else 6
+    head = b"".join([
+        packer.pack_array_header(3), _packb(int(ProduceResponse.API_KEY)), _packb(version),
+        packer.pack_map_header(2), _packb("topics"), packer.pack_array_header(1),
+        packer.pack_map_header(2), _packb("name"), _packb(name), _packb("partitions"),
+        packer.pack_array_header(1), packer.pack_map_header(fields),
+        _packb("partition"), _packb(partition), _packb("error_code"), _packb(0),
+        _packb("base_offset"),
+    ])
+    tail = _packb("error_message") + _packb(None)
+    if version >= 1:
+        tail += _packb("duplicate") + _packb(False)
+    tail += _packb("throttle_time_ms") + _packb(0)
+    return head, _packb("log_append_time_ms"), _packb("log_start_offset"), tail
+
+
+def produce_answer_payload(response: ProduceResponse, version: int) -> bytes | None:
+    """The payload (envelope included) of a one-topic, one-partition answer without error,
+    from its template; None for any other answer (the caller packs it). Pure."""
+    topics = response.topics
+    if len(topics) != 1 or response.throttle_time_ms:
+        return None
+    topic = topics[0]
+    if len(topic.partitions) != 1:
+        return None
+    answer = topic.partitions[0]
+    if answer.error_code or answer.error_message is not None or answer.duplicate:
+        return None
+    key = (topic.name, answer.partition, version)
+    template = _templates.get(key)
+    if template is None:
+        if len(_templates) >= _TEMPLATES_MAX:
+            _templates.clear()
+        template = _templates[key] = _template(*key)
+    head, append_time, start_offset, tail = template
+    return b"".join((head, _packb(answer.base_offset), append_time,
+                     _packb(answer.log_append_time_ms), start_offset,
+                     _packb(answer.log_start_offset), tail))
 
 
 def produce_partition_appended(

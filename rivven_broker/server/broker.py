@@ -78,6 +78,7 @@ from rivven_broker.server.handlers import Handlers
 from rivven_broker.server.http import json_body, render_dashboard, serve_http_connection
 from rivven_broker.server.log_cleaner import LogCleaner
 from rivven_broker.server.metrics import CONTENT_TYPE, BrokerMetrics, PartitionSnapshot
+from rivven_broker.server.produce_lane import ProduceLane
 from rivven_broker.storage.partition import PartitionEvents, Partitions
 from rivven_broker.server.request_budget import RequestBudget
 from rivven_broker.server.scrubber import Scrubber
@@ -115,10 +116,15 @@ class Broker:
 
     def __init__(self, env: Env, config: BrokerConfig, *, key_ring: KeyRing | None = None,
                  controller_observer: ControllerObserver | None = None,
-                 replication_faults: ReplicationFaults = ReplicationFaults()) -> None:
+                 replication_faults: ReplicationFaults = ReplicationFaults(),
+                 lane_answer_early: bool = False) -> None:
         self.env = env
         #: Deliberate replication bugs: only the simulator's test switches set any.
         self.replication_faults = replication_faults
+        #: A deliberate lane bug (answers before durability): only the simulator sets it.
+        self.lane_answer_early = lane_answer_early
+        #: The produce lane (``produce_lane.py``), while serving with ``produce_lane`` on.
+        self.lane: ProduceLane | None = None
         #: Hears the controller's applied commands and elections (the simulator's checkers).
         self.controller_observer = controller_observer
         self.config = config
@@ -199,9 +205,16 @@ class Broker:
         policy = SyncPolicy.parse(config.sync_policy)
         sync_worker = SyncWorker(policy, env.run_fsync, getattr(env, "fsync_each", None))
         self.metrics.track_sync(sync_worker.statistics)
+        readiness = getattr(env.net, "readiness", None)  # (a test's Net may have none)
+        lane = self.lane = ProduceLane(
+            readiness(), self.metrics, answer_early=self.lane_answer_early,
+        ) if config.produce_lane and readiness is not None else None
+        if lane is not None:
+            self.metrics.track_lane(lane.statistics)
         committed, appended = PartitionWaker(), PartitionWaker()
         states = await self._open_partitions(logs, Partitions(sync_worker, PartitionEvents(
-            appended=appended.poke, high_watermark_moved=committed.poke)))
+            appended=appended.poke, high_watermark_moved=committed.poke,
+            progressed=lane.progressed if lane is not None else _nobody)))
         self.context = ServerContext(
             env, config, logs, sync_worker, self.metrics, _advertised_host(config.listen.host), 0,
             waker=committed, appends=appended, partitions=states,
@@ -231,6 +244,9 @@ class Broker:
             groups.open(env.clock.wall_ms())  # __consumer_offsets: created, replayed
             async with trio.open_nursery() as nursery:
                 await nursery.start(sync_worker.run)
+                lane_scope = trio.CancelScope()
+                if lane is not None:
+                    await nursery.start(_run_in_scope, lane.run, lane_scope)
                 txn_scope = trio.CancelScope()
                 await nursery.start(_run_in_scope, txn.run, txn_scope)
                 groups_scope = trio.CancelScope()
@@ -277,6 +293,7 @@ class Broker:
                         membership_scope.cancel()
                     cluster_scope.cancel()
                     await self._drain_connections(connections)
+                lane_scope.cancel()
                 retention_scope.cancel()
                 scrub_scope.cancel()
                 cleaner_scope.cancel()
@@ -430,6 +447,7 @@ class Broker:
             registry=self._connections,
             budget=self.request_budget,
             on_close=self.metrics.connection_closed,
+            lane=self.lane,
         )
 
     async def _drain_connections(self, connections: trio.Nursery) -> None:
@@ -545,6 +563,10 @@ class Broker:
                 context.partitions.get(topic, partition, plog).high_watermark,
                 plog.size_bytes,
             )
+
+
+def _nobody(key: object) -> None:
+    return None
 
 
 async def _run_in_scope(

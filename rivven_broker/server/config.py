@@ -158,6 +158,9 @@ class BrokerConfig:
     log_cleaner_backoff_ms: int = 15_000
     #: The background scrubber's rate over sealed segments (0: off).
     scrub_bytes_per_second: int = limits.scrub_bytes_per_second_default
+    #: Serve small produce requests of idle connections from one task
+    #: (``server/produce_lane.py``); off: every connection reads in its own task.
+    produce_lane: bool = True
 
     def __attrs_post_init__(self) -> None:
         assert 0 <= self.node_id <= _I32_MAX
@@ -461,6 +464,8 @@ _OPTIONS: tuple[_Option, ...] = (
     _Option("scrub_bytes_per_second", "BYTES", _int_in(0, 1 << 40),
             "the background scrubber checks sealed segments' CRCs at most this fast "
             f"(default {limits.scrub_bytes_per_second_default}; 0: off)"),
+    _Option("produce_lane", "BOOL", _bool,
+            "serve idle connections' produce requests from one task (default true)"),
 )
 _BY_KEY: dict[str, _Option] = {}
 for _option in _OPTIONS:

@@ -50,6 +50,22 @@ while the budget is spent the reader waits and reads nothing (``request_budget.p
 
 Shutdown: ``stop_reading()`` makes the reader stop (dropping bytes not yet read as requests);
 answers already owed are still written, then the connection closes.
+
+The produce lane
+----------------
+With a ``ProduceLane`` (``produce_lane.py``), a reader with nothing buffered does not wait
+for bytes itself: it hands its stream to the lane (``adopt``) and parks. The lane reads every
+ready connection in one task, takes the Produce requests it can (``begin`` and ``place``,
+the same calls the reader makes), and, when the writer is parked with nothing owed
+(``writer_idle``), answers them itself (``lane_answering``): the reader and writer tasks of a
+connection that only produces never wake. Anything else — another api, acks=0, a gated
+topic, a partial frame, the in-flight limit, the end of the stream — and the lane hands the
+connection back (``lane_event``/``lane_begun``/``lane_end`` say what it took) and sets
+``lane_returned``: the reader goes on from there, the writer takes over owed answers (and
+``unsent``, the rest of an answer the socket did not take at once). Answers stay in request
+order: there is one queue of slots, and one of the two (lane or writer) writes at a time.
+The parked reader counts as receiving for the idle timeout and for ``stop_reading``; leaving
+the lane in any way (cancelled included) releases the stream from it first.
 """
 
 from __future__ import annotations
@@ -90,6 +106,10 @@ if TYPE_CHECKING:
     from rivven_broker.server.env import Clock
     from rivven_broker.server.handlers import Handlers
     from rivven_broker.server.metrics import BrokerMetrics
+    from rivven_broker.server.produce_lane import ProduceLane
+
+#: A request begun (its slot queued) and what ``Handlers.begin`` gave for it.
+Begun = tuple["_Slot", "Response | Pending"]
 
 __all__ = ["ConnectionSettings", "serve_client_connection", "ClientConnections"]
 
@@ -132,6 +152,7 @@ class _Connection:
         clock: Clock,
         metrics: BrokerMetrics,
         budget: RequestBudget,
+        lane: ProduceLane | None = None,
     ) -> None:
         self.stream = stream
         self.handlers = handlers
@@ -157,6 +178,16 @@ class _Connection:
         self.watch_wakeup = trio.Event()  # frame_began was set
         self.budget = budget
         self.reserved_bytes = 0  # this connection's reservation for its partial frame
+        # The produce lane (see "The produce lane" in the module docstring).
+        self.lane = lane
+        self.in_lane = False  # the lane watches the stream; the reader is parked
+        self.lane_answering = False  # the lane writes the answers; the writer stays parked
+        self.lane_returned = trio.Event()
+        self.lane_event: RequestReceived | BadRequest | None = None  # taken, left to the reader
+        self.lane_begun: Begun | None = None  # begun by the lane, to finish in this task
+        self.lane_end: str | None = None  # "eof" or "broken": the lane saw the stream end
+        self.writer_idle = False  # the writer is parked with no answer owed
+        self.unsent = b""  # the rest of an answer the lane wrote in part
 
     # --- shared helpers ----------------------------------------------------------------------
 
@@ -174,6 +205,8 @@ class _Connection:
     def stop_reading(self) -> None:
         """Stop taking requests; answers already owed are still sent. Never blocks."""
         self.stopping = True
+        if self.lane is not None:
+            self.lane.release(self)
         if self.receiving or self.waiting_budget:
             self.read_scope.cancel()
         self.wake_reader()
@@ -240,9 +273,10 @@ class _Connection:
             if event is None:
                 if core.buffered_bytes:
                     await self._partial_frame()
+                    outcome = await self._receive()
                 else:
                     self.frame_began = None
-                outcome = await self._receive()
+                    outcome = await self._rest_in_lane(nursery)
                 if outcome is not None:
                     return outcome
                 continue
@@ -256,6 +290,35 @@ class _Connection:
                 if event.fatal:
                     return "fatal"
         return "stopped"
+
+    async def _rest_in_lane(self, nursery: trio.Nursery) -> str | None:
+        """Wait for bytes in the produce lane (or, without one, here); then go on with what
+        the lane handed back. Returns why reading ends, or None."""
+        lane = self.lane
+        if lane is None or not lane.adopt(self):
+            return await self._receive()
+        self.receiving = True
+        try:
+            await self.lane_returned.wait()
+        finally:
+            self.receiving = False
+            lane.release(self)  # cancelled (idle, stop): the lane lets go first
+        end, self.lane_end = self.lane_end, None
+        if end == "broken":
+            raise trio.BrokenResourceError("the lane found the connection broken")
+        if end is not None:
+            return end
+        begun, self.lane_begun = self.lane_begun, None
+        if begun is not None:
+            await self._dispose(begun, nursery)
+        event, self.lane_event = self.lane_event, None
+        if isinstance(event, RequestReceived):
+            await self._handle(event.correlation_id, event.request, nursery)
+        elif event is not None:
+            self._bad_request(event)
+            if event.fatal:
+                return "fatal"
+        return None
 
     async def _partial_frame(self) -> None:
         """Before reading the rest of a frame: start its request clock, and reserve its size
@@ -302,6 +365,13 @@ class _Connection:
         while gate is not None:
             await gate.wait()
             gate = self.handlers.gate(request)
+        begun = self.begin(correlation_id, request)
+        if begun is not None:
+            await self._dispose(begun, nursery)
+
+    def begin(self, correlation_id: int, request: Request) -> Begun | None:
+        """Run the request's first half and queue its slot (None: it gets no answer).
+        Never blocks; the reader and the lane call it in request order."""
         if isinstance(request, Handshake):  # who the client is, for group membership
             self.client_id = request.client_id
         start_ms = self.clock.monotonic_ms()
@@ -310,19 +380,35 @@ class _Connection:
         outcome = _guarded(api, lambda: self.handlers.begin(request, call))
         if outcome is None or not request.expects_response():  # acks=0: no answer
             self.metrics.request_done(api, 0, self.clock.monotonic_ms() - start_ms)
-            return
+            return None
         slot = _Slot(correlation_id, api, start_ms)
         self.slots.append(slot)
+        return slot, outcome
+
+    def place(self, begun: Begun) -> bool:
+        """Fill the slot, or leave its produce for whoever writes (the writer, or the lane
+        when it answers). False: the outcome needs a task (``_dispose``). Never blocks."""
+        slot, outcome = begun
         if isinstance(outcome, Pending):
-            if outcome.serial:
-                await self._complete(slot, outcome)
-            elif outcome.ready is not None:
-                slot.pending = outcome  # the writer settles it, in order
-                self.wake_writer()
-            else:
-                nursery.start_soon(self._complete, slot, outcome)
+            if outcome.serial or outcome.ready is None:
+                return False
+            slot.pending = outcome  # settled in order by the writer or the lane
         else:
-            self.fill(slot, outcome)
+            slot.response = outcome
+            slot.ready = True
+        if not self.lane_answering:
+            self.wake_writer()
+        return True
+
+    async def _dispose(self, begun: Begun, nursery: trio.Nursery) -> None:
+        if self.place(begun):
+            return
+        slot, pending = begun
+        assert isinstance(pending, Pending)
+        if pending.serial:
+            await self._complete(slot, pending)
+        else:
+            nursery.start_soon(self._complete, slot, pending)
 
     async def _complete(self, slot: _Slot, pending: Pending) -> None:
         self.fill(slot, await self._wait(slot, pending))
@@ -357,6 +443,12 @@ class _Connection:
         """Send answers in request order, every ready run of them in one ``send_all``."""
         slots = self.slots
         while True:
+            if self.unsent:  # the rest of an answer the lane began to write
+                unsent, self.unsent = self.unsent, b""
+                await self._send_bytes(unsent)
+            if self.lane_answering:  # the lane writes; the writer waits until handed back
+                await self._park_writer()
+                continue
             if slots and slots[0].pending is not None and self.fatal is None:
                 await self._settle_head()
             if not (slots and slots[0].ready):
@@ -365,26 +457,39 @@ class _Connection:
                     return
                 if not self.reading and not slots:
                     return
-                self.writer_wakeup = trio.Event()
-                await self.writer_wakeup.wait()
+                await self._park_writer()
                 continue
-            self._settle_ready()
-            frames: FramePieces = []
-            now_ms = self.clock.monotonic_ms()
-            while slots and slots[0].ready:
-                slot = slots.popleft()
-                response = slot.response
-                assert response is not None
-                frame = self._encode(slot, response)
-                if type(frame) is bytes:
-                    frames.append(frame)
-                else:
-                    frames += frame  # type: ignore[arg-type]
-                self.metrics.request_done(slot.api, _error_code(response), now_ms - slot.start_ms)
-            await self._send(frames)
+            self.settle_ready()
+            await self._send(self.take_ready_frames())
             if not slots:
                 self.last_active = trio.current_time()
             self.wake_reader()  # room for the reader
+
+    async def _park_writer(self) -> None:
+        self.writer_wakeup = trio.Event()
+        self.writer_idle = not self.slots or self.lane_answering
+        try:
+            await self.writer_wakeup.wait()
+        finally:
+            self.writer_idle = False
+
+    def take_ready_frames(self) -> FramePieces:
+        """Encode and dequeue every ready answer from the head, in order (the writer's and the
+        lane's one way to answer). Never blocks."""
+        slots = self.slots
+        frames: FramePieces = []
+        now_ms = self.clock.monotonic_ms()
+        while slots and slots[0].ready:
+            slot = slots.popleft()
+            response = slot.response
+            assert response is not None
+            frame = self._encode(slot, response)
+            if type(frame) is bytes:
+                frames.append(frame)
+            else:
+                frames += frame  # type: ignore[arg-type]
+            self.metrics.request_done(slot.api, _error_code(response), now_ms - slot.start_ms)
+        return frames
 
     async def _settle_head(self) -> None:
         """Answer the head slot's produce: at once if durable, else when its wait ends."""
@@ -398,7 +503,7 @@ class _Connection:
         slot.response = response
         slot.ready = True
 
-    def _settle_ready(self) -> None:
+    def settle_ready(self) -> None:
         """Answer, in order from the head, every produce that is durable now. Never blocks."""
         for slot in self.slots:
             if slot.ready:
@@ -533,6 +638,7 @@ async def serve_client_connection(
     registry: ClientConnections,
     budget: RequestBudget | None = None,
     on_close: Callable[[], None] | None = None,
+    lane: ProduceLane | None = None,
 ) -> None:
     """Serve one client connection until it ends (see the module docstring); close ``stream``.
 
@@ -543,7 +649,7 @@ async def serve_client_connection(
         SyncFailedError: an fsync failed while a request waited; the broker must stop.
     """
     budget = budget if budget is not None else RequestBudget(0)  # 0: unbounded
-    connection = _Connection(stream, handlers, settings, clock, metrics, budget)
+    connection = _Connection(stream, handlers, settings, clock, metrics, budget, lane)
     connection.client_host = _peer_host(stream)
     registry.add(connection)
     try:

@@ -33,6 +33,8 @@ finds a partition by name.
 
 from __future__ import annotations
 
+import math
+
 from typing import TYPE_CHECKING, Awaitable, Callable, Iterable
 
 import attrs
@@ -78,12 +80,18 @@ class Pending:
     ``ready``, when given, answers without waiting if it can: it returns the response, or
     ``None`` when ``wait`` is still needed. A connection completing a run of pipelined
     produces calls it first, so the answers a group commit made durable are filled in one
-    pass, with no checkpoint (and no separate write) per request.
+    pass, with no checkpoint (and no separate write) per request. ``ready`` returns every
+    answer ``wait`` would give before ``deadline`` (trio time); only at the deadline must
+    ``wait`` be called (the produce lane hands such a request to its connection's task).
+    ``provisional`` is the answer as if the wait had succeeded at once: only the simulator's
+    deliberate lane bug (an answer before durability, ``[test] lane_answer_early``) uses it.
     """
 
     wait: Callable[[], Awaitable[Response]]
     serial: bool = False
     ready: Callable[[], Response | None] | None = None
+    deadline: float = math.inf
+    provisional: Callable[[], Response] | None = None
 
 
 class PartitionWaker:

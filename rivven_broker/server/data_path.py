@@ -255,14 +255,24 @@ class DataPath:
                         replicated and partition.rule is not rule))
             return _produce_response(request, outcome)
 
+        def settled(partition: Partition, rule: CommitRule | None, last_offset: int) -> bool:
+            """Acknowledged, or never will be: what ``wait`` would find before its deadline."""
+            return acknowledged(partition, rule, last_offset) or partition.lost(last_offset) \
+                or (replicated and partition.rule is not rule)
+
         def ready() -> ProduceResponse | None:
             for _, partition, rule, last_offset in waits:
-                if not acknowledged(partition, rule, last_offset):
+                if not settled(partition, rule, last_offset):
                     return None
             context.sync_worker.check_healthy()
+            for key, partition, rule, last_offset in waits:
+                if not acknowledged(partition, rule, last_offset):
+                    outcome[key] = _produce_error(key[1], _unacknowledged(
+                        replicated and partition.rule is not rule))
             return _produce_response(request, outcome)
 
-        return Pending(wait, ready=ready)
+        return Pending(wait, ready=ready, deadline=deadline,
+                       provisional=lambda: _produce_response(request, outcome))
 
     def _verify_then_produce(self, request: Produce,
                              unverified: list[tuple[str, int, int, int]]) -> Pending:

@@ -16,6 +16,10 @@ itself. It asks its ``Env``:
   And datagrams (SWIM's): ``bind_udp`` gives a ``DatagramSocket`` (``send_to``,
   ``receive_from``, ``close``): a real UDP socket here; in the simulator a datagram may be
   lost, duplicated, reordered or delayed, and partitions may be one-way.
+  And ``readiness()``: a ``Readiness`` set that one task (the produce lane,
+  ``produce_lane.py``) uses to watch many accepted streams at once and to read and write them
+  without waiting: an epoll set and ``os.read``/``os.write`` here, the simulated streams'
+  buffers in the simulator — one lane, driven the same way in both.
 - ``disk``: the storage ``FileStore``.
 - ``run_sync``: runs a blocking function (opening logs, a cleaner step) off the event loop,
   on one long-lived thread in production (``SyncThread``); the simulator runs it inline after
@@ -36,6 +40,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import select
 import time
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
@@ -45,7 +50,10 @@ from rivven_broker.server.eager_stream import EagerStream
 from rivven_broker.server.sync_thread import InlineWhileFast, SyncThread, run_concurrently
 from rivven_broker.storage.file_store import FileStore, OsFileStore
 
-__all__ = ["Clock", "Net", "Env", "DatagramSocket", "RealClock", "RealNet", "RealEnv"]
+__all__ = [
+    "Clock", "Net", "Env", "DatagramSocket", "Readiness", "RealClock", "RealNet",
+    "RealReadiness", "RealEnv",
+]
 
 T = TypeVar("T")
 StreamHandler = Callable[[trio.abc.Stream], Awaitable[None]]
@@ -86,7 +94,48 @@ class DatagramSocket(Protocol):
         ...
 
 
+class Readiness(Protocol):
+    """Many accepted streams watched by one task (see the module docstring). Never blocks,
+    except ``wait``."""
+
+    def watch(self, stream: trio.abc.Stream) -> bool:
+        """Watch ``stream`` for bytes (or its end). False: this kind of stream cannot be
+        watched (its connection keeps reading in its own task)."""
+        ...
+
+    def unwatch(self, stream: trio.abc.Stream) -> None:
+        """Stop watching ``stream`` (nothing happens if it was not watched)."""
+        ...
+
+    def ready(self) -> list[trio.abc.Stream]:
+        """The watched streams with bytes, an end or an error to read now; not a checkpoint."""
+        ...
+
+    async def wait(self) -> None:
+        """Until ``ready()`` may be non-empty. Cancellable (the lane wakes itself so)."""
+        ...
+
+    def receive_now(self, stream: trio.abc.Stream, max_bytes: int) -> bytes | None:
+        """Up to ``max_bytes`` bytes that are there now; ``b""`` at the end of the stream;
+        ``None`` when there are none yet. Raises ``trio.BrokenResourceError`` (reset) or
+        ``trio.ClosedResourceError``."""
+        ...
+
+    def send_now(self, stream: trio.abc.Stream, data: bytes) -> int:
+        """Send what the stream takes now, without waiting; the bytes taken (maybe 0).
+        Raises ``trio.BrokenResourceError`` or ``trio.ClosedResourceError``."""
+        ...
+
+    def close(self) -> None:
+        """Forget every stream and release the set."""
+        ...
+
+
 class Net(Protocol):
+    def readiness(self) -> Readiness:
+        """A new, empty ``Readiness`` set for this endpoint's accepted streams."""
+        ...
+
     async def serve_tcp(
         self,
         handler: StreamHandler,
@@ -146,6 +195,9 @@ class RealClock:
 class RealNet:
     """Real TCP sockets through trio."""
 
+    def readiness(self) -> RealReadiness:
+        return RealReadiness()
+
     async def serve_tcp(
         self,
         handler: StreamHandler,
@@ -198,6 +250,70 @@ class RealNet:
 
 
 _PORT_TRIES = 64
+_CLOSED_ERRNOS = (errno.EBADF, errno.ENOTSOCK)
+
+
+class RealReadiness:
+    """An epoll set (level-triggered) over the descriptors of ``EagerStream``\\ s: ``ready``
+    is one ``epoll_wait`` with timeout 0, ``wait`` is trio's ``wait_readable`` on the epoll
+    descriptor itself (readable when any watched socket is), and the lane reads and writes
+    with plain ``os.read``/``os.write`` (the sockets are non-blocking)."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._streams: dict[int, trio.abc.Stream] = {}
+
+    def watch(self, stream: trio.abc.Stream) -> bool:
+        if type(stream) is not EagerStream:
+            return False
+        fd = stream.socket.fileno()
+        if fd < 0:
+            return False
+        self._epoll.register(fd, select.EPOLLIN)
+        self._streams[fd] = stream
+        return True
+
+    def unwatch(self, stream: trio.abc.Stream) -> None:
+        for fd, watched in list(self._streams.items()):
+            if watched is stream:
+                del self._streams[fd]
+                try:
+                    self._epoll.unregister(fd)
+                except OSError:  # already closed: the kernel dropped it from the set
+                    pass
+
+    def ready(self) -> list[trio.abc.Stream]:
+        streams = self._streams
+        return [streams[fd] for fd, _ in self._epoll.poll(0) if fd in streams]
+
+    async def wait(self) -> None:
+        await trio.lowlevel.wait_readable(self._epoll.fileno())
+
+    def receive_now(self, stream: trio.abc.Stream, max_bytes: int) -> bytes | None:
+        try:
+            return os.read(stream.socket.fileno(), max_bytes)  # type: ignore[attr-defined]
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            raise _stream_error(exc) from exc
+
+    def send_now(self, stream: trio.abc.Stream, data: bytes) -> int:
+        try:
+            return os.write(stream.socket.fileno(), data)  # type: ignore[attr-defined]
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise _stream_error(exc) from exc
+
+    def close(self) -> None:
+        self._streams.clear()
+        self._epoll.close()
+
+
+def _stream_error(exc: OSError) -> Exception:
+    if exc.errno in _CLOSED_ERRNOS:
+        return trio.ClosedResourceError("this socket was already closed")
+    return trio.BrokenResourceError(f"socket connection broken: {exc}")
 
 
 async def _free_tcp_port(family: int, host: str) -> int:

@@ -21,7 +21,7 @@ base unit.
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Callable, Iterable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple
 
 from prometheus_client import (
     CollectorRegistry,
@@ -38,6 +38,9 @@ from prometheus_client.registry import Collector
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.storage.handle_cache import HandleStatistics
 from rivven_broker.storage.sync_worker import SyncWorkerStatistics
+
+if TYPE_CHECKING:
+    from rivven_broker.server.produce_lane import LaneStatistics
 
 __all__ = ["BrokerMetrics", "PartitionSnapshot", "CONTENT_TYPE"]
 
@@ -193,6 +196,29 @@ class _SyncCollector(Collector):
         )
 
 
+class _LaneCollector(Collector):
+    """The produce lane's counters (``produce_lane.py``), read when scraped."""
+
+    def __init__(self, statistics: Callable[[], LaneStatistics]) -> None:
+        self._statistics = statistics
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        stats = self._statistics()
+        yield CounterMetricFamily(
+            "rivven_produce_lane_passes", "Passes of the produce lane that read or answered.",
+            value=stats.passes)
+        yield CounterMetricFamily(
+            "rivven_produce_lane_requests", "Produce requests the lane took (read and appended).",
+            value=stats.requests)
+        yield CounterMetricFamily(
+            "rivven_produce_lane_handbacks",
+            "Connections the lane gave back to their own task (another api, a partial frame, "
+            "the in-flight limit, the end of the stream).", value=stats.handbacks)
+        yield GaugeMetricFamily(
+            "rivven_produce_lane_connections", "Connections the lane watches now.",
+            value=stats.connections)
+
+
 class _FilesCollector(Collector):
     """The segment-file descriptor cache's counts, read when scraped (never blocks)."""
 
@@ -305,6 +331,10 @@ class BrokerMetrics:
     def track_sync(self, statistics: Callable[[], SyncWorkerStatistics]) -> None:
         """Export the group commit's counters read from ``statistics()`` at every scrape."""
         self.registry.register(_SyncCollector(statistics))
+
+    def track_lane(self, statistics: Callable[[], LaneStatistics]) -> None:
+        """Export the produce lane's counters read from ``statistics()`` at every scrape."""
+        self.registry.register(_LaneCollector(statistics))
 
     def request_done(self, api: str, error_code: int, latency_ms: int) -> None:
         """Count one answered request; record its latency for produce and fetch."""

@@ -153,6 +153,9 @@ class PartitionEvents:
     appended: Callable[[Key], None] = _nobody
     #: The high watermark moved (consumer fetches wake).
     high_watermark_moved: Callable[[Key], None] = _nobody
+    #: Waits on the partition must look again (a commit, a failure, a change of leader):
+    #: the produce lane answers then (``server/produce_lane.py``).
+    progressed: Callable[[Key], None] = _nobody
 
 
 def snapshot_file_name(end_offset: int) -> str:
@@ -292,7 +295,7 @@ class Partition:
         while True:
             if self._sync is not None:
                 self._sync.check_healthy()
-            if self._rule is not rule or self._lost(offset):
+            if self._rule is not rule or self.lost(offset):
                 return False
             if self.high_watermark > offset:
                 return True
@@ -309,13 +312,14 @@ class Partition:
         while True:
             if self._sync is not None:
                 self._sync.check_healthy()
-            if self._lost(offset):
+            if self.lost(offset):
                 return False
             if self.local_durable_end > offset:
                 return True
             await self._wait_for_progress()
 
-    def _lost(self, offset: int) -> bool:
+    def lost(self, offset: int) -> bool:
+        """``offset`` (appended here) can never be covered now: cut, failed or closed."""
         return self._closed or self.log.failed or offset >= self.log.log_end_offset
 
     async def _wait_for_progress(self) -> None:
@@ -326,6 +330,7 @@ class Partition:
     def _wake(self) -> None:
         self._progress.set()
         self._progress = trio.Event()
+        self._events.progressed(self.key)
 
     def _local_durable_moved(self) -> None:
         """The sync worker completed a group commit of the log (or, unless ``sync=always``,

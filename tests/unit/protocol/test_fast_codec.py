@@ -67,6 +67,29 @@ def test_fast_produce_response_map_equals_the_generic_one(
     assert fast is not None
     assert msgpack.packb(fast) == msgpack.packb(generic)  # same keys, same order, same values
     assert codec.decode_response(codec.encode_response(response, version)) == response
+    templated = fast_codec.produce_answer_payload(response, version)
+    if templated is not None:  # byte for byte what the generic path packs
+        assert templated == msgpack.packb((int(response.API_KEY), version, generic))
+
+
+@settings(max_examples=150)
+@given(name=st.text(min_size=1, max_size=20), partition=st.integers(0, 2**31 - 1),
+       base_offset=st.integers(0, 2**63 - 1), append_time=st.integers(-1, 2**63 - 1),
+       version=st.sampled_from([0, 1]))
+def test_a_one_partition_success_answer_comes_from_its_template_byte_for_byte(
+    name: str, partition: int, base_offset: int, append_time: int, version: int
+) -> None:
+    answer = ProducePartitionResponse(partition, ErrorCode.NONE, base_offset, append_time,
+                                      base_offset // 2)
+    response = ProduceResponse((ProduceTopicResponse(name, (answer,)),))
+    templated = fast_codec.produce_answer_payload(response, version)
+    assert templated is not None
+    generic = msgpack.packb((int(response.API_KEY), version, codec.struct_to_wire(response, version)))
+    assert templated == generic
+    assert fast_codec.produce_answer_payload(response, version) == templated  # cached
+    failed = ProducePartitionResponse(partition, ErrorCode.NOT_LEADER, -1, -1, -1)
+    assert fast_codec.produce_answer_payload(
+        ProduceResponse((ProduceTopicResponse(name, (failed,)),)), version) is None
 
 
 def _good_body() -> dict[str, object]:

@@ -1,0 +1,296 @@
+"""The produce lane: one task reads, appends and answers the small produce requests of every
+idle connection, so a request costs no task wake-ups of its own.
+
+Theory of operation
+-------------------
+A connection's reader and writer tasks (``connection.py``) cost two task switches and a
+trip through trio's I/O layers per request; a client that sends one record and waits for its
+answer pays them per record (``../shared/reference/perf.md`` §11 measured 20-45 µs of CPU per
+request for them alone). The lane serves the same requests from one task, the way a reactor
+does, through ``Env.net.readiness()`` (an epoll set over the sockets here, the simulated
+streams' buffers in the simulator: the same lane runs in both).
+
+A reader with nothing buffered hands its connection to the lane (``adopt``) and parks. Each
+*pass* of the lane:
+
+1. takes the watched streams that are ready (``ready()``: no waiting), at most
+   ``frames_per_pass_max`` requests in all, and for each reads what is there now into the
+   connection's sans-I/O core; an end of stream or an error hands the connection back;
+2. takes the complete requests in order: a Produce that expects an answer is begun
+   (``_Connection.begin``: validated and appended, in request order, exactly as the reader
+   would) and its answer left in its slot (``place``); anything else — another api, acks=0,
+   a gated topic — and a partial frame or the in-flight limit hand the connection back to its
+   reader, with what the lane took;
+3. answers, for every connection it answers, every slot from the head that is ready
+   (``settle_ready``: the produce's ``Pending.ready``, so the group commit or the high
+   watermark decides, never the lane), encoded in order and written with one non-blocking
+   ``send_now``; what the socket does not take goes to the writer (``unsent``) with the
+   connection's answering;
+4. checkpoints once when it read anything (the group commit's worker and every other task
+   run), else sleeps in ``readiness.wait()`` until a stream is ready, a partition reports
+   progress (``progressed``: a commit, a failure or a change of leader wakes the waits of the
+   answers owed), or the earliest deadline of an answer owed passes (that connection goes back
+   to its writer, whose ``Pending.wait`` answers the time-out).
+
+The lane answers a connection only while its writer is parked with nothing owed
+(``writer_idle``) and takes over from the first slot it queues then (``lane_answering``);
+otherwise the writer answers what the lane queued, in order, as it would the reader's. So one
+of the two writes at a time and answers stay in request order.
+
+Appends happen in the lane, one request after another; the fsyncs are the sync worker's
+(``storage/sync_worker.py``): one group commit covers everything appended before it ran, and
+when fsyncs are slow it runs them off the loop for the whole group (``sync_thread.py``), never
+one request's. Limits hold as in the reader: the request budget and the request timeout apply
+to partial frames, which only the reader reads; the in-flight limit hands back.
+
+Test-only: ``answer_early`` (the simulator's ``[test] lane_answer_early``) makes the lane
+answer a produce as soon as it is appended, with ``Pending.provisional``: the deliberate bug
+that proves the checkers catch an answer before durability. Off in production.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+
+from rivven_broker.protocol.connection import RequestReceived
+from rivven_broker.protocol.messages import ACKS_NONE, Produce
+
+if TYPE_CHECKING:
+    from rivven_broker.server.connection import _Connection
+    from rivven_broker.server.env import Readiness
+    from rivven_broker.server.metrics import BrokerMetrics
+
+__all__ = ["ProduceLane", "LaneStatistics", "frames_per_pass_default"]
+
+#: Requests a pass takes at most before it answers and checkpoints.
+frames_per_pass_default = 1024
+_RECEIVE_BYTES = 256 * 1024
+
+
+@attrs.frozen
+class LaneStatistics:
+    passes: int
+    requests: int
+    handbacks: int
+    connections: int
+
+
+class ProduceLane:
+    """One task serving the produce requests of idle connections. See the module docstring."""
+
+    def __init__(self, readiness: Readiness, metrics: BrokerMetrics, *,
+                 frames_per_pass_max: int = frames_per_pass_default,
+                 answer_early: bool = False) -> None:
+        assert frames_per_pass_max > 0
+        self._readiness = readiness
+        self._metrics = metrics
+        self._frames_per_pass_max = frames_per_pass_max
+        self._answer_early = answer_early
+        self._members: dict[trio.abc.Stream, _Connection] = {}
+        self._answering: dict[_Connection, None] = {}  # insertion-ordered: deterministic
+        self._wait_scope: trio.CancelScope | None = None
+        self._progressed = False
+        self._running = False
+        self._passes = 0
+        self._requests = 0
+        self._handbacks = 0
+
+    def statistics(self) -> LaneStatistics:
+        """The lane's counters (``rivven_produce_lane_*`` in /metrics)."""
+        return LaneStatistics(self._passes, self._requests, self._handbacks, len(self._members))
+
+    # --- called by connections and partitions (never block) ---------------------------------
+
+    def adopt(self, connection: _Connection) -> bool:
+        """Watch ``connection``'s stream for its reader. False: the lane is not running, or
+        this stream cannot be watched (the reader reads itself)."""
+        assert not connection.in_lane
+        if not self._running or not self._readiness.watch(connection.stream):
+            return False
+        self._members[connection.stream] = connection
+        connection.in_lane = True
+        connection.lane_returned = trio.Event()
+        self._wake()  # its bytes may be there already; the lane's wait must include it
+        return True
+
+    def release(self, connection: _Connection) -> None:
+        """Stop watching ``connection`` and give its answering back to its writer. Idempotent."""
+        if connection.in_lane:
+            connection.in_lane = False
+            self._readiness.unwatch(connection.stream)
+            del self._members[connection.stream]
+        self._stop_answering(connection)
+
+    def progressed(self, key: object = None) -> None:
+        """A partition's waits must look again (``PartitionEvents.progressed``)."""
+        if self._answering:
+            self._wake()
+
+    # --- the task ----------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve passes until cancelled; then every connection goes back to its reader."""
+        readiness = self._readiness
+        self._running = True
+        task_status.started()
+        try:
+            while True:
+                streams = readiness.ready()
+                if streams:
+                    self._read(streams)
+                if streams or self._progressed:
+                    self._progressed = False
+                    self._passes += 1
+                    self._answer()
+                deadline = self._expire()  # every pass: a busy lane still times answers out
+                if streams:
+                    await trio.lowlevel.checkpoint()
+                    continue
+                with trio.CancelScope(deadline=deadline) as scope:
+                    self._wait_scope = scope
+                    try:
+                        await readiness.wait()
+                    finally:
+                        self._wait_scope = None
+        finally:
+            self._running = False
+            for connection in list(self._members.values()):
+                self._hand_back(connection)
+            for connection in list(self._answering):
+                self._stop_answering(connection)
+            readiness.close()
+
+    def _wake(self) -> None:
+        self._progressed = True
+        scope = self._wait_scope
+        if scope is not None:
+            scope.cancel()
+
+    def _read(self, streams: list[trio.abc.Stream]) -> None:
+        """Step 1 and 2 of a pass (module docstring)."""
+        readiness, members = self._readiness, self._members
+        budget = self._frames_per_pass_max
+        now = trio.current_time()
+        for stream in streams:
+            connection = members.get(stream)
+            if connection is None:
+                continue
+            try:
+                data = readiness.receive_now(stream, _RECEIVE_BYTES)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._hand_back(connection, end="broken")
+                continue
+            if data is None:
+                continue
+            if not data:
+                self._hand_back(connection, end="eof")
+                continue
+            connection.last_active = now
+            self._metrics.bytes_in(len(data))
+            connection.core.receive_data(data)
+            taken = self._take_requests(connection)
+            self._requests += taken
+            budget -= taken
+            if budget <= 0:
+                break  # the rest stay ready (level-triggered) for the next pass
+
+    def _take_requests(self, connection: _Connection) -> int:
+        """Begin the connection's complete produce requests in order; hand it back at the
+        first thing the lane does not take. Returns how many requests it took."""
+        core = connection.core
+        in_flight_max = connection.settings.in_flight_requests_max
+        taken = 0
+        while connection.in_lane:
+            if len(connection.slots) >= in_flight_max:
+                self._hand_back(connection)  # its reader waits for room
+                break
+            event = core.next_event()
+            if event is None:
+                if core.buffered_bytes:
+                    self._hand_back(connection)  # a partial frame: the reader's clocks
+                break
+            request = event.request if type(event) is RequestReceived else None
+            if type(request) is not Produce or request.acks == ACKS_NONE \
+                    or connection.handlers.gate(request) is not None:
+                self._hand_back(connection, event=event)
+                break
+            taken += 1
+            if not connection.lane_answering and connection.writer_idle \
+                    and not connection.slots and not connection.unsent:
+                connection.lane_answering = True
+                self._answering[connection] = None
+            begun = connection.begin(event.correlation_id, request)
+            if begun is None:
+                continue
+            if not connection.place(begun):
+                self._hand_back(connection, begun=begun)
+                break
+            if self._answer_early and connection.lane_answering:
+                slot, pending = begun
+                if slot.pending is not None and pending.provisional is not None:  # type: ignore[union-attr]
+                    slot.pending = None
+                    slot.response = pending.provisional()  # type: ignore[union-attr]
+                    slot.ready = True
+        return taken
+
+    def _answer(self) -> None:
+        """Step 3 of a pass (module docstring)."""
+        readiness = self._readiness
+        for connection in list(self._answering):
+            connection.settle_ready()
+            slots = connection.slots
+            if not (slots and slots[0].ready):
+                continue
+            frames = connection.take_ready_frames()
+            data = frames[0] if len(frames) == 1 else b"".join(frames)  # type: ignore[arg-type]
+            assert type(data) is bytes  # produce answers never carry file regions
+            try:
+                sent = readiness.send_now(connection.stream, data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._hand_back(connection, end="broken")
+                continue
+            if sent:
+                self._metrics.bytes_out(sent)
+            if sent < len(data):  # a slow reader: its writer sends the rest, and answers on
+                connection.unsent = data[sent:]
+                self._stop_answering(connection)
+                continue
+            if not slots:
+                connection.last_active = trio.current_time()
+                self._stop_answering(connection)
+
+    def _expire(self) -> float:
+        """Give every connection whose oldest answer owed reached its deadline back to its
+        writer (its ``Pending.wait`` answers the time-out); the next such deadline."""
+        now = trio.current_time()
+        next_deadline = math.inf
+        for connection in list(self._answering):
+            head = connection.slots[0] if connection.slots else None
+            pending = head.pending if head is not None else None
+            if pending is None:
+                continue
+            if pending.deadline <= now:
+                self._stop_answering(connection)
+            else:
+                next_deadline = min(next_deadline, pending.deadline)
+        return next_deadline
+
+    def _stop_answering(self, connection: _Connection) -> None:
+        if connection.lane_answering:
+            connection.lane_answering = False
+            del self._answering[connection]
+            if connection.slots or connection.unsent:
+                connection.wake_writer()
+
+    def _hand_back(self, connection: _Connection, *, event: object = None,
+                   begun: object = None, end: str | None = None) -> None:
+        connection.lane_event = event  # type: ignore[assignment]
+        connection.lane_begun = begun  # type: ignore[assignment]
+        connection.lane_end = end
+        self._handbacks += 1
+        self.release(connection)
+        connection.lane_returned.set()

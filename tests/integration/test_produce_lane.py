@@ -1,0 +1,256 @@
+"""The produce lane over real sockets (``rivven_broker/server/produce_lane.py``).
+
+What must hold whatever the lane does: every request is answered, in request order, with
+offsets in request order; a connection moves between the lane and its own task as its
+requests change (another api, a partial frame, the in-flight limit) and loses nothing on the
+way; a client that does not read its answers gets them all when it does. Each test also
+checks, from the lane's counters, that the lane really served what it claims to (so a broker
+that silently stopped using it fails here).
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import trio
+
+from rivven_broker.protocol.errors import ErrorCode
+from rivven_broker.protocol.messages import (
+    CreateTopic,
+    Fetch,
+    FetchPartition,
+    FetchResponse,
+    FetchTopic,
+    ListOffsets,
+    ListOffsetsPartition,
+    ListOffsetsTopic,
+    ListOffsetsResponse,
+    Ping,
+    Pong,
+    Produce,
+    ProducePartition,
+    ProduceResponse,
+    ProduceTopic,
+)
+from rivven_broker.protocol.connection import ClientConnection
+from rivven_broker.records import BatchBuilder, decode_records
+from rivven_broker.server import env as env_module
+
+from tests.integration.conftest import RawClient
+
+
+def batch(value: bytes) -> bytes:
+    builder = BatchBuilder(batch_bytes_max=1 << 20)
+    assert builder.append(1_000, None, value)
+    return builder.build()
+
+
+def produce(value: bytes, acks: int = -1, topic: str = "t") -> Produce:
+    return Produce(acks=acks, timeout_ms=10_000,
+                   topics=(ProduceTopic(topic, (ProducePartition(0, batch(value)),)),))
+
+
+def fetch(offset: int, max_wait_ms: int = 0) -> Fetch:
+    return Fetch(max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=1 << 20,
+                 topics=(FetchTopic("t", (FetchPartition(0, offset, 1 << 20),)),))
+
+
+def base_offset(response: ProduceResponse) -> int:
+    (topic,) = response.topics
+    (partition,) = topic.partitions
+    assert partition.error_code == 0, partition
+    return partition.base_offset
+
+
+def lane_counts(broker) -> tuple[int, int]:
+    stats = broker.broker.lane.statistics()
+    return stats.requests, stats.handbacks
+
+
+async def everything_in(client: RawClient, first: int = 0) -> list[bytes]:
+    response = await client.call(fetch(first))
+    (topic,) = response.topics
+    (partition,) = topic.partitions
+    return [record.value for record in decode_records(partition.records)]
+
+
+async def test_one_record_producers_are_served_by_the_lane(broker, connect):
+    setup = await connect(broker.port)
+    await setup.call(CreateTopic("t", 1))
+    clients = [await connect(broker.port) for _ in range(4)]
+    offsets: list[int] = []
+
+    async def one_at_a_time(client: RawClient, name: bytes) -> None:
+        for index in range(50):
+            offsets.append(base_offset(await client.call(produce(b"%s-%d" % (name, index)))))
+
+    async with trio.open_nursery() as nursery:
+        for number, client in enumerate(clients):
+            nursery.start_soon(one_at_a_time, client, b"c%d" % number)
+    assert sorted(offsets) == list(range(200))
+    values = await everything_in(setup)
+    assert len(values) == 200
+    for number in range(4):  # each producer's records in its order
+        mine = [v for v in values if v.startswith(b"c%d-" % number)]
+        assert mine == [b"c%d-%d" % (number, i) for i in range(50)]
+    requests, _ = lane_counts(broker)
+    assert requests >= 190  # all but each connection's first (read before the lane had it)
+
+
+async def test_produce_and_other_apis_pipelined_on_one_connection_are_answered_in_order(
+        broker, connect):
+    client = await connect(broker.port)
+    await client.call(CreateTopic("t", 1))
+    await client.call(produce(b"first"))  # now idle: its reader rests in the lane
+    before, handbacks_before = lane_counts(broker)
+    plan = ["p", "p", "fetch", "p", "ping", "p", "p", "offsets", "p", "p0", "p"]
+    data = bytearray()
+    expected: list[tuple[int, str]] = []
+    for step, kind in enumerate(plan):
+        if kind == "fetch":
+            request = fetch(0, max_wait_ms=100)
+        elif kind == "ping":
+            request = Ping()
+        elif kind == "offsets":
+            request = ListOffsets(topics=(ListOffsetsTopic("t", (ListOffsetsPartition(0, -1),)),))
+        elif kind == "p0":
+            request = produce(b"step-%d" % step, acks=0)
+        else:
+            request = produce(b"step-%d" % step)
+        correlation_id, frame = client.core.send_request(request)
+        data += frame
+        if kind != "p0":
+            expected.append((correlation_id, kind))
+    await client.send_raw(bytes(data))  # one write: the lane reads them in one receive
+    offsets = []
+    for correlation_id, kind in expected:
+        event = await client.receive()
+        assert event.correlation_id == correlation_id
+        if kind == "p":
+            offsets.append(base_offset(event.response))
+        elif kind == "fetch":
+            assert isinstance(event.response, FetchResponse)
+        elif kind == "ping":
+            assert isinstance(event.response, Pong)
+        else:
+            assert isinstance(event.response, ListOffsetsResponse)
+    assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+    values = await everything_in(client)
+    assert values == [b"first"] + [b"step-%d" % i for i, kind in enumerate(plan)
+                                   if kind in ("p", "p0")]
+    requests, handbacks = lane_counts(broker)
+    assert requests > before  # the lane took the leading produces ...
+    assert handbacks > handbacks_before  # ... and gave the connection back at the fetch
+
+
+async def test_a_partial_frame_moves_the_connection_to_its_task_and_back(broker, connect):
+    client = await connect(broker.port)
+    await client.call(CreateTopic("t", 1))
+    await client.call(produce(b"warm"))
+    for round_ in range(3):
+        before, handbacks_before = lane_counts(broker)
+        correlation_id, frame = client.core.send_request(produce(b"split-%d" % round_))
+        await client.send_raw(frame[:7])  # half a frame: the reader's request clock owns it
+        await trio.sleep(0.05)
+        await client.send_raw(frame[7:])
+        event = await client.receive()
+        assert event.correlation_id == correlation_id
+        base_offset(event.response)
+        assert lane_counts(broker)[1] > handbacks_before
+        # Whole frames again: back in the lane.
+        for index in range(3):
+            await client.call(produce(b"whole-%d-%d" % (round_, index)))
+        assert lane_counts(broker)[0] >= before + 2
+    values = await everything_in(client)
+    assert values[0] == b"warm" and len(values) == 1 + 3 * 4
+
+
+async def test_a_client_that_does_not_read_gets_every_answer_when_it_does(
+        start_broker, connect):
+    running = await start_broker()
+    setup = await connect(running.port)
+    await setup.call(CreateTopic("t", 1))
+    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    await sock.connect(("127.0.0.1", running.port))
+    client = RawClient(trio.SocketStream(sock))
+    client.core = ClientConnection(in_flight_max=1 << 30)  # more than the broker allows
+    await client.call(produce(b"warm"))
+    count = 3_000
+    correlation_ids = []
+
+    async def send_all() -> None:
+        for index in range(count):
+            correlation_ids.append(await client.send(produce(b"%d" % index)))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send_all)
+        await trio.sleep(0.5)  # not reading: answers back up into the broker
+        offsets = []
+        for position in range(count):
+            event = await client.receive()
+            while len(correlation_ids) <= position:
+                await trio.sleep(0)
+            assert event.correlation_id == correlation_ids[position]
+            offsets.append(base_offset(event.response))
+    assert offsets == list(range(1, count + 1))
+
+
+class _TrickleReadiness(env_module.RealReadiness):
+    """The real epoll set, with a socket that takes at most a few bytes per send."""
+
+    def send_now(self, stream, data: bytes) -> int:
+        return super().send_now(stream, data[:5])
+
+
+async def test_an_answer_the_socket_takes_in_part_is_finished_by_the_writer(
+        start_broker, connect, monkeypatch):
+    monkeypatch.setattr(env_module.RealNet, "readiness", lambda self: _TrickleReadiness())
+    running = await start_broker()
+    client = await connect(running.port)
+    await client.call(CreateTopic("t", 1))
+    await client.call(produce(b"warm"))
+    for index in range(20):
+        assert base_offset(await client.call(produce(b"%d" % index))) == index + 1
+    pipelined = [await client.send(produce(b"p%d" % index)) for index in range(20)]
+    for position, correlation_id in enumerate(pipelined):
+        event = await client.receive()
+        assert event.correlation_id == correlation_id
+        assert base_offset(event.response) == 21 + position
+    assert running.broker.lane.statistics().requests >= 20
+
+
+@pytest.mark.parametrize("lane", [True, False])
+async def test_the_lane_can_be_switched_off(start_broker, connect, lane):
+    running = await start_broker(produce_lane=lane)
+    assert (running.broker.lane is not None) is lane
+    client = await connect(running.port)
+    await client.call(CreateTopic("t", 1))
+    for index in range(10):
+        assert base_offset(await client.call(produce(b"%d" % index))) == index
+    assert await everything_in(client) == [b"%d" % i for i in range(10)]
+
+
+async def test_a_produce_not_durable_by_its_deadline_is_answered_timed_out(
+        start_broker, connect, monkeypatch):
+    original = env_module.RealEnv.run_fsync
+
+    async def slow_fsync(self, fn, *args):
+        await trio.sleep(0.3)  # a disk far slower than the request's timeout
+        return await original(self, fn, *args)
+
+    monkeypatch.setattr(env_module.RealEnv, "run_fsync", slow_fsync)
+    running = await start_broker()
+    client = await connect(running.port)
+    await client.call(CreateTopic("t", 1))
+    await client.call(produce(b"warm"))
+    hurried = Produce(acks=-1, timeout_ms=20,
+                      topics=(ProduceTopic("t", (ProducePartition(0, batch(b"late")),)),))
+    requests_before = running.broker.lane.statistics().requests
+    response = await client.call(hurried)
+    (topic,) = response.topics
+    (partition,) = topic.partitions
+    assert partition.error_code == ErrorCode.REQUEST_TIMED_OUT
+    assert running.broker.lane.statistics().requests == requests_before + 1  # the lane took it
+    assert base_offset(await client.call(produce(b"next"))) == 2  # the late one stays appended
