@@ -262,6 +262,7 @@ class RealReadiness:
     def __init__(self) -> None:
         self._epoll = select.epoll()
         self._streams: dict[int, trio.abc.Stream] = {}
+        self._fds: dict[trio.abc.Stream, int] = {}
 
     def watch(self, stream: trio.abc.Stream) -> bool:
         if type(stream) is not EagerStream:
@@ -269,18 +270,23 @@ class RealReadiness:
         fd = stream.socket.fileno()
         if fd < 0:
             return False
+        stale = self._streams.get(fd)
+        if stale is not None:  # a closed stream's number, taken again: forget the old one
+            self.unwatch(stale)
         self._epoll.register(fd, select.EPOLLIN)
         self._streams[fd] = stream
+        self._fds[stream] = fd
         return True
 
     def unwatch(self, stream: trio.abc.Stream) -> None:
-        for fd, watched in list(self._streams.items()):
-            if watched is stream:
-                del self._streams[fd]
-                try:
-                    self._epoll.unregister(fd)
-                except OSError:  # already closed: the kernel dropped it from the set
-                    pass
+        fd = self._fds.pop(stream, None)
+        if fd is None:
+            return
+        del self._streams[fd]
+        try:
+            self._epoll.unregister(fd)
+        except OSError:  # already closed: the kernel dropped it from the set
+            pass
 
     def ready(self) -> list[trio.abc.Stream]:
         streams = self._streams
@@ -307,6 +313,7 @@ class RealReadiness:
 
     def close(self) -> None:
         self._streams.clear()
+        self._fds.clear()
         self._epoll.close()
 
 
