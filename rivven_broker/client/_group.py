@@ -2,8 +2,10 @@
 
 Theory of operation
 -------------------
-``GroupMember`` drives a ``GroupCore`` (every decision is there) for one blocking
-``Consumer``, sharing the consumer's lock (``cond``) that also guards its ``FetchState``:
+``GroupMember`` drives a ``GroupCore`` for one blocking ``Consumer``, sharing the consumer's
+lock (``cond``) that also guards its ``FetchState``; every decision is the core's (the
+membership in ``group_core.py``; coordinator lookup, commit retry, heartbeat schedule, timers
+and the ``commit_async`` bound in ``membership.py``, the same objects the trio driver follows):
 
 - The *user's thread* does everything that changes the assignment, inside ``poll`` (through
   ``maintain``): it pumps ``GroupCore.rebalance()`` - sending JoinGroup/SyncGroup/OffsetFetch,
