@@ -72,7 +72,28 @@ PURE_PACKAGES = (
     "rivven_cluster",
     "rivven_connect.core",
     "rivven_connect.pg",  # the CDC decoding cores; the replication driver is exempt
+    "rivven_broker.client",  # the client core; its drivers are exempt below
 )
+# The client's drivers: sockets, threads, trio tasks and clocks, and the front modules that
+# gather their public classes. Everything else in rivven_broker.client is its pure core.
+CLIENT_DRIVERS = {
+    "rivven_broker.client": "the package's front: re-exports the blocking driver's classes",
+    "rivven_broker.client.blocking": "the blocking driver's front module",
+    "rivven_broker.client.trio": "the trio driver's front module",
+    "rivven_broker.client._admin": "blocking Admin: sleeps between coordinator searches",
+    "rivven_broker.client._cluster": "blocking: metadata over the NetworkClient, a lock",
+    "rivven_broker.client._collector": "pauses the process's garbage collector around decodes",
+    "rivven_broker.client._consumer": "blocking Consumer: a fetch thread",
+    "rivven_broker.client._group": "blocking group member: a heartbeat thread",
+    "rivven_broker.client._network": "blocking sockets, selectors and the monotonic clock",
+    "rivven_broker.client._producer": "blocking Producer: a sender thread, futures",
+    "rivven_broker.client._sync": "blocking request/response on the caller's thread",
+    "rivven_broker.client._trio_admin": "trio Admin",
+    "rivven_broker.client._trio_consumer": "trio Consumer: fetch tasks",
+    "rivven_broker.client._trio_group": "trio group member: a heartbeat task",
+    "rivven_broker.client._trio_net": "trio streams, trio's clock",
+    "rivven_broker.client._trio_producer": "trio Producer: a sender task",
+}
 PURE_EXEMPT = {
     "rivven_broker.storage.file_store": "the real FileStore: the one storage module doing os I/O",
     "rivven_broker.storage.sync_worker": "the trio driver of group commit (fsync off-thread)",
@@ -82,19 +103,22 @@ PURE_EXEMPT = {
                               "the replication socket",
     "rivven_connect.pg.snapshot_reader": "the snapshot's psycopg2 connections (the exporting "
                                          "slot creation, the keyset reads)",
+    **CLIENT_DRIVERS,
 }
-IO_MODULES = {"trio", "socket", "threading", "time", "asyncio", "selectors", "select"}
+IO_MODULES = {"trio", "socket", "threading", "time", "asyncio", "selectors", "select",
+              "anyio"}
 # Cores that are stricter still: the environment and randomness come in as arguments (the
 # connector core takes an env mapping and a jitter callable from its driver).
 PURE_EXTRA_BANNED = {"rivven_connect.core": {"os", "random"},
-                     "rivven_connect.pg": {"os", "random"}}
+                     "rivven_connect.pg": {"os", "random"},
+                     "rivven_broker.client": {"os", "gc", "logging", "concurrent", "multiprocessing"}}
 
 # Modules allowed to touch real time, real randomness, threads and sockets: the Env
 # implementations and the drivers that by nature live outside the simulator.
 NONDETERMINISM_EXEMPT = {
     "rivven_broker.server.env": "RealEnv: the production clock, rng seeds, sockets and files",
     "rivven_broker.server.sync_thread": "RealEnv's dedicated fsync thread",
-    "rivven_broker.client": "the blocking client driver runs a sender thread over real sockets",
+    # (and the client's drivers, CLIENT_DRIVERS: by exact name, its core is not exempt)
     "rivven_broker.cli": "command-line entry points print wall-clock times and use sockets",
     "rivven_broker.bench": "the benchmark measures real time on real processes",
     "rivven_spark": "runs inside Spark executors with the blocking client",
@@ -201,7 +225,7 @@ def test_pure_cores_do_no_io(module: str, path: pathlib.Path):
 
 @pytest.mark.parametrize("module,path", MODULES, ids=[m for m, _ in MODULES])
 def test_no_hidden_nondeterminism(module: str, path: pathlib.Path):
-    if _match(module, NONDETERMINISM_EXEMPT) is not None:
+    if _match(module, NONDETERMINISM_EXEMPT) is not None or module in CLIENT_DRIVERS:
         return
     tree = ast.parse(path.read_text(), str(path))
     type_only = _is_type_checking_import(tree)
@@ -229,6 +253,33 @@ def test_no_hidden_nondeterminism(module: str, path: pathlib.Path):
                 assert node.attr in RANDOM_ALLOWED, (
                     f"{module}:{node.lineno} uses random.{node.attr}; inject a random.Random"
                 )
+
+
+@pytest.mark.parametrize("module,path", MODULES, ids=[m for m, _ in MODULES])
+def test_the_client_core_imports_no_driver(module: str, path: pathlib.Path):
+    """A client core module that imported a driver module would carry its threads, sockets
+    or clock in with it: the core stays below the drivers."""
+    if not module.startswith("rivven_broker.client") or module in CLIENT_DRIVERS:
+        return
+    tree = ast.parse(path.read_text(), str(path))
+    for name in _imports(module, path, tree):
+        assert name not in CLIENT_DRIVERS or name == "rivven_broker.client", (
+            f"client core {module} imports the driver {name}")
+        assert not any(name.startswith(d + ".") for d in CLIENT_DRIVERS
+                       if d != "rivven_broker.client"), (
+            f"client core {module} imports from the driver {name}")
+
+
+def test_every_client_driver_exists_and_the_core_is_checked():
+    modules = {m for m, _ in MODULES}
+    assert set(CLIENT_DRIVERS) <= modules, set(CLIENT_DRIVERS) - modules
+    core = {m for m in modules if m.startswith("rivven_broker.client.")} - set(CLIENT_DRIVERS)
+    assert {"rivven_broker.client.producer_core", "rivven_broker.client.consumer_core",
+            "rivven_broker.client.membership", "rivven_broker.client.call_retry",
+            "rivven_broker.client.reconnect", "rivven_broker.client.metadata"} <= core
+    assert all(_match(m, {p: None for p in PURE_PACKAGES}) == "rivven_broker.client"
+               for m in core)
+    assert all(_match(m, NONDETERMINISM_EXEMPT) is None for m in core)
 
 
 # PySyncObj reads its clock, randomness, journal, snapshot files and poller through module

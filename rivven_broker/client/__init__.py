@@ -43,7 +43,7 @@ from rivven_broker.client.errors import (
     UnsupportedVersionError,
     error_for,
 )
-from rivven_broker.client._group import ConsumerGroupMetadata
+from rivven_broker.client.membership import ConsumerGroupMetadata
 from rivven_broker.client.group_admin import (
     GroupDescription,
     GroupListing,

@@ -4,11 +4,13 @@ Theory of operation
 -------------------
 ``ClusterIO`` joins a ``NetworkClient`` (driven by one thread) and a ``MetadataCache`` (shared
 with user threads under the driver's lock). The driver thread calls ``refresh_if_due`` each
-loop; at most one Metadata request is in flight. "Any broker" means the connected candidate
-with the fewest requests in flight, else the next one that may be dialled: known brokers
-first, then the bootstrap list starting at a rotating index, so a dead bootstrap address is
-skipped on the next try (bootstrap failover). ``ensure_node`` dials a partition leader when a
-batch or fetch needs it.
+loop; the cache decides whether a Metadata request is due (``refresh_due``: at most one in
+flight). "Any broker" means the connected candidate with the fewest requests in flight, else
+the next one that may be dialled, in the cache's order (``candidates``: known brokers first,
+then the bootstrap list round robin, so a dead bootstrap address is skipped on the next try).
+``ensure_node`` dials a partition leader when a batch or fetch needs it; ``dial_waiting``
+dials the leaders a core's step named, and says when to step again for those still in their
+reconnect backoff.
 
 ``connect_error()`` is the most recent connection failure, so a caller that waited for
 metadata in vain can say *why* (nothing listening at ...).
@@ -45,49 +47,27 @@ class ClusterIO:
         self.lock = lock
         self.allow_auto_topic_creation = allow_auto_topic_creation
         self.on_update = on_update
-        self.in_flight = False
         self._last_error: RivvenError | None = None
 
     def connect_error(self) -> RivvenError | None:
         return self._last_error
 
-    def candidates(self) -> list[Address]:
-        """Addresses to try for "any broker", best first (call under the lock)."""
-        known = list(self.metadata.brokers.values())
-        start = self.metadata.next_bootstrap()
-        boot = list(self.metadata.bootstrap)
-        index = boot.index(start)
-        ordered = boot[index:] + boot[:index]
-        return known + [a for a in ordered if a not in known]
-
     def any_address(self, now_ms: int) -> Address | None:
         """A connected or dialable broker (dials it), or None while all wait out a backoff."""
         with self.lock:
-            candidates = self.candidates()
+            candidates = self.metadata.candidates()
         address = self.net.least_loaded(candidates, now_ms)
         if address is None:
             return None
-        if not self.net.is_connected(address) and not self.net.connect(address):
-            self._last_error = self.net.last_error(address)
-            return None
-        return address
+        return self.dial(address)
 
     def dial(self, address: Address) -> Address | None:
         """``address``, connected or being dialled now, or None (it waits out a backoff, or
         the dial failed at once)."""
         if not self.net.is_connected(address) and not self.net.connect(address):
-            self._last_error = self.net.last_error(address)
+            self._last_error = self.net.backoff.error_of(address)
             return None
         return address
-
-    def node_retry_ms(self, node_id: int, now_ms: int) -> int | None:
-        """When node ``node_id`` may be dialled again, if it waits out a backoff now."""
-        with self.lock:
-            address = self.metadata.address_of(node_id)
-        if address is None or self.net.is_connected(address):
-            return None
-        retry_at = self.net.retry_at_ms(address)
-        return retry_at if retry_at > now_ms else None
 
     def ensure_node(self, node_id: int, now_ms: int) -> bool:
         """Whether the leader ``node_id`` can take a request now (dialling it if allowed)."""
@@ -97,23 +77,38 @@ class ClusterIO:
             return False
         if self.net.is_connected(address):
             return self.net.is_ready(address)
-        if not self.net.can_connect(address, now_ms):
+        if not self.net.backoff.can_dial(address, now_ms):
             return False
         if not self.net.connect(address):
-            self._last_error = self.net.last_error(address)
+            self._last_error = self.net.backoff.error_of(address)
             with self.lock:
                 self.metadata.request_update()
             return False
         return self.net.is_ready(address)
 
+    def dial_waiting(self, nodes: list[int], now_ms: int) -> tuple[bool, int | None]:
+        """Dial the leaders a step named (those out of their backoff). Returns whether one
+        is ready now, and the earliest end of a backoff among the others (None: none)."""
+        ready, wake_at = False, None
+        for node_id in nodes:
+            if self.ensure_node(node_id, now_ms):
+                ready = True
+                continue
+            with self.lock:
+                address = self.metadata.address_of(node_id)
+            if address is None or self.net.is_connected(address):
+                continue
+            retry_at = self.net.backoff.retry_at_ms(address)
+            if retry_at > now_ms:
+                wake_at = retry_at if wake_at is None else min(wake_at, retry_at)
+        return ready, wake_at
+
     def refresh_if_due(self, now_ms: int, force: bool = False) -> None:
-        """Send a Metadata request when due (or ``force``) and none is in flight."""
-        if self.in_flight:
-            return
+        """Send a Metadata request when the cache says one is due (or ``force``)."""
         with self.lock:
-            due = force or (bool(self.metadata.wanted) and self.metadata.needs_update(now_ms))
-        if not due:
-            return
+            if not self.metadata.refresh_due(now_ms, force=force):
+                return
+            self.metadata.on_refresh_started()
         address = self.any_address(now_ms)
         if address is None:
             with self.lock:
@@ -123,12 +118,10 @@ class ClusterIO:
         with self.lock:
             topics = self.metadata.request_topics()
             self.metadata.on_request_sent(now_ms)
-        self.in_flight = True
         request = metadata_request(topics, self.allow_auto_topic_creation)
         self.net.send(address, request, self._on_metadata)
 
     def _on_metadata(self, response: Any, error: RivvenError | None) -> None:
-        self.in_flight = False
         now_ms = monotonic_ms()
         with self.lock:
             if error is None and isinstance(response, m.MetadataResponse):

@@ -2,10 +2,12 @@
 
 Theory of operation
 -------------------
-A background *fetch thread* owns the network. Each loop it resolves position resets
-(ListOffsets to the partition leader), then sends one Fetch per leader that has none in flight,
-for every partition the ``FetchState`` calls fetchable, and waits in ``NetworkClient.poll``.
-Fetch answers are stored, undecoded, as completed fetches; the thread then notifies ``poll``.
+A background *fetch thread* owns the network. Each loop it asks the core's ``FetcherCore.step``
+(``consumer_core.py``, the same as the trio driver's) what to do: which position resets
+(ListOffsets to the partition leader) and which Fetches (one per leader with none in flight)
+to send, which leaders to dial, whether metadata is due and when to wake; it does that and
+waits in ``NetworkClient.poll``. Answers go back to the core; fetched data is stored,
+undecoded, as completed fetches; the thread then notifies ``poll``.
 
 ``poll`` takes a completed fetch under the lock (which makes its partition fetchable again and
 wakes the fetch thread, so the next Fetch is in flight while the user works), decodes it
@@ -68,10 +70,9 @@ from rivven_broker.client.fetch_state import (
     decode_completed,
 )
 from rivven_broker.client.metadata import MetadataCache, parse_bootstrap
-from rivven_broker.client.consumer_core import apply_fetch_answer, apply_reset_answer
+from rivven_broker.client.consumer_core import FetcherCore
 from rivven_broker.client.requests import (
     ISOLATION_LEVELS,
-    fetch_request,
     list_offsets_request,
     list_offsets_results,
 )
@@ -122,13 +123,12 @@ class Consumer:
             retry_backoff_ms=self._conn_config.retry_backoff_ms,
         )
         self._isolation = ISOLATION_LEVELS[self._config.isolation_level]
+        self._fetcher = FetcherCore(self._config, self._conn_config, self._metadata, self._state)
         self._net = NetworkClient(self._conn_config, in_flight_max=8, rng=random.Random())
         self._cluster = ClusterIO(
             self._net, self._metadata, self._cond, allow_auto_topic_creation=False
         )
-        self._fetching: set[int] = set()  # nodes with a Fetch in flight
         self._polls = self._records_returned = 0  # for metrics()
-        self._resetting: set[tuple[TopicPartition, int]] = set()
         self._inline: list | None = None  # [completed, records, index] being handed out
         self._sync: SyncClient | None = None
         self._closed = False
@@ -599,90 +599,50 @@ class Consumer:
                 self._cond.notify_all()
 
     def _loop_once(self) -> bool:
-        want: list[int] = []
+        net = self._net
 
-        def node_ready(node_id: int) -> bool:
+        def node_ready(node_id: int) -> bool | None:
             address = self._metadata.address_of(node_id)
-            if node_id in self._fetching or address is None:
-                return False
-            if self._net.is_ready(address):
-                return True
-            want.append(node_id)
-            return False
+            if not net.is_connected(address):
+                return None
+            return net.is_ready(address)
 
         with self._cond:
             if self._closed:
                 return False
             now = monotonic_ms()
-            resets = [r for r in self._state.resets_needed(now) if r[:2] not in self._resetting]
-            plans, unknown = self._state.plan_fetches(now, self._metadata.leader_for, node_ready)
-            if unknown or any(self._metadata.leader_for(tp.topic, tp.partition) is None
-                              for tp, _, _ in resets):
-                self._metadata.request_update()
-            wait_ms = _IDLE_WAIT_MS
-            retry = self._state.next_retry_ms(now)
-            if retry is not None:
-                wait_ms = min(wait_ms, retry - now)
-            if self._metadata.wanted:
-                wait_ms = min(wait_ms, self._metadata.update_due_ms(now) - now)
-        self._cluster.refresh_if_due(now)
-        dialled = any([self._cluster.ensure_node(node, now) for node in dict.fromkeys(want)])
-        self._send_resets(resets, now)
-        for plan in plans:
+            step = self._fetcher.step(now, node_ready)
+        if step.metadata_due:
+            self._cluster.refresh_if_due(now)
+        dialled, retry_at = self._cluster.dial_waiting(step.dial, now)
+        wake_at = step.wake_at_ms if retry_at is None else min(step.wake_at_ms, retry_at)
+        for node, entries in step.resets:
+            self._send_resets(node, entries)
+        for plan in step.fetches:
             self._send_fetch(plan)
-        self._net.poll(0 if dialled else max(0, wait_ms))
+        self._net.poll(0 if dialled else max(0, wake_at - now))
         return True
 
-    def _send_resets(self, resets: list[tuple[TopicPartition, int, int]], now: int) -> None:
-        by_node: dict[int, list[tuple[TopicPartition, int, int]]] = {}
+    def _send_resets(self, node: int, entries: list[tuple[TopicPartition, int, int]]) -> None:
         with self._cond:
-            for entry in resets:
-                node = self._metadata.leader_for(entry[0].topic, entry[0].partition)
-                if node is not None:
-                    by_node.setdefault(node, []).append(entry)
-        for node, entries in by_node.items():
-            if not self._cluster.ensure_node(node, now):
-                continue
             address = self._metadata.address_of(node)
-            for tp, epoch, _ in entries:
-                self._resetting.add((tp, epoch))
-            request = list_offsets_request([(tp, ts) for tp, _, ts in entries], self._isolation)
-            self._net.send(address, request, self._reset_handler(entries))
+            request = self._fetcher.reset_request(entries)
 
-    def _reset_handler(self, entries: list[tuple[TopicPartition, int, int]]):
         def on_answer(response: Any, error: RivvenError | None) -> None:
             with self._cond:
-                for tp, epoch, _ in entries:
-                    self._resetting.discard((tp, epoch))
-                if apply_reset_answer(self._state, entries, response, error, monotonic_ms()):
-                    self._metadata.request_update()
+                self._fetcher.on_reset_answer(entries, response, error, monotonic_ms())
                 self._cond.notify_all()
 
-        return on_answer
+        self._net.send(address, request, on_answer)
 
     def _send_fetch(self, plan: FetchPlan) -> None:
         with self._cond:
             address = self._metadata.address_of(plan.node_id)
-        config = self._config
-        request = fetch_request(
-            plan,
-            max_wait_ms=config.fetch_max_wait_ms,
-            min_bytes=config.fetch_min_bytes,
-            max_bytes=config.fetch_max_bytes,
-            partition_max_bytes=config.max_partition_fetch_bytes,
-            isolation_level=self._isolation,
-            leader_epoch=self._metadata.leader_epoch_for,
-        )
-        self._fetching.add(plan.node_id)
-        timeout_ms = self._conn_config.request_timeout_ms + config.fetch_max_wait_ms
-        self._net.send(address, request, self._fetch_handler(plan), timeout_ms=timeout_ms)
+            request = self._fetcher.fetch_request(plan)
 
-    def _fetch_handler(self, plan: FetchPlan):
         def on_answer(response: Any, error: RivvenError | None) -> None:
-            self._fetching.discard(plan.node_id)
             with self._cond:
-                if apply_fetch_answer(self._state, plan, response, error, monotonic_ms()):
-                    self._metadata.request_update()
+                self._fetcher.on_fetch_answer(plan, response, error, monotonic_ms())
                 self._cond.notify_all()
 
-        return on_answer
+        self._net.send(address, request, on_answer, timeout_ms=self._fetcher.fetch_timeout_ms)

@@ -2,8 +2,10 @@
 
 Theory of operation
 -------------------
-``GroupMember`` drives a ``GroupCore`` (every decision is there) for one blocking
-``Consumer``, sharing the consumer's lock (``cond``) that also guards its ``FetchState``:
+``GroupMember`` drives a ``GroupCore`` for one blocking ``Consumer``, sharing the consumer's
+lock (``cond``) that also guards its ``FetchState``; every decision is the core's (the
+membership in ``group_core.py``; coordinator lookup, commit retry, heartbeat schedule, timers
+and the ``commit_async`` bound in ``membership.py``, the same objects the trio driver follows):
 
 - The *user's thread* does everything that changes the assignment, inside ``poll`` (through
   ``maintain``): it pumps ``GroupCore.rebalance()`` - sending JoinGroup/SyncGroup/OffsetFetch,
@@ -38,20 +40,13 @@ import logging
 import re
 import threading
 from collections import deque
-from typing import Any, Callable, Iterable, Mapping, NamedTuple
+from typing import Any, Iterable, Mapping
 
 from rivven_broker.client._network import monotonic_ms
 from rivven_broker.client._sync import SyncClient
 from rivven_broker.client.config import ConnectionConfig, ConsumerConfig
-from rivven_broker.client.errors import (
-    BufferExhaustedError,
-    ClientTimeoutError,
-    ClosedError,
-    RivvenError,
-    error_for,
-)
+from rivven_broker.client.errors import ClosedError, RivvenError
 from rivven_broker.client.group_core import (
-    COORDINATOR_CODES,
     Assign,
     GroupCore,
     GroupSettings,
@@ -61,11 +56,26 @@ from rivven_broker.client.group_core import (
     Sleep,
     committed_offsets,
 )
+from rivven_broker.client.membership import (
+    AsyncCommits,
+    CommitCallback,
+    CommitRetry,
+    ConsumerGroupMetadata,
+    CoordinatorLookup,
+    GroupTimers,
+    HeartbeatSchedule,
+    RebalanceCallbacks,
+    counts_changed,
+    group_metadata_of,
+    matched_topics,
+    normalise_offsets,
+    partition_counts,
+    subscription_topics,
+)
 from rivven_broker.client.types import TopicPartition
-from rivven_broker.protocol import limits
-from rivven_broker.protocol.errors import ErrorCode
-from rivven_broker.protocol.group_messages import FindCoordinator
 
+#: ``ConsumerGroupMetadata``, ``CommitCallback``, ``RebalanceCallbacks`` and the helpers are the
+#: core's (``membership.py``), named here too for the blocking ``Consumer``.
 __all__ = [
     "ConsumerGroupMetadata",
     "group_metadata_of",
@@ -73,73 +83,9 @@ __all__ = [
     "RebalanceCallbacks",
     "CommitCallback",
     "normalise_offsets",
-    "warn_poll_timeout",
 ]
 
 log = logging.getLogger(__name__)
-
-#: ``callback(offsets, error)`` of ``commit_async`` (error None on success).
-CommitCallback = Callable[[dict[TopicPartition, int], "RivvenError | None"], None]
-_IDLE_WAIT_S = 1.0
-
-
-class ConsumerGroupMetadata(NamedTuple):
-    """A consumer's group membership at one moment (``Consumer.group_metadata()``), for
-    ``send_offsets_to_transaction``: the broker accepts the offsets only while this member is
-    still in ``generation_id`` of the group (KIP-447). Generation -1 with member id "" is the
-    membership of a consumer that has not joined (no check)."""
-
-    group_id: str
-    generation_id: int
-    member_id: str
-    group_instance_id: str | None = None
-
-
-def group_metadata_of(core: GroupCore) -> ConsumerGroupMetadata:
-    """The membership ``core`` knows now (call under the consumer's lock). Never blocks."""
-    return ConsumerGroupMetadata(
-        core.settings.group_id, core.generation, core.member_id, core.settings.group_instance_id
-    )
-
-
-def normalise_offsets(
-    offsets: Mapping[Any, Any]
-) -> dict[TopicPartition, tuple[int, str | None]]:
-    """``{tp: offset | (offset, metadata)}`` -> ``{TopicPartition: (offset, metadata)}``."""
-    out = {}
-    for tp, value in offsets.items():
-        offset, metadata = (value, None) if isinstance(value, int) else (value[0], value[1])
-        if not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"bad offset {offset!r} for {tp}")
-        out[TopicPartition(tp[0], tp[1])] = (offset, metadata)
-    return out
-
-
-def warn_poll_timeout(group_id: str | None, idle_ms: int, limit_ms: int) -> None:
-    """Log that a member leaves its group because ``poll`` was not called in time."""
-    log.warning(
-        "group %s: poll() was not called for %d ms, more than max_poll_interval_ms (%d); "
-        "leaving the group; the next poll rejoins", group_id, idle_ms, limit_ms,
-    )
-
-
-class RebalanceCallbacks:
-    """The user's rebalance callbacks: functions, or a listener object's methods."""
-
-    def __init__(self, listener: Any = None, on_assign: Any = None, on_revoke: Any = None,
-                 on_lost: Any = None) -> None:
-        self.on_assign = on_assign or getattr(listener, "on_partitions_assigned", None)
-        self.on_revoke = on_revoke or getattr(listener, "on_partitions_revoked", None)
-        self.on_lost = on_lost or getattr(listener, "on_partitions_lost", None)
-
-    def assigned(self, partitions: set[TopicPartition]) -> None:
-        if self.on_assign is not None:
-            self.on_assign(partitions)
-
-    def revoked(self, partitions: set[TopicPartition], lost: bool) -> None:
-        callback = (self.on_lost or self.on_revoke) if lost else self.on_revoke
-        if callback is not None:
-            callback(partitions)
 
 
 class GroupMember:
@@ -162,12 +108,20 @@ class GroupMember:
         self._fetch = fetch
         self._io = SyncClient(bootstrap, conn_config)  # the user's thread
         self._heartbeat_io = SyncClient(bootstrap, conn_config)  # the heartbeat thread
-        self._node: int | None = None
+        self._coordinator = CoordinatorLookup(self.core)
+        self._heartbeats = HeartbeatSchedule(
+            self.core, interval_ms=config.heartbeat_interval_ms,
+            request_timeout_ms=conn_config.request_timeout_ms,
+        )
+        self._timers = GroupTimers(
+            monotonic_ms(),
+            auto_commit_interval_ms=(
+                config.auto_commit_interval_ms if config.enable_auto_commit else None),
+            metadata_check_ms=conn_config.metadata_max_age_ms,
+        )
         self._callbacks = RebalanceCallbacks()
         self._pattern: re.Pattern[str] | None = None
-        self._next_check_ms = 0
-        self._next_auto_commit_ms = monotonic_ms() + config.auto_commit_interval_ms
-        self._async_jobs: deque[tuple[dict, CommitCallback | None]] = deque()
+        self._async = AsyncCommits()
         self._async_done: deque[tuple[CommitCallback, dict, RivvenError | None]] = deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -179,8 +133,8 @@ class GroupMember:
         """Start (or change) group membership. Call under the lock. Never blocks."""
         self._pattern = pattern
         self._callbacks = callbacks
-        self.core.subscribe(() if pattern is not None else topics)
-        self._next_check_ms = 0  # resolve a pattern at the next poll
+        self.core.subscribe(subscription_topics(topics, pattern))
+        self._timers.check_soon()  # resolve a pattern at the next poll
         self._start_thread()
 
     def wants_attention(self) -> bool:
@@ -196,20 +150,14 @@ class GroupMember:
         with self._cond:
             self.core.on_poll(monotonic_ms())
         self._run_async_callbacks()
-        if not self.core.subscribed:
-            if self.config.enable_auto_commit:
-                self._auto_commit()
-            return
-        now = monotonic_ms()
-        if now >= self._next_check_ms:
-            self._next_check_ms = now + self.conn_config.metadata_max_age_ms
-            self._check_metadata()
-        with self._cond:
-            busy = self.core.needs_attention()
-        if busy:
-            self._rebalance()
-        if self.config.enable_auto_commit:
-            self._auto_commit()
+        if self.core.subscribed:
+            if self._timers.metadata_check_due(monotonic_ms()):
+                self._check_metadata()
+            with self._cond:
+                busy = self.core.needs_attention()
+            if busy:
+                self._rebalance()
+        self._auto_commit()
 
     def poll_ended(self) -> None:
         """``poll`` returned or raised: the poll interval counts from now. Never blocks."""
@@ -220,24 +168,20 @@ class GroupMember:
         """Re-match a pattern; as the leader, notice new partitions. Rejoin on a change."""
         try:
             if self._pattern is not None:
-                answer = self._io.fetch_metadata(None)
-                matched = {t.name for t in answer.topics
-                           if t.error_code == ErrorCode.NONE and self._pattern.fullmatch(t.name)}
+                matched = matched_topics(self._io.fetch_metadata(None), self._pattern)
                 with self._cond:
                     self.core.subscribe(matched)
             with self._cond:
                 counts = dict(self.core.assigned_counts) if self.core.is_leader else {}
             found = self._partition_counts(sorted(counts)) if counts else {}
-            if counts and {topic: found.get(topic, 0) for topic in counts} != counts:
+            if counts_changed(counts, found):
                 with self._cond:
                     self.core.request_rejoin()
         except RivvenError as error:  # try again at the next check
             log.warning("group %s: metadata check failed: %s", self.config.group_id, error)
 
     def _partition_counts(self, topics: list[str]) -> dict[str, int]:
-        answer = self._io.fetch_metadata(topics)
-        return {t.name: len(t.partitions) for t in answer.topics
-                if t.error_code == ErrorCode.NONE and t.partitions}
+        return partition_counts(self._io.fetch_metadata(topics))
 
     # --- the rebalance -----------------------------------------------------------------
 
@@ -296,17 +240,13 @@ class GroupMember:
 
     # --- coordinator calls ---------------------------------------------------------------
 
-    def _coordinator(self, io: SyncClient) -> int:
+    def _coordinator_node(self, io: SyncClient) -> int:
         with self._cond:
-            node = None if self.core.coordinator_unknown else self._node
+            node = self._coordinator.node()
         if node is None:
-            answer = io.call(FindCoordinator(self.config.group_id, 0))
-            if answer.error_code != ErrorCode.NONE:
-                raise error_for(answer.error_code, f"finding the coordinator of "
-                                                   f"{self.config.group_id!r}")
-            node = answer.node_id
+            answer = io.call(self._coordinator.find_request())
             with self._cond:
-                self._node, self.core.coordinator_unknown = node, False
+                node = self._coordinator.on_found(answer)
         if io.metadata.address_of(node) is None:
             io.fetch_metadata([])
         return node
@@ -314,12 +254,11 @@ class GroupMember:
     def _call(self, io: SyncClient, request: Any, timeout_ms: int | None) -> tuple[Any, Any]:
         """``(response, None)`` or ``(None, error)``: the core decides what an error means."""
         try:
-            node = self._coordinator(io)
+            node = self._coordinator_node(io)
             return io.call(request, node_id=node, timeout_ms=timeout_ms), None
         except RivvenError as error:
-            if error.error_code in COORDINATOR_CODES or error.retriable:
-                with self._cond:
-                    self.core.coordinator_unknown = True
+            with self._cond:
+                self._coordinator.on_call_failed(error)
             return None, error
 
     # --- commits -------------------------------------------------------------------------
@@ -347,10 +286,8 @@ class GroupMember:
         self._commit(self._io, wanted, None)
 
     def _auto_commit(self) -> None:
-        now = monotonic_ms()
-        if now < self._next_auto_commit_ms:
+        if not self._timers.auto_commit_due(monotonic_ms()):
             return
-        self._next_auto_commit_ms = now + self.config.auto_commit_interval_ms
         try:
             with self._cond:
                 wanted = self._fetch._positions(None)
@@ -359,47 +296,34 @@ class GroupMember:
             log.warning("group %s: auto-commit failed: %s", self.config.group_id, error)
 
     def _commit(self, io: SyncClient, wanted: dict, timeout_ms: int | None) -> None:
+        """Commit until durable; the retry decisions are the core's ``CommitRetry``."""
         if not wanted:
             return
         timeout_ms = self.conn_config.request_timeout_ms if timeout_ms is None else timeout_ms
-        deadline = monotonic_ms() + timeout_ms
+        with self._cond:
+            commit = CommitRetry(self.core, wanted, now_ms=monotonic_ms(), timeout_ms=timeout_ms,
+                                 retry_backoff_ms=self.conn_config.retry_backoff_ms)
         while True:
             with self._cond:
-                request = self.core.commit_request(wanted)
-            response, error = self._call(io, request, max(deadline - monotonic_ms(), 1))
-            codes: dict[TopicPartition, ErrorCode] = {}
-            if error is None:
-                with self._cond:
-                    codes = self.core.on_commit_response(request, response)
-                failed = {c for c in codes.values() if c != ErrorCode.NONE}
-                if not failed:
-                    return
-                if not failed <= COORDINATOR_CODES:
-                    code = min(failed - COORDINATOR_CODES, key=int)
-                    raise error_for(code, f"commit of group {self.config.group_id!r}")
-                error = error_for(min(failed, key=int), "commit")
-            if not error.retriable:
-                raise error
-            if monotonic_ms() + self.conn_config.retry_backoff_ms >= deadline:
-                raise ClientTimeoutError(f"commit not done within {timeout_ms} ms") from error
+                request, remaining_ms = commit.request(monotonic_ms())
+            response, error = self._call(io, request, remaining_ms)
             with self._cond:
-                self._cond.wait(self.conn_config.retry_backoff_ms / 1000)
+                wait_ms = commit.on_answer(request, response, error, monotonic_ms())
+                if wait_ms is None:
+                    return
+                self._cond.wait(wait_ms / 1000)
 
     def commit_async(self, offsets: Mapping[Any, Any] | None,
                      callback: CommitCallback | None) -> None:
         """Queue a commit for the heartbeat thread. Never blocks. Call under no lock.
 
         Raises:
-            BufferExhaustedError: ``limits.async_commits_pending_max`` commits are queued.
+            BufferExhaustedError: ``limits.async_commits_pending_max`` commits are pending.
         """
         with self._cond:
-            if len(self._async_jobs) >= limits.async_commits_pending_max:
-                raise BufferExhaustedError(
-                    f"{len(self._async_jobs)} async commits are already queued"
-                )
             wanted = (self._fetch._positions(None) if offsets is None
                       else normalise_offsets(offsets))
-            self._async_jobs.append((wanted, callback))
+            self._async.add(wanted, callback)
             self._start_thread()
             self._cond.notify_all()
 
@@ -433,56 +357,38 @@ class GroupMember:
             self._thread.start()
 
     def _heartbeat_loop(self) -> None:
-        interval = self.config.heartbeat_interval_ms
-        next_beat = 0
+        """Async commits first, else what the core's ``HeartbeatSchedule`` says."""
         while True:
+            job, step = None, None
             with self._cond:
-                while not self._stopping and not self._async_jobs:
-                    beat = self.core.heartbeat_request()
-                    wait_ms = next_beat - monotonic_ms()
-                    if beat is not None and wait_ms <= 0:
+                while not self._stopping:
+                    job = self._async.take()
+                    if job is not None:
                         break
-                    idle_s = min(_IDLE_WAIT_S, interval / 1000)
-                    self._cond.wait(idle_s if beat is None else wait_ms / 1000)
+                    step = self._heartbeats.step(monotonic_ms())
+                    if step.request is not None or step.leaving:
+                        break
+                    self._cond.wait(step.wait_ms / 1000)
                 if self._stopping:
                     return
-                job = self._async_jobs.popleft() if self._async_jobs else None
-                expired, leave = (False, None) if job is not None else self._poll_expiry()
-                beat = None if job is not None or expired else self.core.heartbeat_request()
+                if step is not None and step.leaving:
+                    self._cond.notify_all()  # a waiting poll reports the loss and rejoins
             if job is not None:
                 self._run_async_commit(*job)
                 continue
-            if expired:
-                if leave is not None:  # a request's time: a lost LeaveGroup keeps the partitions
-                    _, error = self._call(
-                        self._heartbeat_io, leave, self.conn_config.request_timeout_ms
-                    )
-                    if error is not None:
-                        log.warning("group %s: LeaveGroup failed: %s", self.config.group_id,
-                                    error)
+            assert step is not None
+            if step.warning is not None:
+                log.warning("%s", step.warning)
+            if step.request is None:
+                continue  # a static member leaves by going silent
+            response, error = self._call(self._heartbeat_io, step.request, step.timeout_ms)
+            if step.leaving:
+                if error is not None:
+                    log.warning("group %s: LeaveGroup failed: %s", self.config.group_id, error)
                 continue
-            if beat is None:
-                continue
-            next_beat = monotonic_ms() + interval
-            response, error = self._call(self._heartbeat_io, beat, interval)
             with self._cond:
-                if error is None:
-                    self.core.on_heartbeat(beat, ErrorCode.from_wire(response.error_code))
-                if self.core.needs_attention():
+                if self._heartbeats.on_answer(step.request, response, error):
                     self._cond.notify_all()  # wake a waiting poll: it must rejoin
-
-    def _poll_expiry(self) -> tuple[bool, Any]:
-        """Under the lock: ``(True, LeaveGroup or None)`` when the member has just left for
-        want of a ``poll`` within ``max_poll_interval_ms`` (module docstring), else
-        ``(False, None)``."""
-        now = monotonic_ms()
-        if not self.core.poll_timeout_expired(now):
-            return False, None
-        warn_poll_timeout(self.config.group_id, self.core.poll_idle_ms(now),
-                          self.config.max_poll_interval_ms)
-        leave = self.core.leave_for_poll_timeout()
-        self._cond.notify_all()
-        return True, leave
 
     def _run_async_commit(self, wanted: dict, callback: CommitCallback | None) -> None:
         error: RivvenError | None = None
@@ -490,6 +396,9 @@ class GroupMember:
             self._commit(self._heartbeat_io, wanted, None)
         except RivvenError as exc:
             error = exc
+        finally:
+            with self._cond:
+                self._async.finished()
         if callback is None:
             if error is not None:
                 log.warning("group %s: async commit failed: %s", self.config.group_id, error)

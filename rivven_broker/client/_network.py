@@ -16,9 +16,9 @@ be called from other threads. Handlers run on the driving thread as ``handler(re
 error)`` with exactly one of the two set.
 
 Failures: a refused or lost connection fails every handler in flight on it with
-``ConnectionFailedError`` (retriable) and the address waits out a reconnect backoff
-(``reconnect_backoff_ms`` doubling to ``reconnect_backoff_max_ms``, with jitter) before the
-next ``connect``. A request older than its timeout closes its connection (the stream cannot
+``ConnectionFailedError`` (retriable) and the address waits out a reconnect backoff before the
+next ``connect``: ``backoff``, the core's ``ReconnectBackoff`` (``reconnect_backoff_ms``
+doubling to ``reconnect_backoff_max_ms``, with jitter), decides when. A request older than its timeout closes its connection (the stream cannot
 skip one response) and fails everything in flight there with ``RequestTimedOutError``. A
 protocol violation by the server fails them with the error of its code. Every new connection
 starts with a ``Handshake``; the connection is *ready* (``is_ready``) once the broker accepted
@@ -54,8 +54,8 @@ from rivven_broker.client.errors import (
     error_for,
 )
 from rivven_broker.client.metadata import Address
+from rivven_broker.client.reconnect import ReconnectBackoff
 from rivven_broker.client.requests import sendable
-from rivven_broker.client.retry import reconnect_backoff_ms
 from rivven_broker.protocol import messages as m
 from rivven_broker.protocol.connection import ClientConnection
 from rivven_broker.protocol.errors import ProtocolError
@@ -111,12 +111,10 @@ class NetworkClient:
     ) -> None:
         self.config = config
         self.in_flight_max = in_flight_max
-        self._rng = rng or random.Random()
         self._connections: dict[Address, BrokerConnection] = {}
-        self._failures: dict[Address, int] = {}
-        self._retry_at_ms: dict[Address, int] = {}
-        self._last_error: dict[Address, RivvenError] = {}
-        self.failed_dials = 0  # connections refused, lost or timed out, ever
+        self.backoff = ReconnectBackoff(
+            config.reconnect_backoff_ms, config.reconnect_backoff_max_ms, rng or random.Random()
+        )
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -141,15 +139,6 @@ class NetworkClient:
     def in_flight(self, address: Address) -> int:
         conn = self._connections.get(address)
         return 0 if conn is None else conn.in_flight
-
-    def can_connect(self, address: Address, now_ms: int) -> bool:
-        return self._retry_at_ms.get(address, 0) <= now_ms
-
-    def retry_at_ms(self, address: Address) -> int:
-        return self._retry_at_ms.get(address, 0)
-
-    def last_error(self, address: Address) -> RivvenError | None:
-        return self._last_error.get(address)
 
     def connect(self, address: Address) -> bool:
         """Open a connection (blocking up to connect_timeout_ms). False on failure, recorded
@@ -179,8 +168,7 @@ class NetworkClient:
             if error is not None:
                 return  # the connection failed; its other handlers learn it too
             if isinstance(response, m.HandshakeResponse) and response.compatible:
-                self._failures.pop(conn.address, None)
-                self._last_error.pop(conn.address, None)
+                self.backoff.on_connected(conn.address)
                 conn.api_versions = dict(response.api_versions)
                 conn.ready = True
                 return
@@ -190,18 +178,7 @@ class NetworkClient:
         return on_handshake
 
     def _on_connect_failed(self, address: Address, error: RivvenError) -> None:
-        self.failed_dials += 1
-        failures = self._failures.get(address, 0) + 1
-        self._failures[address] = failures
-        backoff = reconnect_backoff_ms(
-            self.config.reconnect_backoff_ms, self.config.reconnect_backoff_max_ms,
-            failures, self._rng,
-        )
-        self._retry_at_ms[address] = monotonic_ms() + backoff
-        self._last_error[address] = error
-
-    def failures(self, address: Address) -> int:
-        return self._failures.get(address, 0)
+        self.backoff.on_dial_failed(address, error, monotonic_ms())
 
     def least_loaded(self, candidates: list[Address], now_ms: int) -> Address | None:
         """A connected candidate with the fewest requests in flight, else one we may dial."""
@@ -212,7 +189,8 @@ class NetworkClient:
         if connecting:  # handshaking: requests queue behind the Handshake
             return connecting[0]
         dialable = [
-            a for a in candidates if a not in self._connections and self.can_connect(a, now_ms)
+            a for a in candidates
+            if a not in self._connections and self.backoff.can_dial(a, now_ms)
         ]
         return dialable[0] if dialable else None
 

@@ -372,11 +372,10 @@ class Producer:
         error = TransactionAbortedError("the transaction was aborted before this was sent")
         while True:
             with self._cond:
-                txn = self._transactions()
-                outcomes = self._core.abort_transaction_records(error)
-                idle = txn.in_flight_batches == 0 and not outcomes
+                self._transactions()
+                outcomes, finished = self._core.abort_transaction_records(error)
             self._finish(outcomes)
-            if idle:
+            if finished:
                 break
             if monotonic_ms() >= deadline:
                 raise ClientTimeoutError("records of the transaction still in flight")
@@ -439,16 +438,14 @@ class Producer:
 
     def _loop_once(self) -> bool:
         """One sender iteration; False when the thread should exit."""
-        want: list[int] = []
-
         in_flight_max = self._config.max_in_flight_requests_per_connection
+        net = self._net
 
-        def node_ready(node_id: int) -> bool:
+        def node_ready(node_id: int) -> bool | None:
             address = self._metadata.address_of(node_id)
-            if address is not None and self._net.is_ready(address):
-                return self._net.in_flight(address) < in_flight_max
-            want.append(node_id)
-            return False
+            if not net.is_connected(address):
+                return None
+            return net.is_ready(address) and net.in_flight(address) < in_flight_max
 
         with self._cond:
             if self._stopping:
@@ -456,16 +453,12 @@ class Producer:
             now = monotonic_ms()
             step = self._core.step(now, node_ready)
         self._finish(step.failed)
-        self._cluster.refresh_if_due(now)
-        dialled = False
+        if step.metadata_due:
+            self._cluster.refresh_if_due(now)
         wait_ms = _IDLE_WAIT_MS if step.wake_at_ms is None else step.wake_at_ms - now
-        for node_id in dict.fromkeys(want):
-            if self._cluster.ensure_node(node_id, now):
-                dialled = True
-            else:
-                retry_ms = self._cluster.node_retry_ms(node_id, now)
-                if retry_ms is not None:
-                    wait_ms = min(wait_ms, retry_ms - now)
+        dialled, retry_at = self._cluster.dial_waiting(step.dial, now)
+        if retry_at is not None:
+            wait_ms = min(wait_ms, retry_at - now)
         for plan in step.plans:
             self._send_plan(plan)
         with self._cond:

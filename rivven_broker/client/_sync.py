@@ -10,7 +10,9 @@ exponential backoff and jitter until ``timeout_ms``; others are raised at once. 
 
 "Cannot connect" is reported fast: when ``connect_attempts_max`` dial attempts in a row found
 nothing listening at any candidate address, ``call`` raises ``ConnectionFailedError`` instead of
-retrying to its full timeout (the CLI turns that into exit code 2).
+retrying to its full timeout (the CLI turns that into exit code 2). Every such decision (and
+the backoff between attempts) is the core's ``CallRetry`` (``call_retry.py``), which the trio
+driver's ``TrioCluster.call`` follows too.
 
 Thread-safety: one lock serialises calls; a ``SyncClient`` belongs to one object (an
 ``Admin``, or a ``Consumer`` for its offset look-ups).
@@ -25,14 +27,8 @@ from typing import Any
 from rivven_broker.client._cluster import ClusterIO
 from rivven_broker.client._network import NetworkClient, monotonic_ms
 from rivven_broker.client.config import ConnectionConfig
-from rivven_broker.client.errors import (
-    ClientTimeoutError,
-    ClosedError,
-    ConnectionFailedError,
-    RivvenError,
-    UnknownTopicOrPartitionError,
-    error_for,
-)
+from rivven_broker.client.call_retry import CallRetry
+from rivven_broker.client.errors import ClientTimeoutError, ClosedError, RivvenError
 from rivven_broker.client.metadata import Address, MetadataCache, parse_bootstrap
 from rivven_broker.client.requests import check_response, metadata_request
 from rivven_broker.client.retry import RetryPolicy
@@ -80,72 +76,54 @@ class SyncClient:
     ) -> Any:
         """Send ``request`` (to ``node_id``, or any broker) and return the answer. Blocks.
 
-        An ``ErrorResponse`` with a non-retriable code is raised as its ``BrokerError``.
+        An ``ErrorResponse`` with a non-retriable code is raised as its ``BrokerError``. The
+        retry decisions are the core's ``CallRetry``.
 
         Raises:
-            ConnectionFailedError: no broker reachable (``connect_attempts_max`` dials failed).
+            ConnectionFailedError: no broker reachable (``connect_attempts_max`` dials failed),
+                or ``node_id`` is not in the metadata (retriable; a refresh is asked for).
             ClientTimeoutError: no answer within ``timeout_ms`` (default request_timeout_ms).
             BrokerError: the broker refused the request as a whole.
             ClosedError: the client is closed.
         """
         timeout_ms = self.config.request_timeout_ms if timeout_ms is None else timeout_ms
-        deadline = monotonic_ms() + timeout_ms
-        attempts = 0
-        dial_failures = 0
-        last_error: RivvenError | None = None
+        backoff = self._net.backoff
         with self._lock:
+            retry = CallRetry(
+                now_ms=monotonic_ms(), timeout_ms=timeout_ms, policy=self._retry, rng=self._rng,
+                metadata=self.metadata, connect_attempts_max=self.connect_attempts_max,
+            )
             while True:
                 if self._closed:
                     raise ClosedError("the client is closed")
+                retry.target_known(node_id)
                 now = monotonic_ms()
-                failed_before = self._net.failed_dials
-                address = self._address(node_id, now)
+                failed_before = backoff.failed_dials
+                address, candidates = self._address(node_id, now)
                 if address is None:
-                    if self._net.failed_dials > failed_before:
-                        dial_failures += 1  # a real dial failed (not just a backoff wait)
-                    last_error = self._cluster.connect_error() or last_error
-                    if dial_failures >= self.connect_attempts_max or now >= deadline:
-                        raise ConnectionFailedError(
-                            f"cannot reach a broker: {last_error.message if last_error else ''}"
-                        )
-                    self._net.poll(max(0, min(self._wait_for_dial(now), deadline - now)))
+                    self._net.poll(retry.no_connection(
+                        now, dial_failed=backoff.failed_dials > failed_before,
+                        next_dial_ms=backoff.next_dial_ms(candidates, now),
+                        error=backoff.last_error,
+                    ))
                     continue
-                attempts += 1
                 try:
-                    return self._once(address, request, deadline - now)
+                    return retry.answer(self._once(address, request, retry.attempt(now)))
                 except RivvenError as error:
-                    last_error = error
-                    decision = self._retry.decide(
-                        retriable=error.retriable,
-                        error_code=error.error_code,
-                        attempts=attempts,
-                        now_ms=monotonic_ms(),
-                        deadline_ms=deadline,
-                        rng=self._rng,
-                    )
-                    if decision.refresh_metadata:
-                        self.metadata.request_update()
-                    if not decision.retry:
-                        raise
-                    self._net.poll(max(0, decision.retry_at_ms - monotonic_ms()))
+                    self._net.poll(retry.failed(error, monotonic_ms()))
 
-    def _address(self, node_id: int | None, now: int) -> Address | None:
+    def _address(self, node_id: int | None, now: int) -> tuple[Address | None, list[Address]]:
+        """A connection's address (dialled if needed), or None; and the addresses it was
+        chosen from (their backoffs say when to look again)."""
         if node_id is None:
-            return self._cluster.any_address(now)
+            return self._cluster.any_address(now), self.metadata.addresses()
         address = self.metadata.address_of(node_id)
-        if address is None:
-            raise UnknownTopicOrPartitionError(f"broker {node_id} is not in the metadata")
+        assert address is not None, "CallRetry.target_known checked it"
         if self._net.is_connected(address) or (
-            self._net.can_connect(address, now) and self._net.connect(address)
+            self._net.backoff.can_dial(address, now) and self._net.connect(address)
         ):
-            return address
-        return None
-
-    def _wait_for_dial(self, now: int) -> int:
-        with self._lock:
-            candidates = self._cluster.candidates()
-        times = [self._net.retry_at_ms(a) - now for a in candidates]
-        return max(1, min(times) + 1) if times else self.config.retry_backoff_ms
+            return address, [address]
+        return None, [address]
 
     def _once(self, address: Address, request: Any, timeout_ms: int) -> Any:
         result: list = []
@@ -173,8 +151,6 @@ class SyncClient:
         response, error = result[0]
         if error is not None:
             raise error
-        if isinstance(response, m.ErrorResponse):
-            raise error_for(response.error_code, response.message)
         return response
 
     # --- metadata helpers --------------------------------------------------------------------
@@ -199,12 +175,8 @@ class SyncClient:
             node = self.metadata.leader_for(topic, partition)
         if node is None:
             self.fetch_metadata(sorted(self.metadata.wanted), timeout_ms=timeout_ms)
-            code = self.metadata.topic_error(topic)
-            if code is not None:
-                raise error_for(code, f"topic {topic!r}")
-            node = self.metadata.leader_for(topic, partition)
-            if node is None:
-                raise UnknownTopicOrPartitionError(f"{topic}-{partition} has no known leader")
+            with self._lock:
+                node = self.metadata.leader_or_raise(topic, partition)
         return node
 
     def close(self) -> None:

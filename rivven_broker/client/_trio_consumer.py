@@ -1,10 +1,11 @@
-"""The trio ``Consumer`` and ``Admin``: the blocking ones' cores, driven by tasks.
+"""The trio ``Consumer``: the blocking one's cores, driven by tasks.
 
 Theory of operation
 -------------------
-``TrioConsumer`` keeps a ``FetchState``; a fetch task resolves position resets and keeps one
-Fetch in flight per leader (one task per request), exactly as the blocking fetch thread does,
-and fires a signal when data lands. ``poll`` takes a completed fetch (making its partition
+``TrioConsumer`` keeps a ``FetchState``; a fetch task steps the core's ``FetcherCore`` (the
+same as the blocking fetch thread's): it starts one task per position reset and per Fetch
+the step plans (one in flight per leader), dials the leaders the step names, and fires a
+signal when data lands. ``poll`` takes a completed fetch (making its partition
 fetchable again, so the next Fetch overlaps the caller's work), decodes it and hands out up to
 ``max_poll_records`` records. No locks: state changes happen between awaits.
 
@@ -12,9 +13,7 @@ With a ``group_id``, ``subscribe`` makes the consumer a group member: ``poll`` a
 group's work (rebalances, callbacks, auto-commit) and a heartbeat task keeps the session
 (``_trio_group.py``, the same ``GroupCore`` as the blocking consumer).
 
-``TrioAdmin`` is the blocking ``Admin`` with ``await``: each method is one or two
-``TrioCluster.call``s and the shared answer readers of ``requests.py`` and
-``group_admin.py``.
+``TrioAdmin`` lives in ``_trio_admin.py``.
 """
 
 from __future__ import annotations
@@ -26,12 +25,6 @@ from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 import trio
 
 from rivven_broker.client._collector import CollectorPause
-from rivven_broker.client._group import (
-    CommitCallback,
-    ConsumerGroupMetadata,
-    RebalanceCallbacks,
-    group_metadata_of,
-)
 from rivven_broker.client._trio_group import TrioGroupMember
 from rivven_broker.client._trio_net import Background, ClientEnv, Signal, Spawner, TrioCluster
 from rivven_broker.client.config import (
@@ -41,13 +34,18 @@ from rivven_broker.client.config import (
     build_configs,
     deserialize,
 )
-from rivven_broker.client.consumer_core import apply_fetch_answer, apply_reset_answer
+from rivven_broker.client.consumer_core import FetcherCore
+from rivven_broker.client.membership import (
+    CommitCallback,
+    ConsumerGroupMetadata,
+    RebalanceCallbacks,
+    group_metadata_of,
+)
 from rivven_broker.client.errors import (
     ClientTimeoutError,
     ClosedError,
     ConnectionFailedError,
     RivvenError,
-    UnsupportedVersionError,
     error_for,
 )
 from rivven_broker.client.fetch_state import (
@@ -58,46 +56,19 @@ from rivven_broker.client.fetch_state import (
     consumer_metrics,
     decode_completed,
 )
-from rivven_broker.client.metadata import Address
 from rivven_broker.client.requests import (
     ISOLATION_LEVELS,
     check_response,
-    cluster_status,
-    members_of,
-    delete_records_request,
-    delete_records_results,
-    fetch_request,
     list_offsets_request,
     list_offsets_results,
     metadata_request,
     raise_for,
-    topic_description,
-    topic_listings,
 )
-from rivven_broker.client.types import (
-    ClusterStatus,
-    PartitionOffset,
-    Record,
-    TopicDescription,
-    TopicListing,
-    TopicPartition,
-)
-from rivven_broker.client.group_admin import (
-    CoordinatorSearch,
-    GroupDescription,
-    GroupListing,
-    group_description,
-    group_listings,
-    group_members,
-    merged_listings,
-    parse_reset_target,
-    plan_reset,
-)
-from rivven_broker.client.group_core import committed_offsets
+from rivven_broker.client.types import PartitionOffset, Record, TopicPartition
 from rivven_broker.protocol import messages as m
 from rivven_broker.protocol.errors import ErrorCode
 
-__all__ = ["TrioConsumer", "TrioAdmin", "open_consumer", "open_admin"]
+__all__ = ["TrioConsumer", "open_consumer"]
 
 _IDLE_WAIT_MS = 1000
 
@@ -125,10 +96,10 @@ class TrioConsumer:
             retry_backoff_ms=conn_config.retry_backoff_ms,
         )
         self._isolation = ISOLATION_LEVELS[self._config.isolation_level]
+        self._fetcher = FetcherCore(self._config, conn_config, self._metadata, self._state)
         self._wake = Signal()  # the fetch task has something to do
+        self._cluster.on_update = self._wake.fire  # a refresh or a dial ended: step again
         self._arrived = Signal()  # data, a reset or an error landed
-        self._fetching: set[int] = set()
-        self._resetting: set[tuple[TopicPartition, int]] = set()
         self._inline: list | None = None
         self._closed = False
         self._group: TrioGroupMember | None = None
@@ -415,109 +386,47 @@ class TrioConsumer:
 
     # --- the fetch task --------------------------------------------------------------------------
     async def _run_fetcher(self) -> None:
+        def node_ready(node_id: int) -> bool | None:
+            address = self._metadata.address_of(node_id)
+            return None if self._cluster.connection(address) is None else True
+
         while not self._closed:
             now = self._clock.monotonic_ms()
-            want: list[int] = []
-
-            def node_ready(node_id: int) -> bool:
-                address = self._metadata.address_of(node_id)
-                if address is None or node_id in self._fetching:
-                    return False
-                if self._cluster.connection(address) is None:
-                    want.append(node_id)
-                    return False
-                return True
-
-            resets = [r for r in self._state.resets_needed(now) if r[:2] not in self._resetting]
-            plans, unknown = self._state.plan_fetches(now, self._metadata.leader_for, node_ready)
-            if unknown:
-                self._metadata.request_update()
-            if self._metadata.wanted and self._metadata.needs_update(now):
-                self._cluster.refresh_soon()
-            self._start_resets(resets, want)
-            for plan in plans:
-                self._fetching.add(plan.node_id)
+            step = self._fetcher.step(now, node_ready)
+            if step.metadata_due:
+                self._cluster.refresh_soon()  # its end wakes this task (on_update)
+            wake_at = step.wake_at_ms
+            retry_at = self._cluster.dial_waiting(step.dial, now)  # a dial's end wakes it too
+            if retry_at is not None:
+                wake_at = min(wake_at, max(retry_at, now + 1))
+            for node, entries in step.resets:
+                self._nursery.start_soon(self._reset_offsets, node, entries)
+            for plan in step.fetches:
                 self._nursery.start_soon(self._fetch, plan)
-            wait_ms = _IDLE_WAIT_MS
-            for node_id in dict.fromkeys(want):
-                address = self._metadata.address_of(node_id)
-                if self._cluster.can_dial(address, now):
-                    self._nursery.start_soon(self._dial, address)
-                else:
-                    wait_ms = min(wait_ms, max(self._cluster.retry_at_ms(address) - now, 1))
-            retry = self._state.next_retry_ms(now)
-            if retry is not None:
-                wait_ms = min(wait_ms, retry - now)
-            if self._metadata.wanted:
-                wait_ms = min(wait_ms, max(self._metadata.update_due_ms(now) - now, 1))
-            await self._wake.wait(max(0, wait_ms))
+            await self._wake.wait(max(0, wake_at - now))
 
-    async def _dial(self, address: Address) -> None:
+    async def _request(self, node_id: int, request: Any, timeout_ms: int) -> tuple[Any, Any]:
+        """``(response, None)`` or ``(None, error)`` of one request to a connected leader."""
         try:
-            await self._cluster.connect(address)
-        except RivvenError:
-            self._metadata.request_update()
-        self._wake.fire()
-
-    def _start_resets(self, resets: list, want: list[int]) -> None:
-        by_node: dict[int, list] = {}
-        for entry in resets:
-            node = self._metadata.leader_for(entry[0].topic, entry[0].partition)
-            if node is None:
-                self._metadata.request_update()
-                continue
-            address = self._metadata.address_of(node)
-            if self._cluster.connection(address) is None:
-                want.append(node)
-                continue
-            by_node.setdefault(node, []).append(entry)
-        for node, entries in by_node.items():
-            for tp, epoch, _ in entries:
-                self._resetting.add((tp, epoch))
-            self._nursery.start_soon(self._reset_offsets, node, entries)
+            conn = self._cluster.connection(self._metadata.address_of(node_id))
+            if conn is None:
+                raise ConnectionFailedError(f"no connection to broker {node_id}")
+            return await conn.request(request, timeout_ms), None
+        except RivvenError as error:
+            return None, error
 
     async def _reset_offsets(self, node: int, entries: list) -> None:
-        response, error = None, None
-        try:
-            conn = self._cluster.connection(self._metadata.address_of(node))
-            if conn is None:
-                raise ConnectionFailedError(f"no connection to broker {node}")
-            request = list_offsets_request([(tp, ts) for tp, _, ts in entries], self._isolation)
-            response = await conn.request(request, self._conn_config.request_timeout_ms)
-        except RivvenError as exc:
-            error = exc
-        for tp, epoch, _ in entries:
-            self._resetting.discard((tp, epoch))
-        now = self._clock.monotonic_ms()
-        if apply_reset_answer(self._state, entries, response, error, now):
-            self._metadata.request_update()
+        request = self._fetcher.reset_request(entries)
+        response, error = await self._request(node, request, self._conn_config.request_timeout_ms)
+        self._fetcher.on_reset_answer(entries, response, error, self._clock.monotonic_ms())
         self._arrived.fire()
         self._wake.fire()
 
     async def _fetch(self, plan: FetchPlan) -> None:
-        config = self._config
-        response, error = None, None
-        try:
-            conn = self._cluster.connection(self._metadata.address_of(plan.node_id))
-            if conn is None:
-                raise ConnectionFailedError(f"no connection to broker {plan.node_id}")
-            request = fetch_request(
-                plan,
-                max_wait_ms=config.fetch_max_wait_ms,
-                min_bytes=config.fetch_min_bytes,
-                max_bytes=config.fetch_max_bytes,
-                partition_max_bytes=config.max_partition_fetch_bytes,
-                isolation_level=self._isolation,
-                leader_epoch=self._metadata.leader_epoch_for,
-            )
-            timeout_ms = self._conn_config.request_timeout_ms + config.fetch_max_wait_ms
-            response = await conn.request(request, timeout_ms)
-        except RivvenError as exc:
-            error = exc
-        finally:
-            self._fetching.discard(plan.node_id)
-        if apply_fetch_answer(self._state, plan, response, error, self._clock.monotonic_ms()):
-            self._metadata.request_update()
+        request = self._fetcher.fetch_request(plan)
+        response, error = await self._request(plan.node_id, request,
+                                              self._fetcher.fetch_timeout_ms)
+        self._fetcher.on_fetch_answer(plan, response, error, self._clock.monotonic_ms())
         self._arrived.fire()
         self._wake.fire()
 
@@ -550,171 +459,6 @@ class TrioConsumer:
         self._wake.fire()
 
 
-class TrioAdmin:
-    """Use through ``open_admin``; methods as the blocking ``Admin``, awaited."""
-
-    def __init__(self, bootstrap: str, env: Any, nursery: trio.Nursery,
-                 *, connect_attempts_max: int = 3, **options: Any) -> None:
-        (config,) = build_configs(options, ConnectionConfig)
-        self._cluster = TrioCluster(bootstrap, config, env, nursery, in_flight_max=8,
-                                    connect_attempts_max=connect_attempts_max)
-        self._rng = env.rng("admin-retry")
-
-    async def create_topic(self, name: str, partitions: int = 3, replication_factor: int = 1,
-                           config: Mapping[str, str] | None = None, *,
-                           validate_only: bool = False) -> None:
-        request = m.CreateTopic(name=name, partitions=partitions,
-                                replication_factor=replication_factor,
-                                configs=dict(config or {}), validate_only=validate_only)
-        response = check_response(await self._cluster.call(request), m.CreateTopicResponse)
-        raise_for(response.error_code, response.error_message, f"create topic {name!r}")
-
-    async def list_topics(self, *, include_internal: bool = False) -> list[TopicListing]:
-        request = m.ListTopics(include_internal=include_internal)
-        return topic_listings(await self._cluster.call(request))
-
-    async def describe_topic(self, name: str) -> TopicDescription:
-        describe = await self._cluster.call(m.DescribeTopic(name=name))
-        metadata = await self._cluster.call(metadata_request([name], False))
-        return topic_description(describe, metadata)
-
-    async def alter_topic_config(self, name: str, config: Mapping[str, str | None]) -> None:
-        request = m.AlterTopicConfig(name=name, configs=dict(config))
-        response = check_response(await self._cluster.call(request), m.AlterTopicConfigResponse)
-        raise_for(response.error_code, response.error_message, f"alter topic {name!r}")
-
-    async def create_partitions(self, topic: str, total_count: int, *,
-                                validate_only: bool = False) -> None:
-        request = m.CreatePartitions(name=topic, count=total_count, validate_only=validate_only)
-        response = check_response(await self._cluster.call(request), m.CreatePartitionsResponse)
-        raise_for(response.error_code, response.error_message, f"create partitions of {topic!r}")
-
-    async def delete_topic(self, name: str) -> None:
-        response = check_response(
-            await self._cluster.call(m.DeleteTopic(name=name)), m.DeleteTopicResponse
-        )
-        raise_for(response.error_code, response.error_message, f"delete topic {name!r}")
-
-    async def list_offsets(
-        self, specs: Mapping[TopicPartition, int]
-    ) -> dict[TopicPartition, PartitionOffset]:
-        out = {}
-        for node, entries in (await self._by_leader(specs)).items():
-            answer = await self._cluster.call(list_offsets_request(entries), node_id=node)
-            for tp, (code, offset) in list_offsets_results(answer).items():
-                raise_for(code, None, f"list offsets of {tp}")
-                out[tp] = offset
-        return out
-
-    async def delete_records(self, offsets: Mapping[TopicPartition, int], *,
-                             timeout_ms: int = 30_000) -> dict[TopicPartition, int]:
-        out: dict[TopicPartition, int] = {}
-        for node, entries in (await self._by_leader(offsets)).items():
-            request = delete_records_request(dict(entries), timeout_ms)
-            out.update(delete_records_results(await self._cluster.call(request, node_id=node)))
-        return out
-
-    async def _by_leader(self, items: Mapping[TopicPartition, int]) -> dict[int, list]:
-        by_node: dict[int, list] = {}
-        for item, value in items.items():
-            tp = _tp(item)
-            node = await self._cluster.leader_for(tp.topic, tp.partition)
-            by_node.setdefault(node, []).append((tp, value))
-        return by_node
-
-    async def cluster_status(self) -> ClusterStatus:
-        try:
-            members, raft = members_of(await self._cluster.call(m.DescribeCluster()))
-        except UnsupportedVersionError:  # a broker older than membership: no members to show
-            members, raft = (), None
-        return cluster_status(await self._cluster.call(metadata_request(None, False)), members,
-                              raft)
-
-    async def ping(self) -> None:
-        check_response(await self._cluster.call(m.Ping()), m.Pong)
-
-    async def _coordinator_call(self, group_id: str, request: Any) -> Any:
-        """As the blocking ``Admin``'s: found again while the coordinator moves or loads."""
-        search = CoordinatorSearch(group_id, self._cluster.now_ms(), self._rng)
-        while True:
-            try:
-                answer = await self._cluster.call(m.FindCoordinator(group_id, 0))
-                failure = search.answered(answer, "find")
-                if failure is None:
-                    if self._cluster.metadata.address_of(answer.node_id) is None:
-                        metadata = await self._cluster.call(metadata_request([], False))
-                        self._cluster.metadata.on_update(metadata, self._cluster.now_ms())
-                    response = await self._cluster.call(request, node_id=answer.node_id)
-                    failure = search.answered(response, "call")
-                    if failure is None:
-                        return response
-            except RivvenError as error:
-                failure = error
-            await trio.sleep(search.retry_in_ms(failure, self._cluster.now_ms()) / 1000)
-
-    async def list_groups(self) -> list[GroupListing]:
-        metadata = await self._cluster.call(metadata_request([], False))
-        brokers = [b.node_id for b in metadata.brokers]
-        if len(brokers) <= 1:
-            return group_listings(await self._cluster.call(m.ListGroups()))
-        return merged_listings([await self._cluster.call(m.ListGroups(), node_id=node)
-                                for node in brokers])
-
-    async def describe_group(self, group_id: str) -> GroupDescription:
-        describe = await self._coordinator_call(group_id, m.DescribeGroup(group_id))
-        members = group_members(describe)
-        answer = await self._coordinator_call(group_id, m.OffsetFetch(group_id, all_topics=True))
-        committed = committed_offsets(answer)
-        wanted = set(committed) | {tp for member in members for tp in member.assignment}
-        ends = {}
-        for tp in sorted(wanted):
-            try:
-                ends[tp] = (await self.list_offsets({tp: -1}))[tp].offset
-            except RivvenError:
-                continue
-        return group_description(describe, committed, ends)
-
-    async def delete_group(self, group_id: str) -> None:
-        answer = await self._coordinator_call(group_id, m.DeleteGroup(group_id))
-        raise_for(answer.error_code, None, f"delete group {group_id!r}")
-
-    async def reset_offsets(self, group_id: str, topic: str, to: Any, *,
-                            dry_run: bool = False) -> dict[TopicPartition, int]:
-        """As the blocking ``Admin.reset_offsets``."""
-        target = parse_reset_target(to)
-        describe = await self._coordinator_call(group_id, m.DescribeGroup(group_id))
-        if describe.error_code == ErrorCode.NONE and describe.members:
-            raise error_for(ErrorCode.NON_EMPTY_GROUP, f"group {group_id!r} has members")
-        metadata = check_response(
-            await self._cluster.call(metadata_request([topic], False)), m.MetadataResponse
-        )
-        (entry,) = [t for t in metadata.topics if t.name == topic]
-        raise_for(entry.error_code, None, f"topic {topic!r}")
-        tps = [TopicPartition(topic, p.partition) for p in entry.partitions]
-
-        async def offsets_at(spec: int) -> dict[TopicPartition, int]:
-            found = await self.list_offsets({tp: spec for tp in tps})
-            return {tp: o.offset for tp, o in found.items()}
-
-        earliest, latest = await offsets_at(-2), await offsets_at(-1)
-        at_timestamp = await offsets_at(target.value) if target.kind == "timestamp" else {}
-        committed = {}
-        if target.kind == "shift":
-            answer = await self._coordinator_call(
-                group_id, m.OffsetFetch(group_id, all_topics=True))
-            committed = committed_offsets(answer)
-        offsets = plan_reset(target, tps, committed, earliest, latest, at_timestamp)
-        if dry_run:
-            return offsets
-        parts = tuple(m.OffsetCommitPartition(tp.partition, o) for tp, o in sorted(offsets.items()))
-        answer = await self._coordinator_call(
-            group_id, m.OffsetCommit(group_id, topics=(m.OffsetCommitTopic(topic, parts),))
-        )
-        for part in answer.topics[0].partitions:
-            raise_for(part.error_code, None, f"reset {topic}-{part.partition} of {group_id!r}")
-        return offsets
-
-
 @asynccontextmanager
 async def open_consumer(
     bootstrap: str | None = None, *, env: Any = None, **options: Any
@@ -735,19 +479,3 @@ async def open_consumer(
                 consumer._shutdown()
                 background.stop()
                 nursery.cancel_scope.cancel()
-
-
-@asynccontextmanager
-async def open_admin(
-    bootstrap: str | None = None, *, env: Any = None, **options: Any
-) -> AsyncIterator[TrioAdmin]:
-    """A trio ``Admin`` for the body of an ``async with``."""
-    bootstrap, _ = bootstrap_and_topics(() if bootstrap is None else (bootstrap,), None,
-                                        options, takes_topics=False)
-    async with trio.open_nursery() as nursery:
-        admin = TrioAdmin(bootstrap, env or ClientEnv(), nursery, **options)
-        try:
-            yield admin
-        finally:
-            admin._cluster.close()
-            nursery.cancel_scope.cancel()

@@ -2,14 +2,16 @@
 
 Theory of operation
 -------------------
-``TrioGroupMember`` drives the same ``GroupCore`` as the blocking driver (``_group.py``; the
-rules are there and in ``group_core.py``): ``poll`` awaits ``maintain`` (rebalances with their
-callbacks, auto-commit, pattern and partition-count checks), a *heartbeat task* sends a
-Heartbeat every ``heartbeat_interval_ms`` while the member is Stable and fires the
-consumer's ``arrived`` signal when the core wants a rejoin, and ``commit_async`` runs its
-commit in a task of its own (its callback is called there). ``max_poll_interval_ms`` works
-as in the blocking driver: the heartbeat task sends LeaveGroup (dynamic members) instead of a
-heartbeat once ``poll`` has not been called for that long, and the next ``poll`` rejoins.
+``TrioGroupMember`` drives the same cores as the blocking driver (``_group.py``): the
+membership is ``GroupCore`` (``group_core.py``), and every other decision is one of the objects
+of ``membership.py`` - ``CoordinatorLookup``, ``CommitRetry``, ``HeartbeatSchedule``,
+``GroupTimers``, ``AsyncCommits``. ``poll`` awaits ``maintain`` (rebalances with their
+callbacks, auto-commit, pattern and partition-count checks); a *heartbeat task* does what the
+``HeartbeatSchedule`` says (a Heartbeat every ``heartbeat_interval_ms`` while Stable, or
+LeaveGroup once ``poll`` has not been called for ``max_poll_interval_ms``) and fires the
+consumer's ``arrived`` signal when the core wants a rejoin; ``commit_async`` queues its commit
+(bounded, as in the blocking driver) for a task that sends them one at a time, in order, and
+calls each callback there.
 Group traffic uses a ``TrioCluster`` of its own, so its connections never queue behind
 fetches. No locks: state changes happen between awaits; a rebalance is guarded so two tasks
 never run one at once.
@@ -24,17 +26,10 @@ from typing import Any, Iterable, Mapping
 
 import trio
 
-from rivven_broker.client._group import (
-    CommitCallback,
-    RebalanceCallbacks,
-    normalise_offsets,
-    warn_poll_timeout,
-)
 from rivven_broker.client._trio_net import Signal, Spawner, TrioCluster
 from rivven_broker.client.config import ConnectionConfig, ConsumerConfig
-from rivven_broker.client.errors import ClientTimeoutError, RivvenError, error_for
+from rivven_broker.client.errors import RivvenError
 from rivven_broker.client.group_core import (
-    COORDINATOR_CODES,
     Assign,
     GroupCore,
     GroupSettings,
@@ -44,10 +39,23 @@ from rivven_broker.client.group_core import (
     Sleep,
     committed_offsets,
 )
+from rivven_broker.client.membership import (
+    AsyncCommits,
+    CommitCallback,
+    CommitRetry,
+    CoordinatorLookup,
+    GroupTimers,
+    HeartbeatSchedule,
+    RebalanceCallbacks,
+    counts_changed,
+    matched_topics,
+    normalise_offsets,
+    partition_counts,
+    subscription_topics,
+)
 from rivven_broker.client.requests import check_response, metadata_request
 from rivven_broker.client.types import TopicPartition
 from rivven_broker.protocol import messages as m
-from rivven_broker.protocol.errors import ErrorCode
 
 __all__ = ["TrioGroupMember"]
 
@@ -71,11 +79,20 @@ class TrioGroupMember:
         self._cluster = TrioCluster(bootstrap, conn_config, env, nursery, in_flight_max=8)
         self._fetch = fetch
         self._arrived = arrived
-        self._node: int | None = None
+        self._coordinator = CoordinatorLookup(self.core)
+        self._heartbeats = HeartbeatSchedule(
+            self.core, interval_ms=config.heartbeat_interval_ms,
+            request_timeout_ms=conn_config.request_timeout_ms,
+        )
+        self._timers = GroupTimers(
+            self._clock.monotonic_ms(),
+            auto_commit_interval_ms=(
+                config.auto_commit_interval_ms if config.enable_auto_commit else None),
+            metadata_check_ms=conn_config.metadata_max_age_ms,
+        )
+        self._async = AsyncCommits()
         self._callbacks = RebalanceCallbacks()
         self._pattern: re.Pattern[str] | None = None
-        self._next_check_ms = 0
-        self._next_auto_commit_ms = self._clock.monotonic_ms() + config.auto_commit_interval_ms
         self._state_changed = Signal()
         self._rebalancing = trio.Lock()
         self._heartbeating = False
@@ -88,8 +105,8 @@ class TrioGroupMember:
         """Start (or change) membership; starts the heartbeat task. Never blocks."""
         self._pattern = pattern
         self._callbacks = callbacks
-        self.core.subscribe(() if pattern is not None else topics)
-        self._next_check_ms = 0
+        self.core.subscribe(subscription_topics(topics, pattern))
+        self._timers.check_soon()
         if not self._heartbeating:
             self._heartbeating = True
             self._nursery.start_soon(self._heartbeat_loop)
@@ -104,8 +121,7 @@ class TrioGroupMember:
         now = self._clock.monotonic_ms()
         self.core.on_poll(now)
         if self.core.subscribed:
-            if now >= self._next_check_ms:
-                self._next_check_ms = now + self.conn_config.metadata_max_age_ms
+            if self._timers.metadata_check_due(now):
                 await self._check_metadata()
             if self.core.needs_attention():
                 # Not cut by the caller's deadline (poll's timeout_ms), as the blocking
@@ -123,8 +139,7 @@ class TrioGroupMember:
                 finally:
                     if poll_scope is not None and held is not None:
                         poll_scope.deadline = held
-        if self.config.enable_auto_commit and now >= self._next_auto_commit_ms:
-            self._next_auto_commit_ms = now + self.config.auto_commit_interval_ms
+        if self._timers.auto_commit_due(self._clock.monotonic_ms()):
             try:
                 await self._commit(self._fetch._positions(None), None)
             except RivvenError as error:
@@ -137,14 +152,10 @@ class TrioGroupMember:
     async def _check_metadata(self) -> None:
         try:
             if self._pattern is not None:
-                answer = await self._metadata(None)
-                self.core.subscribe(
-                    t.name for t in answer.topics
-                    if t.error_code == ErrorCode.NONE and self._pattern.fullmatch(t.name)
-                )
+                self.core.subscribe(matched_topics(await self._metadata(None), self._pattern))
             counts = dict(self.core.assigned_counts) if self.core.is_leader else {}
             found = await self._partition_counts(sorted(counts)) if counts else {}
-            if counts and {topic: found.get(topic, 0) for topic in counts} != counts:
+            if counts_changed(counts, found):
                 self.core.request_rejoin()
         except RivvenError as error:
             log.warning("group %s: metadata check failed: %s", self.config.group_id, error)
@@ -156,9 +167,7 @@ class TrioGroupMember:
         return answer
 
     async def _partition_counts(self, topics: list[str]) -> dict[str, int]:
-        answer = await self._metadata(topics)
-        return {t.name: len(t.partitions) for t in answer.topics
-                if t.error_code == ErrorCode.NONE and t.partitions}
+        return partition_counts(await self._metadata(topics))
 
     async def _rebalance(self) -> None:
         steps = self.core.rebalance()
@@ -203,25 +212,22 @@ class TrioGroupMember:
 
     # --- coordinator calls -----------------------------------------------------------------
 
-    async def _coordinator(self) -> int:
-        node = None if self.core.coordinator_unknown else self._node
+    async def _coordinator_node(self) -> int:
+        node = self._coordinator.node()
         if node is None:
-            answer = await self._cluster.call(m.FindCoordinator(self.config.group_id, 0))
-            if answer.error_code != ErrorCode.NONE:
-                raise error_for(answer.error_code, "finding the group coordinator")
-            node = self._node = answer.node_id
-            self.core.coordinator_unknown = False
+            answer = await self._cluster.call(self._coordinator.find_request())
+            node = self._coordinator.on_found(answer)
         if self._cluster.metadata.address_of(node) is None:
             await self._metadata([])
         return node
 
     async def _call(self, request: Any, timeout_ms: int | None) -> tuple[Any, Any]:
+        """``(response, None)`` or ``(None, error)``: the core decides what an error means."""
         try:
-            node = await self._coordinator()
+            node = await self._coordinator_node()
             return await self._cluster.call(request, node_id=node, timeout_ms=timeout_ms), None
         except RivvenError as error:
-            if error.error_code in COORDINATOR_CODES or error.retriable:
-                self.core.coordinator_unknown = True
+            self._coordinator.on_call_failed(error)
             return None, error
 
     # --- commits ---------------------------------------------------------------------------
@@ -231,44 +237,48 @@ class TrioGroupMember:
         await self._commit(wanted, timeout_ms)
 
     async def _commit(self, wanted: dict, timeout_ms: int | None) -> None:
+        """Commit until durable; the retry decisions are the core's ``CommitRetry``."""
         if not wanted:
             return
         timeout_ms = self.conn_config.request_timeout_ms if timeout_ms is None else timeout_ms
-        deadline = self._clock.monotonic_ms() + timeout_ms
+        commit = CommitRetry(self.core, wanted, now_ms=self._clock.monotonic_ms(),
+                             timeout_ms=timeout_ms,
+                             retry_backoff_ms=self.conn_config.retry_backoff_ms)
         while True:
-            request = self.core.commit_request(wanted)
-            remaining = max(deadline - self._clock.monotonic_ms(), 1)
-            response, error = await self._call(request, remaining)
-            if error is None:
-                codes = self.core.on_commit_response(request, response)
-                failed = {c for c in codes.values() if c != ErrorCode.NONE}
-                if not failed:
-                    return
-                if not failed <= COORDINATOR_CODES:
-                    code = min(failed - COORDINATOR_CODES, key=int)
-                    raise error_for(code, f"commit of group {self.config.group_id!r}")
-                error = error_for(min(failed, key=int), "commit")
-            if not error.retriable:
-                raise error
-            if self._clock.monotonic_ms() + self.conn_config.retry_backoff_ms >= deadline:
-                raise ClientTimeoutError(f"commit not done within {timeout_ms} ms") from error
-            await trio.sleep(self.conn_config.retry_backoff_ms / 1000)
+            request, remaining_ms = commit.request(self._clock.monotonic_ms())
+            response, error = await self._call(request, remaining_ms)
+            wait_ms = commit.on_answer(request, response, error, self._clock.monotonic_ms())
+            if wait_ms is None:
+                return
+            await trio.sleep(wait_ms / 1000)
 
     def commit_async(self, offsets: Mapping[Any, Any] | None,
                      callback: CommitCallback | None) -> None:
-        wanted = self._fetch._positions(None) if offsets is None else normalise_offsets(offsets)
-        self._nursery.start_soon(self._commit_task, wanted, callback)
+        """Queue a commit for the commit task (started when idle). Never blocks.
 
-    async def _commit_task(self, wanted: dict, callback: CommitCallback | None) -> None:
-        error: RivvenError | None = None
-        try:
-            await self._commit(wanted, None)
-        except RivvenError as exc:
-            error = exc
-        if callback is not None:
-            callback({tp: offset for tp, (offset, _) in wanted.items()}, error)
-        elif error is not None:
-            log.warning("group %s: async commit failed: %s", self.config.group_id, error)
+        Raises:
+            BufferExhaustedError: ``limits.async_commits_pending_max`` commits are pending.
+        """
+        wanted = self._fetch._positions(None) if offsets is None else normalise_offsets(offsets)
+        self._async.add(wanted, callback)
+        if self._async.has_work():
+            self._nursery.start_soon(self._commit_task)
+
+    async def _commit_task(self) -> None:
+        """Send the queued async commits one at a time, in order; call each callback."""
+        while (job := self._async.take()) is not None:
+            wanted, callback = job
+            error: RivvenError | None = None
+            try:
+                await self._commit(wanted, None)
+            except RivvenError as exc:
+                error = exc
+            finally:
+                self._async.finished()
+            if callback is not None:
+                callback({tp: offset for tp, (offset, _) in wanted.items()}, error)
+            elif error is not None:
+                log.warning("group %s: async commit failed: %s", self.config.group_id, error)
 
     async def committed(self, partitions: Iterable[Any],
                         timeout_ms: int | None) -> dict[TopicPartition, int | None]:
@@ -282,33 +292,23 @@ class TrioGroupMember:
     # --- the heartbeat task ----------------------------------------------------------------
 
     async def _heartbeat_loop(self) -> None:
-        interval_ms = self.config.heartbeat_interval_ms
+        """What the core's ``HeartbeatSchedule`` says, until closed."""
         while not self._closed:
-            now = self._clock.monotonic_ms()
-            if self.core.poll_timeout_expired(now):
-                await self._leave_for_poll_timeout(now)
+            step = self._heartbeats.step(self._clock.monotonic_ms())
+            if step.leaving:
+                log.warning("%s", step.warning)
+                self._arrived.fire()  # a waiting poll reports the loss and rejoins
+            if step.request is None:
+                if not step.leaving:
+                    await self._state_changed.wait(step.wait_ms)
                 continue
-            beat = self.core.heartbeat_request()
-            if beat is None:
-                await self._state_changed.wait(interval_ms)
+            response, error = await self._call(step.request, step.timeout_ms)
+            if step.leaving:
+                if error is not None:
+                    log.warning("group %s: LeaveGroup failed: %s", self.config.group_id, error)
                 continue
-            started = self._clock.monotonic_ms()
-            response, error = await self._call(beat, interval_ms)
-            if error is None:
-                self.core.on_heartbeat(beat, ErrorCode.from_wire(response.error_code))
-            if self.core.needs_attention():
+            if self._heartbeats.on_answer(step.request, response, error):
                 self._arrived.fire()  # wake a waiting poll: it must rejoin
-            await trio.sleep(max(interval_ms - (self._clock.monotonic_ms() - started), 0) / 1000)
-
-    async def _leave_for_poll_timeout(self, now: int) -> None:
-        warn_poll_timeout(self.config.group_id, self.core.poll_idle_ms(now),
-                          self.config.max_poll_interval_ms)
-        leave = self.core.leave_for_poll_timeout()
-        self._arrived.fire()
-        if leave is not None:  # a whole request's time: a lost LeaveGroup keeps the partitions
-            _, error = await self._call(leave, self.conn_config.request_timeout_ms)
-            if error is not None:
-                log.warning("group %s: LeaveGroup failed: %s", self.config.group_id, error)
 
     # --- closing ---------------------------------------------------------------------------
 

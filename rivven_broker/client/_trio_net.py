@@ -14,11 +14,12 @@ violation or a lost stream breaks the connection: every waiter gets the error (r
 cannot be skipped on a pipelined stream), and the pool dials again on next use after a
 backoff. New connections send a ``Handshake`` first.
 
-``TrioCluster`` is the pool plus the ``MetadataCache``: ``any_address`` (known brokers, then
-the bootstrap list round robin), ``refresh`` (one Metadata request at a time), and ``call``:
-send one request with retries of retriable failures, with backoff and jitter, until a
-deadline; ``connect_attempts_max`` failed dials in a row end it early with
-``ConnectionFailedError``.
+``TrioCluster`` is the pool plus the ``MetadataCache``: ``any_connection`` (the cache's
+``candidates``: known brokers, then the bootstrap list round robin), ``refresh`` (one Metadata
+request at a time, as the cache's ``refresh_due`` says; ``on_update`` is called after each),
+and ``call``: one request with retries, every decision the core's ``CallRetry`` (the same as
+the blocking ``SyncClient.call``). When a broker may be dialled again is the core's
+``ReconnectBackoff``.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from typing import Any, Awaitable, Callable
 
 import trio
 
+from rivven_broker.client.call_retry import CallRetry
 from rivven_broker.client.config import ConnectionConfig
 from rivven_broker.client.errors import (
-    ClientTimeoutError,
     ClosedError,
     ConnectionFailedError,
     RequestTimedOutError,
@@ -41,11 +42,12 @@ from rivven_broker.client.errors import (
     error_for,
 )
 from rivven_broker.client.metadata import Address, MetadataCache, parse_bootstrap
+from rivven_broker.client.reconnect import ReconnectBackoff
 from rivven_broker.client.requests import check_response, metadata_request, sendable
-from rivven_broker.client.retry import RetryPolicy, reconnect_backoff_ms
+from rivven_broker.client.retry import RetryPolicy
 from rivven_broker.protocol import messages as m
 from rivven_broker.protocol.connection import ClientConnection
-from rivven_broker.protocol.errors import ErrorCode, ProtocolError
+from rivven_broker.protocol.errors import ProtocolError
 
 __all__ = ["Background", "ClientEnv", "Signal", "Spawner", "TrioConnection", "TrioCluster",
            "env_rng"]
@@ -275,14 +277,19 @@ class TrioCluster:
             retry_backoff_max_ms=config.retry_backoff_max_ms,
         )
         self.changed = Signal()  # fires when metadata changes (or a refresh failed)
-        self.last_error: RivvenError | None = None
+        #: called after every refresh (its answer or failure): a driver's wake-up
+        self.on_update: Callable[[], None] | None = None
+        self.backoff = ReconnectBackoff(
+            config.reconnect_backoff_ms, config.reconnect_backoff_max_ms, self.rng
+        )
         self._connections: dict[Address, TrioConnection] = {}
         self._dialing: dict[Address, trio.Event] = {}
-        self._failures: dict[Address, int] = {}
-        self._retry_at_ms: dict[Address, int] = {}
-        self._refreshing = False
         self._closed = False
-        self.failed_dials = 0  # dials refused or timed out, ever
+
+    @property
+    def last_error(self) -> RivvenError | None:
+        """Why the last dial failed (any address)."""
+        return self.backoff.last_error
 
     def now_ms(self) -> int:
         return self.clock.monotonic_ms()
@@ -293,10 +300,32 @@ class TrioCluster:
         return conn if conn is not None and conn.error is None else None
 
     def can_dial(self, address: Address, now_ms: int) -> bool:
-        return self._retry_at_ms.get(address, 0) <= now_ms and address not in self._dialing
+        return self.backoff.can_dial(address, now_ms) and address not in self._dialing
 
-    def retry_at_ms(self, address: Address) -> int:
-        return self._retry_at_ms.get(address, 0)
+    def dial_waiting(self, nodes: list[int], now_ms: int) -> int | None:
+        """Start dialling the leaders a core's step named (those out of their backoff, not
+        being dialled already); returns the earliest end of a backoff among the others."""
+        wake_at = None
+        for node_id in nodes:
+            address = self.metadata.address_of(node_id)
+            if address is None or address in self._dialing:
+                continue
+            if self.backoff.can_dial(address, now_ms):
+                self.nursery.start_soon(self._dial_soon, address)
+            else:
+                retry_at = self.backoff.retry_at_ms(address)
+                wake_at = retry_at if wake_at is None else min(wake_at, retry_at)
+        return wake_at
+
+    async def _dial_soon(self, address: Address) -> None:
+        try:
+            await self.connect(address)
+        except ClosedError:
+            return
+        except RivvenError:
+            self.metadata.request_update()  # the leader may have moved
+        if self.on_update is not None:
+            self.on_update()
 
     async def connect(self, address: Address) -> TrioConnection:
         """The connection to ``address``, dialling it if needed.
@@ -344,7 +373,7 @@ class TrioCluster:
             self._dial_failed(conn.address, error)
             raise ConnectionFailedError(f"handshake with {conn.address} failed: {error}") from error
         if isinstance(response, m.HandshakeResponse) and response.compatible:
-            self._failures.pop(conn.address, None)
+            self.backoff.on_connected(conn.address)
             conn.api_versions = dict(response.api_versions)
             return
         text = getattr(response, "message", "") or type(response).__name__
@@ -354,27 +383,12 @@ class TrioCluster:
         raise error
 
     def _dial_failed(self, address: Address, error: RivvenError) -> None:
-        self.failed_dials += 1
-        failures = self._failures.get(address, 0) + 1
-        self._failures[address] = failures
-        backoff = reconnect_backoff_ms(
-            self.config.reconnect_backoff_ms, self.config.reconnect_backoff_max_ms,
-            failures, self.rng,
-        )
-        self._retry_at_ms[address] = self.now_ms() + backoff
-        self.last_error = error
-
-    def candidates(self) -> list[Address]:
-        known = list(self.metadata.brokers.values())
-        start = self.metadata.next_bootstrap()
-        boot = list(self.metadata.bootstrap)
-        index = boot.index(start)
-        return known + [a for a in boot[index:] + boot[:index] if a not in known]
+        self.backoff.on_dial_failed(address, error, self.now_ms())
 
     async def any_connection(self) -> TrioConnection | None:
         """A connected broker with the fewest requests in flight, else a fresh dial (None if
         every candidate waits out a backoff or the dial failed)."""
-        candidates = self.candidates()
+        candidates = self.metadata.candidates()
         live = [c for a in candidates if (c := self.connection(a)) is not None]
         if live:
             return min(live, key=lambda c: c.in_flight)
@@ -387,16 +401,13 @@ class TrioCluster:
                     return None
         return None
 
-    def next_dial_ms(self) -> int:
-        times = [self.retry_at_ms(a) for a in self.candidates()]
-        return min(times) if times else self.now_ms()
-
     # --- metadata ----------------------------------------------------------------------------
-    async def refresh(self) -> None:
-        """One Metadata request for the wanted topics (skipped if one is running)."""
-        if self._refreshing:
+    async def refresh(self, force: bool = True) -> None:
+        """One Metadata request for the wanted topics (skipped if one is running; unless
+        ``force``, also when the cache says none is due)."""
+        if self._closed or not self.metadata.refresh_due(self.now_ms(), force=force):
             return
-        self._refreshing = True
+        self.metadata.on_refresh_started()
         try:
             conn = await self.any_connection()
             if conn is None:
@@ -409,18 +420,21 @@ class TrioCluster:
             try:
                 response = await conn.request(request, self.config.request_timeout_ms)
                 response = check_response(response, m.MetadataResponse)
-            except RivvenError as error:
-                self.last_error = error
+            except RivvenError:
                 self.metadata.on_failure(self.now_ms())
                 return
             self.metadata.on_update(response, self.now_ms())
         finally:
-            self._refreshing = False
+            if self.metadata.refresh_in_flight:  # cancelled: let the next one start
+                self.metadata.on_failure(self.now_ms())
             self.changed.fire()
+            if self.on_update is not None:
+                self.on_update()
 
     def refresh_soon(self) -> None:
-        if not self._refreshing and not self._closed:
-            self.nursery.start_soon(self.refresh)
+        """Start a refresh in the background if the cache says one is due."""
+        if not self._closed and self.metadata.refresh_due(self.now_ms()):
+            self.nursery.start_soon(self.refresh, False)
 
     # --- calls with retries --------------------------------------------------------------------
     async def call(
@@ -428,59 +442,50 @@ class TrioCluster:
     ) -> Any:
         """Send ``request`` (to ``node_id`` or any broker) and return the answer.
 
-        Raises as ``SyncClient.call`` does (ConnectionFailedError, ClientTimeoutError,
-        BrokerError for an ErrorResponse). A ``node_id`` the metadata does not list (a
-        broker with a stale view answered the last refresh) fails at once, retriably, with a
-        refresh requested: the caller finds its target again (a group its coordinator).
+        Raises as ``SyncClient.call`` does (the same ``CallRetry``): ConnectionFailedError
+        (also, at once and retriably, for a ``node_id`` the metadata does not list: a refresh
+        is asked for and the caller finds its target again), ClientTimeoutError, BrokerError
+        for an ErrorResponse, ClosedError.
         """
         timeout_ms = self.config.request_timeout_ms if timeout_ms is None else timeout_ms
-        deadline = self.now_ms() + timeout_ms
-        attempts = dial_failures = 0
+        retry = CallRetry(
+            now_ms=self.now_ms(), timeout_ms=timeout_ms, policy=self.retry, rng=self.rng,
+            metadata=self.metadata, connect_attempts_max=self.connect_attempts_max,
+        )
         while True:
-            failed_before = self.failed_dials
-            if node_id is not None and self.metadata.address_of(node_id) is None:
-                self.metadata.request_update()
-                raise ConnectionFailedError(f"broker {node_id} is not in the metadata")
-            conn = await self._target(node_id)
+            if self._closed:
+                raise ClosedError("the client is closed")
+            retry.target_known(node_id)
+            failed_before = self.backoff.failed_dials
+            conn, candidates = await self._target(node_id)
             now = self.now_ms()
             if conn is None:
-                if self.failed_dials > failed_before:
-                    dial_failures += 1  # a real dial failed (not just a backoff wait)
-                if dial_failures >= self.connect_attempts_max or now >= deadline:
-                    reason = self.last_error.message if self.last_error else ""
-                    raise ConnectionFailedError(f"cannot reach a broker: {reason}")
-                await trio.sleep(max(1, min(self.next_dial_ms(), deadline) - now + 1) / 1000)
-                continue
-            attempts += 1
-            try:
-                response = await conn.request(request, max(deadline - now, 1))
-                if isinstance(response, m.ErrorResponse):
-                    raise error_for(response.error_code, response.message)
-                return response
-            except RivvenError as error:
-                decision = self.retry.decide(
-                    retriable=error.retriable, error_code=error.error_code, attempts=attempts,
-                    now_ms=self.now_ms(), deadline_ms=deadline, rng=self.rng,
+                wait_ms = retry.no_connection(
+                    now, dial_failed=self.backoff.failed_dials > failed_before,
+                    next_dial_ms=self.backoff.next_dial_ms(candidates, now),
+                    error=self.backoff.last_error,
                 )
-                if decision.refresh_metadata:
-                    self.metadata.request_update()
-                if not decision.retry:
-                    if isinstance(error, RequestTimedOutError) and self.now_ms() >= deadline:
-                        raise ClientTimeoutError(f"no answer within {timeout_ms} ms") from error
-                    raise
-                await trio.sleep(max(0, decision.retry_at_ms - self.now_ms()) / 1000)
+                await trio.sleep(wait_ms / 1000)
+                continue
+            try:
+                return retry.answer(await conn.request(request, retry.attempt(now)))
+            except RivvenError as error:
+                wait_ms = retry.failed(error, self.now_ms())
+            await trio.sleep(wait_ms / 1000)
 
-    async def _target(self, node_id: int | None) -> TrioConnection | None:
+    async def _target(
+        self, node_id: int | None
+    ) -> tuple[TrioConnection | None, list[Address]]:
         if node_id is None:
-            return await self.any_connection()
+            return await self.any_connection(), self.metadata.addresses()
         address = self.metadata.address_of(node_id)
-        assert address is not None, "call() checks it"
+        assert address is not None, "CallRetry.target_known checked it"
         if self.connection(address) is None and not self.can_dial(address, self.now_ms()):
-            return None
+            return None, [address]
         try:
-            return await self.connect(address)
+            return await self.connect(address), [address]
         except RivvenError:
-            return None
+            return None, [address]
 
     async def leader_for(self, topic: str, partition: int) -> int:
         """The partition's leader, refreshing metadata once if unknown.
@@ -496,14 +501,7 @@ class TrioCluster:
                 m.MetadataResponse,
             )
             self.metadata.on_update(response, self.now_ms())
-            code = self.metadata.topic_error(topic)
-            if code is not None:
-                raise error_for(code, f"topic {topic!r}")
-            node = self.metadata.leader_for(topic, partition)
-            if node is None:
-                raise error_for(
-                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} has no leader"
-                )
+            node = self.metadata.leader_or_raise(topic, partition)
         return node
 
     def close(self) -> None:

@@ -110,12 +110,13 @@ class TrioProducer:
         )
         self._metadata = self._cluster.metadata
         rng = env_rng(env, "producer")
+        self._wake = Signal()
+        self._cluster.on_update = self._wake.fire  # a refresh or a dial ended: step again
         self._core = ProducerCore(self._config, conn_config, self._metadata, rng)
         self._acc = self._core.accumulator
         txn = self._core.txn
         self._txn_check = txn.check_send if txn is not None and txn.transactional else None
         self._request_timeout_ms = conn_config.request_timeout_ms
-        self._wake = Signal()
         self._progress = Signal()
         self._in_flight: dict[Address, int] = {}
         self._closed = False
@@ -258,8 +259,9 @@ class TrioProducer:
         error = TransactionAbortedError("the transaction was aborted before this was sent")
         with trio.fail_after(self._timeout_ms(timeout_ms) / 1000):
             while True:
-                self._finish(self._core.abort_transaction_records(error))
-                if txn.in_flight_batches == 0 and not self._acc.has_queued():
+                outcomes, finished = self._core.abort_transaction_records(error)
+                self._finish(outcomes)
+                if finished:
                     break
                 await self._progress.wait(_IDLE_WAIT_MS)
         await self._await(txn.begin_abort(), timeout_ms)
@@ -288,33 +290,24 @@ class TrioProducer:
 
     # --- the sender task -----------------------------------------------------------------------
     async def _run_sender(self) -> None:
+        in_flight_max = self._config.max_in_flight_requests_per_connection
+
+        def node_ready(node_id: int) -> bool | None:
+            address = self._metadata.address_of(node_id)
+            if self._cluster.connection(address) is None:
+                return None
+            return self._in_flight.get(address, 0) < in_flight_max
+
         while not self._stopped:
             now = self._clock.monotonic_ms()
-            want: list[int] = []
-
-            def node_ready(node_id: int) -> bool:
-                address = self._metadata.address_of(node_id)
-                if address is None:
-                    return False
-                if self._cluster.connection(address) is None:
-                    want.append(node_id)
-                    return False
-                return self._in_flight.get(address, 0) < (
-                    self._config.max_in_flight_requests_per_connection
-                )
-
-            metadata_changed = self._cluster.changed.current()
             step = self._core.step(now, node_ready)
             self._finish(step.failed)
             wait_ms = _IDLE_WAIT_MS if step.wake_at_ms is None else step.wake_at_ms - now
             if step.metadata_due:
-                self._cluster.refresh_soon()
-            for node_id in dict.fromkeys(want):
-                address = self._metadata.address_of(node_id)
-                if self._cluster.can_dial(address, now):
-                    self._nursery.start_soon(self._dial, address)
-                else:
-                    wait_ms = min(wait_ms, max(self._cluster.retry_at_ms(address) - now, 1))
+                self._cluster.refresh_soon()  # its end wakes this task (on_update)
+            retry_at = self._cluster.dial_waiting(step.dial, now)  # a dial's end wakes it too
+            if retry_at is not None:
+                wait_ms = min(wait_ms, max(retry_at - now, 1))
             for plan in step.plans:
                 address = self._metadata.address_of(plan.node_id)
                 for batch in plan.batches:
@@ -324,12 +317,6 @@ class TrioProducer:
             call = self._core.next_coordinator_call(self._clock.monotonic_ms())
             if call is not None:
                 self._nursery.start_soon(self._send_call, call)
-            if step.metadata_due and wait_ms <= 0 and not step.plans:
-                # A metadata refresh is in flight and nothing else can move: wait for its
-                # outcome (bounded) instead of stepping again at once, which would spin.
-                with trio.move_on_after(_IDLE_WAIT_MS / 1000):
-                    await metadata_changed.wait()
-                continue
             await self._wake.wait(max(0, min(wait_ms, _IDLE_WAIT_MS)))
 
     async def _send_call(self, call: CoordinatorCall) -> None:
@@ -352,15 +339,6 @@ class TrioProducer:
             raise
         self._core.on_coordinator_answer(call, response, error, self._clock.monotonic_ms())
         self._progress.fire()
-        self._wake.fire()
-
-    async def _dial(self, address: Address) -> None:
-        try:
-            await self._cluster.connect(address)
-        except ClosedError:
-            return
-        except RivvenError:
-            self._metadata.request_update()
         self._wake.fire()
 
     async def _send_plan(self, plan: ProducePlan, address: Address) -> None:

@@ -6,8 +6,8 @@ This module only gathers the blocking driver's public classes; each lives in its
 ``_producer`` (``send`` on any thread, a sender thread for I/O), ``_consumer`` (``poll`` on the
 user's thread, a prefetching fetch thread), ``_admin`` (request/response on the caller's
 thread), all over ``_network`` (non-blocking sockets, pipelining, reconnects) and the pure
-client core (``core``). Threads and sockets are allowed here and only here (the tidy test
-exempts ``rivven_broker.client``); every decision is made by the pure core.
+client core (``core``). Threads and sockets are allowed in these driver files and only there
+(the tidy test names them in ``CLIENT_DRIVERS``); every decision is made by the pure core.
 """
 
 from __future__ import annotations

@@ -11,12 +11,16 @@ leader. The cache keeps the topics the client has asked about (``wanted``) and r
 - when it is older than ``metadata_max_age_ms``;
 
 but never more often than every ``refresh_backoff_ms``, so a broken cluster is not hammered.
+``refresh_due(now_ms)`` is the one question both drivers ask before sending a Metadata request:
+there are topics to ask for, the request is due, and no other is in flight (a driver calls
+``on_refresh_started`` when it starts one; its answer or failure ends it).
 ``version`` grows with every accepted answer; drivers that wait for metadata wait for it to move.
 A topic whose answer carried an error keeps that error (``topic_error``) so a waiting ``send``
 can fail with it instead of waiting for its whole ``max_block_ms``.
 
-Bootstrap failover: ``next_bootstrap()`` walks the bootstrap list round robin; the driver uses
-it whenever it needs "any broker" and the previous one failed.
+Bootstrap failover: ``candidates()`` lists the addresses to try for "any broker", best first:
+the brokers the last answer named, then the bootstrap list starting one further round robin
+each time (``next_bootstrap``), so a dead bootstrap address is skipped on the next try.
 
 Pure: ``now_ms`` is always an argument.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, NamedTuple
 
+from rivven_broker.client.errors import error_for
 from rivven_broker.protocol.errors import ErrorCode
 
 __all__ = ["parse_bootstrap", "Address", "PartitionView", "TopicView", "MetadataCache"]
@@ -119,6 +124,7 @@ class MetadataCache:
         self._stale = True
         self._refreshed_ms: int | None = None
         self._attempted_ms: int | None = None
+        self.refresh_in_flight = False
 
     # --- what the client wants ----------------------------------------------------------
     def add_topics(self, topics: Iterable[str]) -> bool:
@@ -146,6 +152,17 @@ class MetadataCache:
             return earliest
         return max(earliest, self._refreshed_ms + self.metadata_max_age_ms)
 
+    def refresh_due(self, now_ms: int, *, force: bool = False) -> bool:
+        """Whether a driver should start a Metadata request now: none is in flight and it is
+        forced, or there are wanted topics and the request is due."""
+        if self.refresh_in_flight:
+            return False
+        return force or (bool(self.wanted) and self.needs_update(now_ms))
+
+    def on_refresh_started(self) -> None:
+        """A driver started a refresh (it may still have to dial): no other until it ends."""
+        self.refresh_in_flight = True
+
     def request_topics(self) -> tuple[str, ...]:
         """The topics to ask for (sorted for stable requests)."""
         return tuple(sorted(self.wanted))
@@ -157,6 +174,20 @@ class MetadataCache:
         """A Metadata request failed (connection lost or an error answer)."""
         self._attempted_ms = now_ms
         self._stale = True
+        self.refresh_in_flight = False
+
+    def candidates(self) -> list[Address]:
+        """Addresses to try for "any broker", best first (see the module docstring)."""
+        known = list(self.brokers.values())
+        start = self.next_bootstrap()
+        boot = list(self.bootstrap)
+        index = boot.index(start)
+        return known + [a for a in boot[index:] + boot[:index] if a not in known]
+
+    def addresses(self) -> list[Address]:
+        """Every address "any broker" may be: the known brokers and the bootstrap list."""
+        known = list(self.brokers.values())
+        return known + [a for a in self.bootstrap if a not in known]
 
     def next_bootstrap(self) -> Address:
         """The next bootstrap address, round robin."""
@@ -200,6 +231,7 @@ class MetadataCache:
         self._refreshed_ms = now_ms
         self._attempted_ms = now_ms
         self._stale = stale
+        self.refresh_in_flight = False
 
     # --- queries ------------------------------------------------------------------------
     def partition_count(self, topic: str) -> int | None:
@@ -232,3 +264,20 @@ class MetadataCache:
 
     def address_of(self, node_id: int) -> Address | None:
         return self.brokers.get(node_id)
+
+    def leader_or_raise(self, topic: str, partition: int) -> int:
+        """The partition's leader after a fresh answer about ``topic``.
+
+        Raises:
+            BrokerError: the topic's error (unknown topic ...), or
+                ``UnknownTopicOrPartitionError`` for a partition out of range or leaderless.
+        """
+        code = self.topic_error(topic)
+        if code is not None:
+            raise error_for(code, f"topic {topic!r}")
+        node = self.leader_for(topic, partition)
+        if node is None:
+            raise error_for(
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} has no known leader"
+            )
+        return node

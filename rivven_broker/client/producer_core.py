@@ -6,8 +6,10 @@ A driver owns sockets, a clock and a thread or task; this core owns every decisi
 
 - ``step(now_ms, node_ready)`` is called whenever the sender wakes. It fails batches whose
   delivery deadline passed while queued, drains the ready batches into ``ProducePlan``s (one
-  request per node that can take one), counts an attempt on each, says whether metadata must
-  be fetched first and when to wake next.
+  request per node that can take one; ``node_ready`` says which can, and the leaders that
+  are not connected come back in ``dial``), counts an attempt on each, says whether a Metadata
+  request is due (``MetadataCache.refresh_due``: none in flight) and when to wake next (a
+  refresh in flight wakes the driver with its answer).
 - ``produce_request(plan)`` builds the request (after the driver sealed the batches, which may
   compress, outside its lock).
 - ``on_response`` / ``on_request_failed`` turn an answer or a lost connection into
@@ -57,11 +59,17 @@ class BatchOutcome(NamedTuple):
     error: RivvenError | None
 
 
+#: ``node_ready(node_id)``: True when the driver's connection to the node can take a request
+#: now, False when it is connected but busy, None when it is not connected (to be dialled).
+NodeReady = Callable[[int], "bool | None"]
+
+
 class SenderStep(NamedTuple):
     plans: list[ProducePlan]  # to seal and send now
     failed: list[BatchOutcome]  # batches that expired while queued
     wake_at_ms: int | None  # when to step again at the latest (None: when woken)
     metadata_due: bool  # send a Metadata request first
+    dial: list[int] = []  # leaders with batches waiting and no connection: dial them
 
 
 class ProducerCore:
@@ -107,9 +115,17 @@ class ProducerCore:
     def expects_response(self) -> bool:
         return self.acks != m.ACKS_NONE
 
-    def step(self, now_ms: int, node_ready: Callable[[int], bool]) -> SenderStep:
+    def step(self, now_ms: int, node_ready: NodeReady) -> SenderStep:
         """Decide what the sender does now (see the module docstring)."""
         acc = self.accumulator
+        dial: dict[int, None] = {}
+
+        def ready(node_id: int) -> bool:
+            answer = node_ready(node_id) if self.metadata.address_of(node_id) is not None else False
+            if answer is None:
+                dial[node_id] = None
+            return bool(answer)
+
         txn = self.txn
         failed = [
             BatchOutcome(batch, -1, self._expired_error(batch))
@@ -122,7 +138,7 @@ class ProducerCore:
             if txn is not None:
                 txn.failed(outcome.batch, outcome.error)
         drained = acc.drain(
-            now_ms, self.metadata.leader_for, node_ready, None if txn is None else txn.can_drain
+            now_ms, self.metadata.leader_for, ready, None if txn is None else txn.can_drain
         )
         if drained.unknown_leader:
             self.metadata.request_update()
@@ -134,14 +150,15 @@ class ProducerCore:
         wake_at = drained.next_ready_ms
         if txn is not None and txn.retry_at_ms > now_ms:
             wake_at = txn.retry_at_ms if wake_at is None else min(wake_at, txn.retry_at_ms)
-        metadata_due = bool(self.metadata.wanted) and self.metadata.needs_update(now_ms)
-        if self.metadata.wanted:
-            due = self.metadata.update_due_ms(now_ms)
+        metadata = self.metadata
+        metadata_due = metadata.refresh_due(now_ms)
+        if metadata.wanted and not metadata.refresh_in_flight:  # its answer wakes the driver
+            due = max(metadata.update_due_ms(now_ms), now_ms + 1)
             wake_at = due if wake_at is None else min(wake_at, due)
         deadline = self.accumulator.earliest_deadline_ms()
         if deadline is not None:
             wake_at = deadline if wake_at is None else min(wake_at, deadline)
-        return SenderStep(drained.plans, failed, wake_at, metadata_due)
+        return SenderStep(drained.plans, failed, wake_at, metadata_due, list(dial))
 
     def _expired_error(self, batch: ProducerBatch) -> RivvenError:
         return DeliveryTimeoutError(
@@ -171,10 +188,16 @@ class ProducerCore:
         assert self.txn is not None
         self.txn.on_call_done(call.call_id, response, error, now_ms)
 
-    def abort_transaction_records(self, error: RivvenError) -> list[BatchOutcome]:
-        """Fail every queued batch of an aborting transaction (in-flight ones finish)."""
+    def abort_transaction_records(self, error: RivvenError) -> tuple[list[BatchOutcome], bool]:
+        """Fail every queued batch of an aborting transaction (in-flight ones finish).
+
+        Returns the outcomes and whether the records are done with: nothing of the
+        transaction is queued or in flight, so the EndTxn(abort) may be sent. Until then the
+        driver calls again whenever a request finishes (a failed one may requeue its batch).
+        """
+        assert self.txn is not None
         outcomes = self.abort_queued(error)
-        return outcomes
+        return outcomes, self.txn.in_flight_batches == 0 and not self.accumulator.has_queued()
 
     def on_sent_without_ack(self, plan: ProducePlan) -> list[BatchOutcome]:
         """acks=0: the request is written, so its batches are done (offset -1)."""

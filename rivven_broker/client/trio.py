@@ -20,7 +20,8 @@ shadows nothing: inside the package, ``import trio`` is the real trio (absolute 
 
 from __future__ import annotations
 
-from rivven_broker.client._trio_consumer import TrioAdmin, TrioConsumer, open_admin, open_consumer
+from rivven_broker.client._trio_admin import TrioAdmin, open_admin
+from rivven_broker.client._trio_consumer import TrioConsumer, open_consumer
 from rivven_broker.client._trio_net import ClientEnv
 from rivven_broker.client._trio_producer import Delivery, TrioProducer, open_producer
 

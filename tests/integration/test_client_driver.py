@@ -257,3 +257,20 @@ def test_a_large_answer_arriving_in_pieces_is_whole_and_small_ones_follow_at_onc
         client.fetch_metadata(None, timeout_ms=2000)
     finally:
         client.close()
+
+
+def test_a_call_to_a_broker_the_metadata_no_longer_lists_fails_at_once_retriably(broker):
+    """The same contract as the trio driver's (test_client_trio_fake): a node id the metadata
+    does not list is a retriable ConnectionFailedError that asks for a refresh, not an
+    UnknownTopicOrPartitionError (which a Kafka user reads as "no such topic")."""
+    client = SyncClient(broker.bootstrap, ConnectionConfig(request_timeout_ms=60_000))
+    try:
+        client.fetch_metadata([])
+        assert client.metadata.brokers and 99 not in client.metadata.brokers
+        with pytest.raises(ConnectionFailedError) as failed:
+            client.call(m.Ping(), node_id=99)
+        assert failed.value.retriable and "not in the metadata" in str(failed.value)
+        assert not isinstance(failed.value, UnknownTopicOrPartitionError)
+        assert client.metadata.needs_update(10**12)
+    finally:
+        client.close()
