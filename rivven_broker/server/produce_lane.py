@@ -56,11 +56,11 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from rivven_broker.protocol.connection import RequestReceived
+from rivven_broker.protocol.connection import BadRequest, RequestReceived
 from rivven_broker.protocol.messages import ACKS_NONE, Produce
 
 if TYPE_CHECKING:
-    from rivven_broker.server.connection import _Connection
+    from rivven_broker.server.connection import Begun, _Connection
     from rivven_broker.server.env import Readiness
     from rivven_broker.server.metrics import BrokerMetrics
 
@@ -229,12 +229,13 @@ class ProduceLane:
             if not connection.place(begun):
                 self._hand_back(connection, begun=begun)
                 break
-            if self._answer_early and connection.lane_answering:
-                slot, pending = begun
-                if slot.pending is not None and pending.provisional is not None:  # type: ignore[union-attr]
-                    slot.pending = None
-                    slot.response = pending.provisional()  # type: ignore[union-attr]
-                    slot.ready = True
+            slot = begun[0]
+            pending = slot.pending
+            if self._answer_early and connection.lane_answering and pending is not None \
+                    and pending.provisional is not None:  # the deliberate bug (docstring)
+                slot.pending = None
+                slot.response = pending.provisional()
+                slot.ready = True
         return taken
 
     def _answer(self) -> None:
@@ -286,10 +287,11 @@ class ProduceLane:
             if connection.slots or connection.unsent:
                 connection.wake_writer()
 
-    def _hand_back(self, connection: _Connection, *, event: object = None,
-                   begun: object = None, end: str | None = None) -> None:
-        connection.lane_event = event  # type: ignore[assignment]
-        connection.lane_begun = begun  # type: ignore[assignment]
+    def _hand_back(self, connection: _Connection, *,
+                   event: RequestReceived | BadRequest | None = None,
+                   begun: Begun | None = None, end: str | None = None) -> None:
+        connection.lane_event = event
+        connection.lane_begun = begun
         connection.lane_end = end
         self._handbacks += 1
         self.release(connection)
