@@ -35,7 +35,23 @@ recreated with an exported snapshot (``pg.snapshot_reader``).
 XLogData frames available now — ``read_message()`` never blocks — and waits for the socket
 with ``trio.lowlevel.wait_readable`` (bounded by ``wait_s``) only when none is.
 
-``confirm(lsn)``: ``send_feedback(flush_lsn=lsn, force=True)``, the slot advance.
+``confirm(lsn)``: ``send_feedback(flush_lsn=lsn, force=True)``, the slot advance;
+``may_confirm(lsn)`` says whether that is safe yet on this connection (below).
+
+Errors: ``SlotError`` says what failed; its subclass ``SlotConnectionError`` means the
+connection itself is gone or cannot be made (psycopg2's ``OperationalError`` and
+``InterfaceError``: refused, the server shutting down or starting up, the walsender
+terminated, a broken socket) — the source reconnects after those (docs/connect-postgres.md
+"Reconnects") — and ``SlotActiveError`` that the slot is still in use. Anything else (a
+missing slot, a check that fails) is not retried. The replication connection asks for TCP
+keepalives and a ``tcp_user_timeout``, so a silent network drop also ends in an error
+(within about ``replication_dead_peer_s``) instead of a wait forever.
+
+Shutdowns: a "fast" or "smart" shutdown of Postgres waits until each walsender's client
+has confirmed all WAL sent, the shutdown checkpoint included — which this client never
+does (it confirms ``end_lsn - 1``, below). The source therefore watches its ordinary
+connections (the retained-WAL read, every few seconds): refused with "the database system
+is shutting down", it closes the replication connection itself, and the shutdown goes on.
 
 Keepalives
 ----------
@@ -62,6 +78,12 @@ unpublished writes the slot would retain WAL until the next published transactio
 source's heartbeats (``emit_heartbeat``: a flushed marker, committed as a position-only
 offset, then confirmed at its LSN - 1, below the marker's own ``data_start``, so psycopg2
 still never forwards) let it follow.
+
+After a reconnect, nothing is confirmed before the first data frame of the new connection
+arrives: psycopg2 forwards whenever our explicit flush LSN is at or past the ``data_start``
+of the last data message, and with none received yet that is always true.
+``may_confirm(lsn)`` is true only when the last frame read on this connection starts after
+``lsn``; the source keeps a confirm it may not send yet and sends it after a later read.
 """
 
 from __future__ import annotations
@@ -80,7 +102,8 @@ import trio
 from .pgoutput import format_lsn, parse_lsn
 
 __all__ = ["HEARTBEAT_MESSAGE_PREFIX", "PgConnectConfig", "RESUME_MESSAGE_PREFIX",
-           "ReplicationSlot", "SlotActiveError", "SlotError", "SlotInfo", "parse_table_name"]
+           "ReplicationSlot", "SlotActiveError", "SlotConnectionError", "SlotError", "SlotInfo",
+           "parse_table_name"]
 
 #: The prefix of the non-transactional message ``start`` emits (the source drops it).
 RESUME_MESSAGE_PREFIX = "rivven.cdc.resume"
@@ -92,6 +115,11 @@ connect_timeout_s = 10
 statement_timeout_ms = 60_000
 #: Frames one ``read_frames`` returns at most.
 frames_per_read_max = 10_000
+#: The replication connection's TCP keepalives (idle, interval, probes) and libpq's
+#: ``tcp_user_timeout``: a peer gone silent is an error after about this long.
+replication_keepalive_idle_s, replication_keepalive_interval_s = 10, 5
+replication_keepalive_count = 3
+replication_dead_peer_s = 30
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
 
@@ -100,9 +128,29 @@ class SlotError(Exception):
     """A start check failed or the connection to Postgres did (the message says which)."""
 
 
+class SlotConnectionError(SlotError):
+    """The connection to Postgres is gone or cannot be made (the source reconnects)."""
+
+    @property
+    def shutting_down(self) -> bool:
+        """The server refused a connection because it is shutting down (libpq's message;
+        an untranslated server, ``lc_messages`` C or English, says so)."""
+        return "the database system is shutting down" in str(self)
+
+
 class SlotActiveError(SlotError):
     """The slot is in use by another connection (maybe our own previous process, whose
     walsender has not noticed its death yet: the source retries for a while)."""
+
+
+def _slot_error(message: str, error: Exception) -> SlotError:
+    """``message`` and psycopg2's ``error`` as the ``SlotError`` subclass it means."""
+    text = f"{message}: {str(error).strip()}"
+    if getattr(error, "pgcode", None) == "55006":  # object_in_use: the slot is active
+        return SlotActiveError(text)
+    if isinstance(error, (psycopg2.OperationalError, psycopg2.InterfaceError)):
+        return SlotConnectionError(text)
+    return SlotError(text)
 
 
 def parse_table_name(text: str) -> tuple[str, str] | None:
@@ -124,15 +172,16 @@ class PgConnectConfig:
     password: str | None = attrs.field(default=None, repr=False)
 
     def connect(self, **extra: Any) -> Any:
-        """A psycopg2 connection (blocking). Raises ``SlotError``."""
+        """A psycopg2 connection (blocking). Raises ``SlotError`` (``SlotConnectionError``
+        when the server cannot be reached)."""
         try:
             return psycopg2.connect(
                 host=self.host, port=self.port, dbname=self.database, user=self.user,
                 password=self.password, connect_timeout=connect_timeout_s,
                 application_name="rivven-connect", **extra)
         except psycopg2.Error as error:
-            raise SlotError(f"cannot connect to postgres {self.user}@{self.host}:{self.port}/"
-                            f"{self.database}: {str(error).strip()}") from error
+            raise _slot_error(f"cannot connect to postgres {self.user}@{self.host}:"
+                              f"{self.port}/{self.database}", error) from error
 
 
 @attrs.frozen
@@ -157,6 +206,8 @@ class ReplicationSlot:
         self.status_interval_s = status_interval_s
         self._connection: Any = None
         self._cursor: Any = None
+        #: The ``data_start`` of the last frame read on this connection (None: none yet).
+        self.last_data_start: int | None = None
 
     # --- start (blocking) ---------------------------------------------------------------------
     def prepare(self) -> SlotInfo:
@@ -172,7 +223,7 @@ class ReplicationSlot:
                 confirmed, state = self._inspect_slot(cursor)
             return SlotInfo(confirmed, state, keys)
         except psycopg2.Error as error:
-            raise SlotError(f"postgres: {str(error).strip()}") from error
+            raise _slot_error("postgres", error) from error
         finally:
             connection.close()
 
@@ -284,18 +335,23 @@ class ReplicationSlot:
                 row = cursor.fetchone()
                 return None if row is None else row[0]
         except psycopg2.Error as error:
-            raise SlotError(f"postgres: {str(error).strip()}") from error
+            raise _slot_error("postgres", error) from error
         finally:
             connection.close()
 
     def start(self, start_lsn: int) -> None:
         """Emit the resume message, open the replication connection and start streaming at
         ``start_lsn`` (0: the slot's ``confirmed_flush_lsn``). Blocking; raises
-        ``SlotError``."""
+        ``SlotError`` (``SlotConnectionError``, ``SlotActiveError``: worth retrying)."""
+        assert self._connection is None, "start on a started slot"
         self._emit_marker(RESUME_MESSAGE_PREFIX, None)
         connection = self.config.connect(
             connection_factory=psycopg2.extras.LogicalReplicationConnection,
-            options="-c DateStyle=ISO,MDY -c extra_float_digits=3")
+            options="-c DateStyle=ISO,MDY -c extra_float_digits=3",
+            keepalives=1, keepalives_idle=replication_keepalive_idle_s,
+            keepalives_interval=replication_keepalive_interval_s,
+            keepalives_count=replication_keepalive_count,
+            tcp_user_timeout=replication_dead_peer_s * 1000)
         try:
             cursor = connection.cursor()
             cursor.start_replication(
@@ -305,9 +361,10 @@ class ReplicationSlot:
                          "messages": "true"})
         except psycopg2.Error as error:
             connection.close()
-            raise SlotError(f"START_REPLICATION of {self.slot_name} failed: "
-                            f"{str(error).strip()}") from error
+            raise _slot_error(f"START_REPLICATION of {self.slot_name} failed",
+                              error) from error
         self._connection, self._cursor = connection, cursor
+        self.last_data_start = None
 
     def _emit_marker(self, prefix: str, unless_wal_at: int | None) -> int | None:
         """A flushed non-transactional logical message ``prefix`` with our slot name as
@@ -331,7 +388,7 @@ class ReplicationSlot:
                 cursor.execute("SELECT pg_current_wal_insert_lsn()::text")
                 return parse_lsn(cursor.fetchone()[0])
         except psycopg2.Error as error:
-            raise SlotError(f"postgres: {str(error).strip()}") from error
+            raise _slot_error("postgres", error) from error
         finally:
             marker.close()
 
@@ -344,8 +401,8 @@ class ReplicationSlot:
     # --- streaming (trio) ---------------------------------------------------------------------
     async def read_frames(self, max_frames: int, wait_s: float) -> list[tuple[int, bytes]]:
         """The XLogData frames available now, at most ``max_frames``; if none, waits up to
-        ``wait_s`` for the socket and reads again. Raises ``SlotError`` when the connection
-        fails. A checkpoint."""
+        ``wait_s`` for the socket and reads again. Raises ``SlotConnectionError`` when the
+        connection is lost, ``SlotError`` for another error of the stream. A checkpoint."""
         assert self._cursor is not None and 0 < max_frames <= frames_per_read_max
         frames = self._read_now(max_frames)
         if frames:
@@ -364,19 +421,29 @@ class ReplicationSlot:
                     break
                 frames.append((message.data_start, bytes(message.payload)))
         except psycopg2.Error as error:
-            raise SlotError(f"replication stream of {self.slot_name} failed: "
-                            f"{str(error).strip()}") from error
+            raise _slot_error(f"replication stream of {self.slot_name} failed",
+                              error) from error
+        if frames:
+            self.last_data_start = frames[-1][0]
         return frames
 
     def confirm(self, flush_lsn: int) -> None:
         """Tell the server everything below ``flush_lsn`` is safe (the slot advance).
-        Raises ``SlotError``."""
-        assert self._cursor is not None and flush_lsn >= 0
+        Only when ``may_confirm(flush_lsn)``. Raises ``SlotError`` (``SlotConnectionError``:
+        the connection is gone)."""
+        assert self._cursor is not None and flush_lsn >= 0 and self.may_confirm(flush_lsn)
         try:
             self._cursor.send_feedback(flush_lsn=flush_lsn, force=True)
         except psycopg2.Error as error:
-            raise SlotError(f"confirming {format_lsn(flush_lsn)} on {self.slot_name} "
-                            f"failed: {str(error).strip()}") from error
+            raise _slot_error(f"confirming {format_lsn(flush_lsn)} on {self.slot_name} "
+                              f"failed", error) from error
+
+    def may_confirm(self, flush_lsn: int) -> bool:
+        """Whether confirming ``flush_lsn`` now keeps psycopg2 from forwarding the slot to a
+        keepalive's ``wal_end``: the last frame read on this connection starts after it
+        (module docstring, "Keepalives")."""
+        return (self._cursor is not None and self.last_data_start is not None
+                and self.last_data_start > flush_lsn)
 
     @property
     def started(self) -> bool:

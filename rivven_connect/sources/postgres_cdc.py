@@ -20,7 +20,9 @@ the exactly-once order; the source only keeps to its part:
   are dropped by the assembler (the replay filter) and again by the cycle;
 - ``side_effect(position)`` runs only after the broker committed the batch whose last
   position it is: it confirms the slot at ``end_lsn - 1`` (``pg.slot`` "Keepalives" says why
-  not ``end_lsn``; Postgres resumes at our requested LSN either way). Idempotent;
+  not ``end_lsn``; Postgres resumes at our requested LSN either way). Idempotent. A confirm
+  that cannot be sent yet (no frame read on the connection yet, or the connection is gone)
+  is kept and sent after a later read: the slot only lags, which is always safe;
 - positions are JSON (they go into ``__connect_offsets``): ``{"end_lsn": "X/X",
   "commit_lsn": "X/X", "seq": n, "last": bool}``, ordered by ``(end_lsn, seq)`` (keys
   ``(end_lsn, 1, seq)``, after the snapshot rows ``(consistent_lsn, 0, rows)``);
@@ -34,6 +36,25 @@ the exactly-once order; the source only keeps to its part:
   no records and its side effect confirms ``M - 1``, below the marker's ``data_start``, so
   psycopg2 still never forwards the slot past the stored offset. The slot then follows
   unpublished WAL.
+
+Reconnects (docs/connect-postgres.md "Reconnects"): a ``SlotConnectionError`` from the
+stream or from a confirm means the replication connection is gone (walsender terminated,
+Postgres restarted, a dead socket); an ordinary connection refused because Postgres is
+shutting down makes the source let go of it (``pg.slot`` "Shutdowns"). The source closes it, drops the half-received
+transaction and the relation cache (``TransactionAssembler.on_reconnect``) and the frames
+not decoded yet, and keeps the whole transactions it queued. The next read (after those
+queued transactions were returned) reconnects: before attempt ``n`` it waits
+``backoff_delay_ms(n)`` (``pg.reconnect.ReconnectBudget``), runs the start checks again
+(a slot now missing, lost or ahead of the last committed position stops the source at
+once), then ``START_REPLICATION`` at the ``end_lsn`` of the last committed position (the
+stored offset, moved by each side effect). Postgres resends what followed; the
+assembler's replay filter drops every transaction already queued or delivered, and a
+heartbeat marker seen before is dropped too. After ``reconnect_attempts_max`` attempts or
+``reconnect_timeout_ms`` the source stops with ``SourceError`` (exit 3). The outstanding
+confirm is sent once the new connection has delivered a frame (``pg.slot``). A batch
+polled but not yet committed is unaffected: the cycle commits it and its side effect
+confirms it, now or after the reconnect; if the runtime dies first, the restart resends
+it from the stored offset, below which the slot always is.
 
 Snapshots (``snapshot.mode``: ``never``, ``initial``, ``initial_only``, ``always``,
 ``when_needed``; ``pg.snapshot.plan_start`` decides from the mode, the stored position and
@@ -62,6 +83,7 @@ from __future__ import annotations
 import collections
 import datetime
 import logging
+import random
 from typing import Any, Callable, Mapping
 
 import attrs
@@ -74,9 +96,12 @@ from rivven_connect.pg.envelope import CdcPosition, EnvelopeBuilder, EnvelopeErr
 from rivven_connect.pg.pgoutput import (
     ColumnValue, LogicalMessage, PgOutputError, Relation, decode_message, format_lsn, parse_lsn,
 )
+from rivven_connect.pg.reconnect import (
+    ReconnectBudget, reconnect_attempts_max_default, reconnect_timeout_ms_default,
+)
 from rivven_connect.pg.slot import (
-    HEARTBEAT_MESSAGE_PREFIX, PgConnectConfig, ReplicationSlot, SlotActiveError, SlotError,
-    SlotInfo, parse_table_name,
+    HEARTBEAT_MESSAGE_PREFIX, PgConnectConfig, ReplicationSlot, SlotActiveError,
+    SlotConnectionError, SlotError, SlotInfo, parse_table_name,
 )
 from rivven_connect.pg.snapshot import (
     ON_INTERRUPTED, SNAPSHOT_MODES, SnapshotPosition, StartPlan, plan_start, position_phase,
@@ -106,6 +131,9 @@ slot_stats_interval_ms = 5_000
 #: Heartbeats: the default interval, and the largest one accepted (0 = off).
 heartbeat_interval_ms_default = 10_000
 heartbeat_interval_ms_max = 3_600_000
+#: The largest ``reconnect_attempts_max`` and ``reconnect_timeout_ms`` accepted.
+reconnect_attempts_max_max = 1000
+reconnect_timeout_ms_max = 86_400_000
 
 _log = logging.getLogger("rivven_connect.postgres_cdc")
 
@@ -132,9 +160,14 @@ class PostgresCdcSource:
                  snapshot_chunk_rows: int = snapshot_chunk_rows_default,
                  snapshot_on_interrupted: str = "fail",
                  heartbeat_interval_ms: int = heartbeat_interval_ms_default,
-                 clock_ms: Callable[[], int] = _wall_clock_ms) -> None:
+                 reconnect_attempts_max: int = reconnect_attempts_max_default,
+                 reconnect_timeout_ms: int = reconnect_timeout_ms_default,
+                 clock_ms: Callable[[], int] = _wall_clock_ms,
+                 jitter: Callable[[], float] | None = None) -> None:
         assert snapshot_mode in SNAPSHOT_MODES
         assert 0 <= heartbeat_interval_ms <= heartbeat_interval_ms_max
+        assert 0 <= reconnect_attempts_max <= reconnect_attempts_max_max
+        assert 0 < reconnect_timeout_ms <= reconnect_timeout_ms_max
         self.slot = slot
         self.batch_size = batch_size
         self.snapshot_mode = snapshot_mode
@@ -168,6 +201,19 @@ class PostgresCdcSource:
         self._heartbeat_due_ms = 0
         self._heartbeat_wal_at: int | None = None
         self.heartbeats = 0  # delivered heartbeat markers
+        self._heartbeat_lsn: int | None = None  # the last one queued (a resent one is dropped)
+        #: Reconnects: the limits, the jitter of the backoff, the outage in progress (None
+        #: while connected) and the error that began it; where a reconnect starts (the
+        #: end_lsn of the last committed position); the confirm not sent yet.
+        self.reconnect_attempts_max = reconnect_attempts_max
+        self.reconnect_timeout_ms = reconnect_timeout_ms
+        self.jitter = jitter if jitter is not None else random.Random().random
+        self._outage: ReconnectBudget | None = None
+        self._lost_error: SlotError | None = None
+        self._resume_lsn = 0
+        self._confirm_lsn: int | None = None
+        self.reconnects = 0
+        self.reconnect_attempts_failed = 0
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any], path: str) -> PostgresCdcSource:
@@ -178,7 +224,8 @@ class PostgresCdcSource:
         options = Options(raw, path, ("host", "port", "database", "user", "password",
                                       "slot_name", "publication_name", "tables", "snapshot",
                                       "batch_size", "status_interval_ms",
-                                      "heartbeat_interval_ms"))
+                                      "heartbeat_interval_ms", "reconnect_attempts_max",
+                                      "reconnect_timeout_ms"))
         port = options.int("port", 5432, 1, 65535)
         password = raw.get("password")
         if password is not None and not isinstance(password, str):
@@ -209,14 +256,20 @@ class PostgresCdcSource:
         interval = options.int("status_interval_ms", 10_000, 1000, 60_000)
         heartbeat = options.int("heartbeat_interval_ms", heartbeat_interval_ms_default, 0,
                                 heartbeat_interval_ms_max)
+        attempts = options.int("reconnect_attempts_max", reconnect_attempts_max_default, 0,
+                               reconnect_attempts_max_max)
+        outage_ms = options.int("reconnect_timeout_ms", reconnect_timeout_ms_default, 1000,
+                                reconnect_timeout_ms_max)
         assert port is not None and interval is not None and heartbeat is not None
+        assert attempts is not None and outage_ms is not None
         config = PgConnectConfig(options.string("host"), port, options.string("database"),
                                  options.string("user"), password)
         slot = ReplicationSlot(config, names["slot_name"], names["publication_name"], parsed,
                                status_interval_s=interval / 1000)
         return cls(slot, batch_size=options.batch_size(), snapshot_mode=mode,
                    snapshot_chunk_rows=chunk_rows, snapshot_on_interrupted=on_interrupted,
-                   heartbeat_interval_ms=heartbeat)
+                   heartbeat_interval_ms=heartbeat, reconnect_attempts_max=attempts,
+                   reconnect_timeout_ms=outage_ms)
 
     # --- the Source protocol ------------------------------------------------------------------
     def resume(self, position: Any) -> None:
@@ -245,8 +298,19 @@ class PostgresCdcSource:
                 self._feed(wanted)
                 if self._queued >= wanted:
                     break
+                if self._outage is not None:
+                    if self._queued:
+                        break  # whole transactions first; the next poll reconnects
+                    await self._reconnect()
                 await self._read_slot_stats()
-                frames = await self.slot.read_frames(frames_per_read, read_wait_s)
+                if self._outage is not None:
+                    continue  # Postgres is shutting down: the connection was let go
+                try:
+                    frames = await self.slot.read_frames(frames_per_read, read_wait_s)
+                except SlotConnectionError as error:
+                    self._connection_lost(error)
+                    continue
+                self._send_confirm()
                 if not frames and self._queued:
                     break
                 if not frames:
@@ -264,10 +328,100 @@ class PostgresCdcSource:
         if self.heartbeat_interval_ms == 0 or now_ms < self._heartbeat_due_ms:
             return
         self._heartbeat_due_ms = now_ms + self.heartbeat_interval_ms
-        wal_at = await trio.to_thread.run_sync(
-            lambda: self.slot.emit_heartbeat(self._heartbeat_wal_at))
+        try:
+            wal_at = await trio.to_thread.run_sync(
+                lambda: self.slot.emit_heartbeat(self._heartbeat_wal_at))
+        except SlotConnectionError as error:  # the stream's own read will tell if it is gone
+            _log.warning("postgres-cdc %s: writing a heartbeat failed: %s",
+                         self.slot.slot_name, error)
+            self._let_go_if_shutting_down(error)
+            return
         if wal_at is not None:
             self._heartbeat_wal_at = wal_at
+
+    # --- reconnects ---------------------------------------------------------------------------
+    def _connection_lost(self, error: SlotError) -> None:
+        """The replication connection is gone: close it, drop what Postgres resends (the
+        half-received transaction, the relation cache, frames not decoded yet). The whole
+        transactions queued stay. Starts the outage's budget (once per outage)."""
+        assert self.assembler is not None
+        self.slot.close()
+        self.assembler.on_reconnect()
+        self._frames.clear()
+        if self._outage is None:
+            _log.warning("postgres-cdc %s: the replication connection was lost: %s; "
+                         "reconnecting", self.slot.slot_name, error)
+            self._lost_error = error
+            self._outage = ReconnectBudget(self.reconnect_attempts_max,
+                                           self.reconnect_timeout_ms, self._monotonic_ms())
+
+    @staticmethod
+    def _monotonic_ms() -> int:
+        return int(trio.current_time() * 1000)
+
+    async def _reconnect(self) -> None:
+        """Attempts with backoff until one works (then the stream is started at the last
+        committed position) or the budget is spent (``SourceError``). A checkpoint."""
+        from rivven_connect.sources import SourceError
+
+        outage, name = self._outage, self.slot.slot_name
+        assert outage is not None and not self.slot.started
+        last_error: SlotError | None = self._lost_error
+        while True:
+            now_ms = self._monotonic_ms()
+            delay_ms = outage.next_delay_ms(now_ms, self.jitter())
+            if delay_ms is None:
+                raise SourceError(
+                    f"postgres-cdc {name}: the replication connection was lost "
+                    f"({self._lost_error}) and could not be re-established: "
+                    f"{outage.describe(now_ms)}; the last error: {last_error}")
+            await trio.sleep(delay_ms / 1000)
+            try:
+                await self._restart_stream()
+            except (SlotConnectionError, SlotActiveError) as error:
+                self.reconnect_attempts_failed += 1
+                last_error = error
+                _log.info("postgres-cdc %s: reconnect attempt %d failed: %s", name,
+                          outage.attempts, error)
+                continue
+            self.reconnects += 1
+            _log.warning("postgres-cdc %s: reconnected (%s), streaming from %s", name,
+                         outage.describe(self._monotonic_ms()), format_lsn(self._resume_lsn))
+            self._outage = self._lost_error = None
+            return
+
+    async def _restart_stream(self) -> None:
+        """The start checks again, then ``START_REPLICATION`` at the last committed
+        position. Raises ``SlotConnectionError``/``SlotActiveError`` (worth another
+        attempt), ``SlotError`` or ``SourceError`` (not)."""
+        from rivven_connect.sources import SourceError
+
+        info = await trio.to_thread.run_sync(self.slot.prepare)
+        name = self.slot.slot_name
+        if info.state != "ok":
+            raise SourceError(f"postgres-cdc {name}: after the replication connection was "
+                              f"lost the slot is {info.state} (dropped, or its WAL removed): "
+                              f"changes after {format_lsn(self._resume_lsn)} are gone")
+        confirmed = info.confirmed_flush_lsn
+        if self._resume_lsn and confirmed is not None and confirmed > self._resume_lsn:
+            raise SourceError(f"postgres-cdc {name}: the slot ran ahead while the replication "
+                              f"connection was lost: its confirmed_flush_lsn "
+                              f"{format_lsn(confirmed)} is past the last committed end_lsn "
+                              f"{format_lsn(self._resume_lsn)}")
+        await trio.to_thread.run_sync(lambda: self.slot.start(self._resume_lsn))
+
+    def _send_confirm(self) -> None:
+        """Send the confirm side effects asked for, if the connection allows it now
+        (``ReplicationSlot.may_confirm``); a lost connection keeps it for later."""
+        lsn = self._confirm_lsn
+        if lsn is None or not self.slot.may_confirm(lsn):
+            return
+        try:
+            self.slot.confirm(lsn)
+        except SlotConnectionError as error:
+            self._connection_lost(error)
+            return
+        self.confirmed_lsn, self._confirm_lsn = lsn, None
 
     def _feed(self, wanted: int) -> None:
         """Decode read frames until ``wanted`` records of whole transactions are queued
@@ -287,7 +441,11 @@ class PostgresCdcSource:
                     self._queued += len(records)
             elif isinstance(result, LogicalMessage) and self._is_our_heartbeat(result):
                 # Everything before it is queued: its position follows them (key (M, 2, 0)).
-                position = heartbeat_position(lsn or result.lsn)
+                marker_lsn = lsn or result.lsn
+                if self._heartbeat_lsn is not None and marker_lsn <= self._heartbeat_lsn:
+                    continue  # resent after a reconnect: queued already
+                self._heartbeat_lsn = marker_lsn
+                position = heartbeat_position(marker_lsn)
                 self._transactions.append([Record.heartbeat(position)])
                 self._queued += 1
                 self.heartbeats += 1
@@ -369,6 +527,7 @@ class PostgresCdcSource:
         self._heartbeat_due_ms = self.clock_ms() + self.heartbeat_interval_ms
         self.assembler = TransactionAssembler(resume_end_lsn=start_lsn,
                                               changes_max=changes_per_transaction_max)
+        self._resume_lsn = max(self._resume_lsn, start_lsn)
         await trio.to_thread.run_sync(lambda: self.slot.start(start_lsn))
 
     async def _begin_snapshot(self, plan: StartPlan, info: SlotInfo) -> None:
@@ -407,8 +566,10 @@ class PostgresCdcSource:
         return records
 
     async def side_effect(self, position: Any) -> None:
-        """Confirm the slot for the committed ``position`` (the end of a transaction).
-        Raises ``SourceError`` (the cycle retries). A checkpoint."""
+        """Confirm the slot for the committed ``position`` (the end of a transaction), now
+        or — before the stream's first frame, or with the connection lost — after a later
+        read (module docstring, "Reconnects"). A later position supersedes an unsent
+        confirm. Raises ``SourceError`` (the cycle retries). A checkpoint."""
         from rivven_connect.sources import SourceError
 
         await trio.lowlevel.checkpoint()
@@ -416,13 +577,16 @@ class PostgresCdcSource:
             return  # nothing to confirm: the slot stays at the consistent LSN until streaming
         end_lsn = self.position_key(position)[0]
         assert position["last"], position  # the cycle commits whole transactions only
-        if not self.slot.started:
-            return  # replays only, before the stream started: nothing to confirm
+        self._resume_lsn = max(self._resume_lsn, end_lsn)  # a reconnect starts there
+        if self.confirmed_lsn is not None and end_lsn - 1 <= self.confirmed_lsn:
+            return  # confirmed already (the side effect is retried, or a replay)
+        self._confirm_lsn = max(self._confirm_lsn or 0, end_lsn - 1)
+        if self.assembler is None:
+            return  # before the stream started: sent after its first frame
         try:
-            self.slot.confirm(end_lsn - 1)
+            self._send_confirm()
         except SlotError as error:
             raise SourceError(str(error)) from error
-        self.confirmed_lsn = end_lsn - 1
 
     # --- metrics ------------------------------------------------------------------------------
     def _count(self, records: list[Record]) -> None:
@@ -445,6 +609,15 @@ class PostgresCdcSource:
         except SlotError as error:
             _log.warning("postgres-cdc %s: reading the slot's retained WAL failed: %s",
                          self.slot.slot_name, error)
+            if isinstance(error, SlotConnectionError):
+                self._let_go_if_shutting_down(error)
+
+    def _let_go_if_shutting_down(self, error: SlotConnectionError) -> None:
+        """Postgres refused an ordinary connection because it is shutting down: close the
+        replication connection, which it would otherwise wait for (``pg.slot``
+        "Shutdowns"), and reconnect once it is back."""
+        if error.shutting_down and self.assembler is not None and self.slot.started:
+            self._connection_lost(error)
 
     def metrics(self) -> list[Metric]:
         """The CDC gauges and counters (module docstring "Metrics"). Never blocks."""
@@ -460,6 +633,13 @@ class PostgresCdcSource:
         out.append(Metric("cdc_replication_lag_bytes", "gauge",
                           "WAL bytes between the end of the last transaction read and the "
                           "last one confirmed to the slot (committed to the broker).", lag))
+        out.append(Metric("cdc_reconnects", "counter",
+                          "Replication connections re-established after one was lost.",
+                          self.reconnects))
+        out.append(Metric("cdc_reconnect_failures", "counter",
+                          "Reconnect attempts that failed (the source stops when an outage "
+                          "outlasts reconnect_attempts_max or reconnect_timeout_ms).",
+                          self.reconnect_attempts_failed))
         for (table, op), count in sorted(self.events.items()):
             out.append(Metric("cdc_events", "counter",
                               "Changes read from Postgres, by table (one of the configured "

@@ -102,7 +102,8 @@ def test_snapshot_options_and_positions():
 
 def test_metrics_are_the_lag_the_retained_wal_once_read_and_the_changes_per_table():
     source = _build()
-    assert [(m.name, m.value) for m in source.metrics()] == [("cdc_replication_lag_bytes", 0)]
+    assert [(m.name, m.value) for m in source.metrics()] == [
+        ("cdc_replication_lag_bytes", 0), ("cdc_reconnects", 0), ("cdc_reconnect_failures", 0)]
     source.stream_from = 0x1000  # resumed at a stored end LSN: that much is confirmed
     source.received_end_lsn = 0x1800
     source.events.update({("public.orders", "c"): 2, ("public.items", "d"): 1})
@@ -110,6 +111,8 @@ def test_metrics_are_the_lag_the_retained_wal_once_read_and_the_changes_per_tabl
     assert [(m.name, m.value, m.labels) for m in source.metrics()] == [
         ("cdc_retained_wal_bytes", 4096, ()),
         ("cdc_replication_lag_bytes", 0x800, ()),
+        ("cdc_reconnects", 0, ()),
+        ("cdc_reconnect_failures", 0, ()),
         ("cdc_events", 1, (("table", "public.items"), ("op", "d"))),
         ("cdc_events", 2, (("table", "public.orders"), ("op", "c")))]
     source.confirmed_lsn = 0x17ff  # confirmed at end_lsn - 1: caught up
@@ -166,6 +169,9 @@ class FakeSlot:
 
     def confirm(self, flush_lsn):
         self.confirmed.append(flush_lsn)
+
+    def may_confirm(self, flush_lsn):
+        return True
 
     def retained_wal_bytes(self):  # (the metrics' gauge, read every few seconds)
         return 0
