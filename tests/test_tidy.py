@@ -82,6 +82,8 @@ PURE_EXEMPT = {
                               "the replication socket",
     "rivven_connect.pg.snapshot_reader": "the snapshot's psycopg2 connections (the exporting "
                                          "slot creation, the keyset reads)",
+    "rivven_connect.pg.outbox_table": "the polling outbox's psycopg2 connection (poll, "
+                                      "delete or mark)",
 }
 IO_MODULES = {"trio", "socket", "threading", "time", "asyncio", "selectors", "select"}
 # Cores that are stricter still: the environment and randomness come in as arguments (the
