@@ -224,12 +224,19 @@ class IncrementalSnapshot(Generic[Payload]):
                 self.state = attrs.evolve(state, tables=tables)
 
     # --- chunks -----------------------------------------------------------------------------
+    @property
+    def chunk_due(self) -> bool:
+        """``next_chunk()`` would return a chunk (a snapshot runs, unpaused, none in flight)."""
+        state = self.state
+        return state is not None and not state.paused and self.chunk is None
+
     def next_chunk(self) -> ChunkRequest | None:
         """The chunk to read now (then ``chunk_read``), or None: nothing running, paused,
         or a chunk still in flight."""
         state = self.state
-        if state is None or state.paused or self.chunk is not None:
+        if not self.chunk_due:
             return None
+        assert state is not None
         request = ChunkRequest(self._next_chunk_id, state.tables[0], state.last_key,
                                state.chunk_rows)
         self._next_chunk_id += 1

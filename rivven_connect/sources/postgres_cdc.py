@@ -262,6 +262,8 @@ class PostgresCdcSource:
                 self._feed(wanted)
                 if self._queued >= wanted:
                     break
+                if self.incremental.core.chunk_due and not self._frames:
+                    continue  # the next chunk now, not after a wait for the stream
                 await self._read_slot_stats()
                 frames = await self.slot.read_frames(frames_per_read, read_wait_s)
                 if not frames and self._queued:
