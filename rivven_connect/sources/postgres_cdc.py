@@ -43,8 +43,16 @@ reads every table by primary-key keyset chunks under it and ``poll`` returns the
 the last one (``done``, ``source.snapshot = "last"``) the next poll starts streaming at
 the slot's consistent LSN — no gap, no overlap — or, for ``initial_only``, returns
 ``None``. The side effect of a snapshot position does nothing (the slot already sits at
-the consistent LSN). An interrupted snapshot is refused at the next start
-(docs/connect-postgres.md "Snapshots" says why).
+the consistent LSN). An interrupted snapshot is resumed (``on_interrupted: resume``, the
+default): streaming from its consistent LSN while the rest of its tables is read by
+incremental chunks; or refused, or restarted (docs/connect-postgres.md "Snapshots").
+
+Incremental snapshots (``IncrementalRunner``, docs/connect-postgres.md "Incremental
+snapshots"): every decoded transaction goes through the runner, which consumes signal-table
+rows and our watermark/signal messages, drops superseded chunk rows and appends a chunk's
+rows at its high watermark; the poll loop reads the next chunk as soon as one is due. A
+table the publication lacks is added at start, with an ``execute-snapshot`` message in the
+same Postgres transaction when a streaming offset is stored.
 
 Metrics (``metrics()``, rendered by ``/metrics``): the slot's retained WAL
 (``pg_current_wal_lsn() - restart_lsn``, read on an ordinary connection at most every
@@ -64,15 +72,14 @@ import datetime
 import logging
 from typing import Any, Callable, Mapping
 
-import attrs
 import trio
 
 from rivven_connect.core.batch_cycle import batch_records_max
 from rivven_connect.core.records import Record
 from rivven_connect.http_api import Metric
-from rivven_connect.pg.envelope import CdcPosition, EnvelopeBuilder, EnvelopeError
+from rivven_connect.pg.envelope import EnvelopeBuilder, EnvelopeError
 from rivven_connect.pg.pgoutput import (
-    ColumnValue, LogicalMessage, PgOutputError, Relation, decode_message, format_lsn, parse_lsn,
+    LogicalMessage, PgOutputError, decode_message, format_lsn, parse_lsn,
 )
 from rivven_connect.pg.slot import (
     HEARTBEAT_MESSAGE_PREFIX, PgConnectConfig, ReplicationSlot, SlotActiveError, SlotError,
@@ -83,10 +90,8 @@ from rivven_connect.pg.snapshot import (
     snapshot_chunk_rows_default, snapshot_chunk_rows_max,
 )
 from rivven_connect.pg.incremental import IncrementalSnapshotError, IncrementalState
-from rivven_connect.pg.snapshot_reader import ExportedSnapshot, SnapshotReader
-from rivven_connect.sources.postgres_cdc_incremental import (
-    IncrementalRunner, key_text, signal_message,
-)
+from rivven_connect.sources.postgres_cdc_incremental import IncrementalRunner, signal_message
+from rivven_connect.sources.postgres_cdc_snapshot import SnapshotRun
 from rivven_connect.pg.transactions import (
     ReplicationStateError, Transaction, TransactionAssembler, TransactionTooLarge,
 )
@@ -116,11 +121,6 @@ _log = logging.getLogger("rivven_connect.postgres_cdc")
 
 def _wall_clock_ms() -> int:
     return int(datetime.datetime.now(datetime.timezone.utc).timestamp() * 1000)
-
-
-def position_json(position: CdcPosition) -> dict[str, Any]:
-    return {"end_lsn": format_lsn(position.end_lsn), "commit_lsn": format_lsn(
-        position.commit_lsn), "seq": position.seq, "last": position.last}
 
 
 def heartbeat_position(lsn: int) -> dict[str, Any]:
@@ -587,62 +587,3 @@ def _check_snapshot(snapshot: Any, path: str) -> tuple[str, int, str]:
         raise ConnectConfigError(f"{path}.on_interrupted", f"{on_interrupted!r} is not one "
                                                            f"of {', '.join(ON_INTERRUPTED)}")
     return mode, chunk_rows, on_interrupted
-
-
-class SnapshotRun:
-    """One snapshot in progress (blocking methods: run them in a worker thread): the
-    exporting slot creation, the reader, and the keyset walk over the tables with one row
-    of look-ahead, so the snapshot's last row is known when it is emitted."""
-
-    def __init__(self, slot: ReplicationSlot,
-                 key_columns: Mapping[tuple[str, str], tuple[str, ...]], *, temporary: bool,
-                 stop_after: bool) -> None:
-        self.slot, self.key_columns = slot, key_columns
-        self.stop_after = stop_after
-        self.export = ExportedSnapshot(slot.config, slot.slot_name, temporary=temporary)
-        self.reader = SnapshotReader(slot.config)
-        self.consistent_lsn = 0
-        self.relations: list[Relation] = []
-        self.table_index = 0            # the table being read
-        self.read_after: tuple[str, ...] | None = None  # its last key read
-        self.rows = 0                   # rows handed out
-        self.ahead: collections.deque[tuple[int, tuple[str | None, ...]]] = collections.deque()
-        self.exhausted = False          # every row handed out
-
-    def open(self) -> None:
-        self.consistent_lsn, name = self.export.create()
-        self.reader.open(name)
-        self.relations = [self.reader.describe(table, self.key_columns[table])
-                          for table in self.slot.tables]
-
-    def next_rows(self, wanted: int, chunk_rows: int
-                  ) -> list[tuple[Relation, tuple[ColumnValue, ...], SnapshotPosition]]:
-        """Up to ``wanted`` rows with their positions (the last one ``done``)."""
-        while len(self.ahead) <= wanted and self.table_index < len(self.relations):
-            relation = self.relations[self.table_index]
-            key = self.key_columns[(relation.schema, relation.name)]
-            rows = self.reader.read_chunk(relation, key, self.read_after, chunk_rows)
-            self.ahead.extend((self.table_index, row) for row in rows)
-            if len(rows) < chunk_rows:
-                self.table_index, self.read_after = self.table_index + 1, None
-            else:
-                self.read_after = key_text(relation, key, rows[-1])
-        out = []
-        while self.ahead and len(out) < wanted:
-            index, row = self.ahead.popleft()
-            relation = self.relations[index]
-            key = self.key_columns[(relation.schema, relation.name)]
-            self.rows += 1
-            done = not self.ahead and self.table_index == len(self.relations)
-            position = SnapshotPosition(self.consistent_lsn, index,
-                                        f"{relation.schema}.{relation.name}",
-                                        key_text(relation, key, row), self.rows, done)
-            out.append((relation, tuple(ColumnValue("n") if value is None else ColumnValue(
-                "t", value.encode()) for value in row), position))
-        self.exhausted = not self.ahead and self.table_index == len(self.relations)
-        return out
-
-    def close(self) -> None:
-        self.reader.close()
-        self.export.close()
-
