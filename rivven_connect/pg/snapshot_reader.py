@@ -25,6 +25,12 @@ exactly as streamed rows. ``read_chunk(relation, key, after, limit)`` is ``SELEC
 FROM t [WHERE (key) > (after)] ORDER BY key LIMIT limit``; ``after`` is the key's text,
 compared by Postgres with the columns' own types and collations (the same order as
 ``ORDER BY``), so no row is read twice or skipped.
+
+``WindowReader`` (incremental snapshots, ``pg.incremental``) reuses ``describe`` and
+``read_chunk`` on an autocommit connection without an imported snapshot: per chunk it
+commits the low watermark message, reads the chunk in its own ``REPEATABLE READ``
+transaction together with ``pg_current_snapshot()`` (the in-progress xids), and commits the
+high watermark message.
 """
 
 from __future__ import annotations
