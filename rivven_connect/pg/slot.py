@@ -14,9 +14,11 @@ pure (``pgoutput``, ``transactions``, ``envelope``) or the trio source that driv
    (DEFAULT without a key, NOTHING, or INDEX are refused); the primary key columns are
    read from ``pg_index`` for every table, because under FULL pgoutput flags *every* column
    as key and the envelope needs the real key;
-3. the publication exists and covers every table, else it is created
-   ``FOR TABLE ...`` (only when it does not exist: an existing one is never altered);
-   it must exist before the slot, or decoding WAL from before its creation fails;
+3. the publication exists, else it is created ``FOR TABLE ...`` (the tables and the
+   signal table, if any); it must exist before the slot, or decoding WAL from before its
+   creation fails. The configured tables an existing publication does not publish are
+   returned (``SlotInfo.unpublished``) and added by ``add_to_publication`` when the source
+   has decided what follows (an incremental snapshot of them, after a streaming start);
 4. the slot, if it exists, has plugin ``pgoutput``, is in this database and is not
    ``active`` (another consumer).
 
@@ -102,14 +104,17 @@ import trio
 from .pgoutput import format_lsn, parse_lsn
 
 __all__ = ["HEARTBEAT_MESSAGE_PREFIX", "PgConnectConfig", "RESUME_MESSAGE_PREFIX",
-           "ReplicationSlot", "SlotActiveError", "SlotConnectionError", "SlotError", "SlotInfo",
-           "parse_table_name"]
+           "SIGNAL_MESSAGE_PREFIX", "ReplicationSlot", "SlotActiveError", "SlotConnectionError",
+           "SlotError", "SlotInfo", "parse_table_name"]
 
 #: The prefix of the non-transactional message ``start`` emits (the source drops it).
 RESUME_MESSAGE_PREFIX = "rivven.cdc.resume"
 #: The prefix of the heartbeat marker ``emit_heartbeat`` writes (the source turns ours into a
 #: position-only record; docs/connect-postgres.md "Idle and heartbeats").
 HEARTBEAT_MESSAGE_PREFIX = "rivven.cdc.heartbeat"
+#: The prefix of signals sent as transactional logical messages (``add_to_publication``
+#: sends one; users may too: docs/connect-postgres.md "Incremental snapshots").
+SIGNAL_MESSAGE_PREFIX = "rivven.cdc.signal"
 #: Bounds of the blocking calls.
 connect_timeout_s = 10
 statement_timeout_ms = 60_000
@@ -190,6 +195,8 @@ class SlotInfo:
     state: str  # ok, missing or lost (the source's snapshot mode decides what follows)
     #: (schema, table) -> primary key column names (() for a FULL table without a key).
     key_columns: dict[tuple[str, str], tuple[str, ...]]
+    #: Tables (configured ones, or the signal table) the existing publication lacks.
+    unpublished: tuple[tuple[str, str], ...] = ()
 
 
 class ReplicationSlot:
@@ -197,12 +204,16 @@ class ReplicationSlot:
     and ``start`` run in a worker thread before any ``read_frames``/``confirm``."""
 
     def __init__(self, config: PgConnectConfig, slot_name: str, publication_name: str,
-                 tables: Sequence[tuple[str, str]], *, status_interval_s: float = 10.0) -> None:
+                 tables: Sequence[tuple[str, str]], *, status_interval_s: float = 10.0,
+                 signal_table: tuple[str, str] | None = None) -> None:
         assert _IDENTIFIER.fullmatch(slot_name) and _IDENTIFIER.fullmatch(publication_name)
-        assert tables
+        assert tables and signal_table not in tables
         self.config = config
         self.slot_name, self.publication_name = slot_name, publication_name
         self.tables = tuple(tables)
+        self.signal_table = signal_table
+        #: What the publication must hold: the tables, then the signal table.
+        self.published = self.tables + ((signal_table,) if signal_table else ())
         self.status_interval_s = status_interval_s
         self._connection: Any = None
         self._cursor: Any = None
@@ -218,10 +229,10 @@ class ReplicationSlot:
             with connection.cursor() as cursor:
                 cursor.execute(f"SET statement_timeout = {statement_timeout_ms}")
                 self._check_server(cursor)
-                keys = {table: self._check_table(cursor, table) for table in self.tables}
-                self._ensure_publication(cursor)
+                keys = {table: self._check_table(cursor, table) for table in self.published}
+                unpublished = self._ensure_publication(cursor)
                 confirmed, state = self._inspect_slot(cursor)
-            return SlotInfo(confirmed, state, keys)
+            return SlotInfo(confirmed, state, keys, unpublished)
         except psycopg2.Error as error:
             raise _slot_error("postgres", error) from error
         finally:
@@ -265,23 +276,46 @@ class ReplicationSlot:
         raise SlotError(f"table {schema}.{name} {what}: give it a primary key or "
                         f"ALTER TABLE {schema}.{name} REPLICA IDENTITY FULL")
 
-    def _ensure_publication(self, cursor: Any) -> None:
+    def _ensure_publication(self, cursor: Any) -> tuple[tuple[str, str], ...]:
+        """Create the publication if missing; the tables an existing one lacks."""
         cursor.execute("SELECT 1 FROM pg_publication WHERE pubname = %s",
                        (self.publication_name,))
         if cursor.fetchone() is None:
             cursor.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
                 sql.Identifier(self.publication_name),
-                sql.SQL(", ").join(sql.Identifier(schema, name) for schema, name in self.tables)))
-            return
+                sql.SQL(", ").join(sql.Identifier(schema, name)
+                                   for schema, name in self.published)))
+            return ()
         cursor.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE "
                        "pubname = %s", (self.publication_name,))
         published = {tuple(row) for row in cursor.fetchall()}
-        missing = [f"{schema}.{name}" for schema, name in self.tables
-                   if (schema, name) not in published]
-        if missing:
-            raise SlotError(f"publication {self.publication_name} does not publish "
-                            f"{', '.join(missing)} (ALTER PUBLICATION ... ADD TABLE; a table "
-                            f"added later has no snapshot yet)")
+        return tuple(table for table in self.published if table not in published)
+
+    def add_to_publication(self, tables: Sequence[tuple[str, str]],
+                           signal: str | None) -> None:
+        """``ALTER PUBLICATION ... ADD TABLE`` (the tables passed ``prepare``'s checks) and,
+        in the same transaction, the transactional ``rivven.cdc.signal`` message
+        ``signal`` (an ``execute-snapshot`` of them): the stream delivers the signal at the
+        commit that publishes the tables, so a crash cannot separate the two. Blocking;
+        raises ``SlotError``."""
+        assert tables
+        connection = self.config.connect()
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL synchronous_commit = on")
+                cursor.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
+                    sql.Identifier(self.publication_name),
+                    sql.SQL(", ").join(sql.Identifier(schema, name)
+                                       for schema, name in tables)))
+                if signal is not None:
+                    cursor.execute("SELECT pg_logical_emit_message(true, %s, %s)",
+                                   (SIGNAL_MESSAGE_PREFIX, signal))
+            connection.commit()
+        except psycopg2.Error as error:
+            raise _slot_error(f"adding {', '.join(f'{s}.{t}' for s, t in tables)} to "
+                              f"publication {self.publication_name} failed", error) from error
+        finally:
+            connection.close()
 
     def _inspect_slot(self, cursor: Any) -> tuple[int | None, str]:
         """The slot's ``confirmed_flush_lsn`` and state: ``ok``, ``missing`` or ``lost``."""

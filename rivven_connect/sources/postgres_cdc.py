@@ -64,8 +64,16 @@ reads every table by primary-key keyset chunks under it and ``poll`` returns the
 the last one (``done``, ``source.snapshot = "last"``) the next poll starts streaming at
 the slot's consistent LSN — no gap, no overlap — or, for ``initial_only``, returns
 ``None``. The side effect of a snapshot position does nothing (the slot already sits at
-the consistent LSN). An interrupted snapshot is refused at the next start
-(docs/connect-postgres.md "Snapshots" says why).
+the consistent LSN). An interrupted snapshot is resumed (``on_interrupted: resume``, the
+default): streaming from its consistent LSN while the rest of its tables is read by
+incremental chunks; or refused, or restarted (docs/connect-postgres.md "Snapshots").
+
+Incremental snapshots (``IncrementalRunner``, docs/connect-postgres.md "Incremental
+snapshots"): every decoded transaction goes through the runner, which consumes signal-table
+rows and our watermark/signal messages, drops superseded chunk rows and appends a chunk's
+rows at its high watermark; the poll loop reads the next chunk as soon as one is due. A
+table the publication lacks is added at start, with an ``execute-snapshot`` message in the
+same Postgres transaction when a streaming offset is stored.
 
 Metrics (``metrics()``, rendered by ``/metrics``): the slot's retained WAL
 (``pg_current_wal_lsn() - restart_lsn``, read on an ordinary connection at most every
@@ -86,15 +94,14 @@ import logging
 import random
 from typing import Any, Callable, Mapping
 
-import attrs
 import trio
 
 from rivven_connect.core.batch_cycle import batch_records_max
 from rivven_connect.core.records import Record
 from rivven_connect.http_api import Metric
-from rivven_connect.pg.envelope import CdcPosition, EnvelopeBuilder, EnvelopeError
+from rivven_connect.pg.envelope import EnvelopeBuilder, EnvelopeError
 from rivven_connect.pg.pgoutput import (
-    ColumnValue, LogicalMessage, PgOutputError, Relation, decode_message, format_lsn, parse_lsn,
+    LogicalMessage, PgOutputError, decode_message, format_lsn, parse_lsn,
 )
 from rivven_connect.pg.reconnect import (
     ReconnectBudget, reconnect_attempts_max_default, reconnect_timeout_ms_default,
@@ -107,7 +114,9 @@ from rivven_connect.pg.snapshot import (
     ON_INTERRUPTED, SNAPSHOT_MODES, SnapshotPosition, StartPlan, plan_start, position_phase,
     snapshot_chunk_rows_default, snapshot_chunk_rows_max,
 )
-from rivven_connect.pg.snapshot_reader import ExportedSnapshot, SnapshotReader
+from rivven_connect.pg.incremental import IncrementalSnapshotError, IncrementalState
+from rivven_connect.sources.postgres_cdc_incremental import IncrementalRunner, signal_message
+from rivven_connect.sources.postgres_cdc_snapshot import SnapshotRun
 from rivven_connect.pg.transactions import (
     ReplicationStateError, Transaction, TransactionAssembler, TransactionTooLarge,
 )
@@ -142,11 +151,6 @@ def _wall_clock_ms() -> int:
     return int(datetime.datetime.now(datetime.timezone.utc).timestamp() * 1000)
 
 
-def position_json(position: CdcPosition) -> dict[str, Any]:
-    return {"end_lsn": format_lsn(position.end_lsn), "commit_lsn": format_lsn(
-        position.commit_lsn), "seq": position.seq, "last": position.last}
-
-
 def heartbeat_position(lsn: int) -> dict[str, Any]:
     """The position of a heartbeat marker delivered at ``lsn`` (a whole-transaction
     boundary: nothing before it is pending)."""
@@ -158,7 +162,7 @@ class PostgresCdcSource:
     def __init__(self, slot: ReplicationSlot, *, batch_size: int = 500,
                  snapshot_mode: str = "never",
                  snapshot_chunk_rows: int = snapshot_chunk_rows_default,
-                 snapshot_on_interrupted: str = "fail",
+                 snapshot_on_interrupted: str = "resume",
                  heartbeat_interval_ms: int = heartbeat_interval_ms_default,
                  reconnect_attempts_max: int = reconnect_attempts_max_default,
                  reconnect_timeout_ms: int = reconnect_timeout_ms_default,
@@ -183,6 +187,9 @@ class PostgresCdcSource:
         self.stored: Any = None
         self.assembler: TransactionAssembler | None = None
         self.builder: EnvelopeBuilder | None = None
+        #: Incremental snapshots and signals (made when streaming starts).
+        self.incremental: IncrementalRunner | None = None
+        self._incremental_state: IncrementalState | None = None
         #: Frames read but not decoded yet; transactions decoded but not returned yet
         #: (their record count: ``_queued``). Kept here, so a cancelled poll loses nothing.
         self._frames: collections.deque[tuple[int, bytes]] = collections.deque()
@@ -195,6 +202,7 @@ class PostgresCdcSource:
         self._slot_stats_at_ms: int | None = None
         self.received_end_lsn: int | None = None
         self.events: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._key_columns: dict[tuple[str, str], tuple[str, ...]] = {}
         #: Heartbeats: the interval (0 = off), when the next one is due, the server's WAL
         #: insert position after the last one (none is written while it has not moved).
         self.heartbeat_interval_ms = heartbeat_interval_ms
@@ -225,7 +233,7 @@ class PostgresCdcSource:
                                       "slot_name", "publication_name", "tables", "snapshot",
                                       "batch_size", "status_interval_ms",
                                       "heartbeat_interval_ms", "reconnect_attempts_max",
-                                      "reconnect_timeout_ms"))
+                                      "reconnect_timeout_ms", "signal_table"))
         port = options.int("port", 5432, 1, 65535)
         password = raw.get("password")
         if password is not None and not isinstance(password, str):
@@ -251,6 +259,13 @@ class PostgresCdcSource:
             if name in parsed:
                 raise ConnectConfigError(f"{path}.tables[{index}]", f"{table!r} is listed twice")
             parsed.append(name)
+        signal_table = None
+        if raw.get("signal_table") is not None:
+            text = raw["signal_table"]
+            signal_table = parse_table_name(text) if isinstance(text, str) else None
+            if signal_table is None or signal_table in parsed:
+                raise ConnectConfigError(f"{path}.signal_table", f"{text!r} is not schema.table "
+                                         f"(plain identifiers) outside tables")
         mode, chunk_rows, on_interrupted = _check_snapshot(raw.get("snapshot"),
                                                            f"{path}.snapshot")
         interval = options.int("status_interval_ms", 10_000, 1000, 60_000)
@@ -265,7 +280,7 @@ class PostgresCdcSource:
         config = PgConnectConfig(options.string("host"), port, options.string("database"),
                                  options.string("user"), password)
         slot = ReplicationSlot(config, names["slot_name"], names["publication_name"], parsed,
-                               status_interval_s=interval / 1000)
+                               status_interval_s=interval / 1000, signal_table=signal_table)
         return cls(slot, batch_size=options.batch_size(), snapshot_mode=mode,
                    snapshot_chunk_rows=chunk_rows, snapshot_on_interrupted=on_interrupted,
                    heartbeat_interval_ms=heartbeat, reconnect_attempts_max=attempts,
@@ -295,6 +310,8 @@ class PostgresCdcSource:
             if self.assembler is None:
                 await self._start_streaming(self.stream_from)
             while True:
+                assert self.incremental is not None
+                await self.incremental.read_chunk_if_due()
                 self._feed(wanted)
                 if self._queued >= wanted:
                     break
@@ -302,6 +319,8 @@ class PostgresCdcSource:
                     if self._queued:
                         break  # whole transactions first; the next poll reconnects
                     await self._reconnect()
+                if self.incremental.core.chunk_due and not self._frames:
+                    continue  # the next chunk now, not after a wait for the stream
                 await self._read_slot_stats()
                 if self._outage is not None:
                     continue  # Postgres is shutting down: the connection was let go
@@ -317,7 +336,7 @@ class PostgresCdcSource:
                     await self._maybe_heartbeat()
                 self._frames.extend(frames)
         except (SlotError, PgOutputError, ReplicationStateError, TransactionTooLarge,
-                EnvelopeError) as error:
+                EnvelopeError, IncrementalSnapshotError) as error:
             raise SourceError(f"postgres-cdc {self.slot.slot_name}: {error}") from error
         self._heartbeat_due_ms = self.clock_ms() + self.heartbeat_interval_ms
         return self._take(wanted)
@@ -426,14 +445,13 @@ class PostgresCdcSource:
     def _feed(self, wanted: int) -> None:
         """Decode read frames until ``wanted`` records of whole transactions are queued
         (the rest of the frames wait; a half-read transaction waits in the assembler)."""
-        assembler, builder = self.assembler, self.builder
-        assert assembler is not None and builder is not None
+        assembler, builder, incremental = self.assembler, self.builder, self.incremental
+        assert assembler is not None and builder is not None and incremental is not None
         while self._frames and self._queued < wanted:
             lsn, payload = self._frames.popleft()
             result = assembler.feed(decode_message(payload), lsn)
             if isinstance(result, Transaction):
-                records = [attrs.evolve(record, position=position_json(record.position))
-                           for record in builder.records(result, self.clock_ms())]
+                records = incremental.process(result, builder.records(result, self.clock_ms()))
                 self.received_end_lsn = result.end_lsn
                 self._count(records)
                 if records:
@@ -446,6 +464,8 @@ class PostgresCdcSource:
                     continue  # resent after a reconnect: queued already
                 self._heartbeat_lsn = marker_lsn
                 position = heartbeat_position(marker_lsn)
+                if incremental.core.state is not None:
+                    position["incremental"] = incremental.state_json()
                 self._transactions.append([Record.heartbeat(position)])
                 self._queued += 1
                 self.heartbeats += 1
@@ -475,7 +495,11 @@ class PostgresCdcSource:
         if self.stored is not None:
             try:
                 self.position_key(self.stored)
-                assert position_phase(self.stored) == "snapshot" or self.stored["last"] is True
+                if position_phase(self.stored) == "stream":
+                    assert self.stored["last"] is True
+                    if "incremental" in self.stored:
+                        self._incremental_state = IncrementalState.from_json(
+                            self.stored["incremental"])
             except (KeyError, TypeError, ValueError, AssertionError, IndexError):
                 raise SourceError(f"postgres-cdc {name}: the stored offset {self.stored!r} is "
                                   f"not a postgres-cdc position at the end of a transaction "
@@ -493,10 +517,18 @@ class PostgresCdcSource:
             return
         self.builder = EnvelopeBuilder(db=self.slot.config.database, key_columns=info.key_columns,
                                        emit_messages=False)
+        self._key_columns = info.key_columns
         if plan.action == "snapshot":
+            if info.unpublished:  # before the slot: the snapshot reads them
+                await trio.to_thread.run_sync(
+                    lambda: self.slot.add_to_publication(info.unpublished, None))
             await self._begin_snapshot(plan, info)
             return
-        assert plan.action == "stream", plan
+        if plan.action == "resume":
+            self._incremental_state = self._resume_state()
+        assert plan.action in ("stream", "resume"), plan
+        if info.unpublished:
+            await self._publish(info.unpublished)
         confirmed = info.confirmed_flush_lsn
         if plan.create_slot:
             confirmed = await trio.to_thread.run_sync(self.slot.create)
@@ -510,6 +542,36 @@ class PostgresCdcSource:
                 f"was recreated); refusing to start — check what is missing, then delete "
                 f"the source's offset (or recreate the slot) to start over")
         self.stream_from = stored_end or 0
+
+    def _resume_state(self) -> IncrementalState:
+        """The rest of an interrupted snapshot, as an incremental snapshot's state."""
+        from rivven_connect.sources import SourceError
+
+        position = SnapshotPosition.from_json(self.stored)
+        tables = [f"{schema}.{name}" for schema, name in self.slot.tables]
+        if tables[position.table_index:position.table_index + 1] != [position.table]:
+            raise SourceError(
+                f"postgres-cdc {self.slot.slot_name}: the interrupted snapshot was reading "
+                f"{position.table} as table {position.table_index} of the configured tables, "
+                f"which are now {tables}: put them back in that order to resume, or set "
+                f"snapshot.on_interrupted: restart")
+        return IncrementalState(tuple(tables[position.table_index:]), position.last_key,
+                                self.snapshot_chunk_rows)
+
+    async def _publish(self, tables: tuple[tuple[str, str], ...]) -> None:
+        """Add ``tables`` to the publication; while streaming on from a stored offset (and
+        the mode takes snapshots), with an ``execute-snapshot`` signal for the configured
+        ones in the same transaction (docs/connect-postgres.md "Tables added later")."""
+        new = [f"{schema}.{name}" for schema, name in tables if (schema, name) in
+               self.slot.tables]
+        signal = None
+        if new and self.stored is not None and self.snapshot_mode != "never":
+            signal = signal_message(self.slot.slot_name, "execute-snapshot",
+                                    {"data-collections": new})
+        _log.info("postgres-cdc %s: adding %s to publication %s%s", self.slot.slot_name,
+                  [f"{schema}.{name}" for schema, name in tables], self.slot.publication_name,
+                  " with an incremental snapshot of them" if signal else "")
+        await trio.to_thread.run_sync(lambda: self.slot.add_to_publication(tables, signal))
 
     async def _prepare(self) -> SlotInfo:
         info = None
@@ -528,6 +590,10 @@ class PostgresCdcSource:
         self.assembler = TransactionAssembler(resume_end_lsn=start_lsn,
                                               changes_max=changes_per_transaction_max)
         self._resume_lsn = max(self._resume_lsn, start_lsn)
+        assert self.builder is not None
+        self.incremental = IncrementalRunner(self.slot, self.builder, self._key_columns,
+                                             self._incremental_state, self.snapshot_chunk_rows,
+                                             self.clock_ms)
         await trio.to_thread.run_sync(lambda: self.slot.start(start_lsn))
 
     async def _begin_snapshot(self, plan: StartPlan, info: SlotInfo) -> None:
@@ -640,6 +706,21 @@ class PostgresCdcSource:
                           "Reconnect attempts that failed (the source stops when an outage "
                           "outlasts reconnect_attempts_max or reconnect_timeout_ms).",
                           self.reconnect_attempts_failed))
+        if self.incremental is not None:
+            core = self.incremental.core
+            for outcome, count in (("emitted", core.chunks_emitted),
+                                   ("read_again", core.chunks_retried)):
+                out.append(Metric("cdc_incremental_chunks", "counter",
+                                  "Incremental snapshot chunks emitted at their high watermark, "
+                                  "or dropped and read again (a race with a committing "
+                                  "transaction).", count, (("outcome", outcome),)))
+            out.append(Metric("cdc_incremental_rows_superseded", "counter",
+                              "Chunk rows not emitted because a streamed change of the key "
+                              "fell in the chunk's window.", core.rows_dropped))
+            for outcome in ("accepted", "refused"):
+                out.append(Metric("cdc_signals", "counter", "Snapshot signals read from the "
+                                  "stream (refused ones are logged).",
+                                  self.incremental.signals[outcome], (("outcome", outcome),)))
         for (table, op), count in sorted(self.events.items()):
             out.append(Metric("cdc_events", "counter",
                               "Changes read from Postgres, by table (one of the configured "
@@ -661,6 +742,8 @@ class PostgresCdcSource:
         if self.snapshot is not None:
             self.snapshot.close()
             self.snapshot = None
+        if self.incremental is not None:
+            self.incremental.close()
         self.slot.close()
 
 
@@ -679,74 +762,8 @@ def _check_snapshot(snapshot: Any, path: str) -> tuple[str, int, str]:
     chunk_rows = options.int("chunk_size", snapshot_chunk_rows_default, 1,
                              snapshot_chunk_rows_max)
     assert chunk_rows is not None
-    on_interrupted = snapshot.get("on_interrupted", "fail")
+    on_interrupted = snapshot.get("on_interrupted", "resume")
     if on_interrupted not in ON_INTERRUPTED:
         raise ConnectConfigError(f"{path}.on_interrupted", f"{on_interrupted!r} is not one "
                                                            f"of {', '.join(ON_INTERRUPTED)}")
     return mode, chunk_rows, on_interrupted
-
-
-class SnapshotRun:
-    """One snapshot in progress (blocking methods: run them in a worker thread): the
-    exporting slot creation, the reader, and the keyset walk over the tables with one row
-    of look-ahead, so the snapshot's last row is known when it is emitted."""
-
-    def __init__(self, slot: ReplicationSlot,
-                 key_columns: Mapping[tuple[str, str], tuple[str, ...]], *, temporary: bool,
-                 stop_after: bool) -> None:
-        self.slot, self.key_columns = slot, key_columns
-        self.stop_after = stop_after
-        self.export = ExportedSnapshot(slot.config, slot.slot_name, temporary=temporary)
-        self.reader = SnapshotReader(slot.config)
-        self.consistent_lsn = 0
-        self.relations: list[Relation] = []
-        self.table_index = 0            # the table being read
-        self.read_after: tuple[str, ...] | None = None  # its last key read
-        self.rows = 0                   # rows handed out
-        self.ahead: collections.deque[tuple[int, tuple[str | None, ...]]] = collections.deque()
-        self.exhausted = False          # every row handed out
-
-    def open(self) -> None:
-        self.consistent_lsn, name = self.export.create()
-        self.reader.open(name)
-        self.relations = [self.reader.describe(table, self.key_columns[table])
-                          for table in self.slot.tables]
-
-    def next_rows(self, wanted: int, chunk_rows: int
-                  ) -> list[tuple[Relation, tuple[ColumnValue, ...], SnapshotPosition]]:
-        """Up to ``wanted`` rows with their positions (the last one ``done``)."""
-        while len(self.ahead) <= wanted and self.table_index < len(self.relations):
-            relation = self.relations[self.table_index]
-            key = self.key_columns[(relation.schema, relation.name)]
-            rows = self.reader.read_chunk(relation, key, self.read_after, chunk_rows)
-            self.ahead.extend((self.table_index, row) for row in rows)
-            if len(rows) < chunk_rows:
-                self.table_index, self.read_after = self.table_index + 1, None
-            else:
-                self.read_after = _key_text(relation, key, rows[-1])
-        out = []
-        while self.ahead and len(out) < wanted:
-            index, row = self.ahead.popleft()
-            relation = self.relations[index]
-            key = self.key_columns[(relation.schema, relation.name)]
-            self.rows += 1
-            done = not self.ahead and self.table_index == len(self.relations)
-            position = SnapshotPosition(self.consistent_lsn, index,
-                                        f"{relation.schema}.{relation.name}",
-                                        _key_text(relation, key, row), self.rows, done)
-            out.append((relation, tuple(ColumnValue("n") if value is None else ColumnValue(
-                "t", value.encode()) for value in row), position))
-        self.exhausted = not self.ahead and self.table_index == len(self.relations)
-        return out
-
-    def close(self) -> None:
-        self.reader.close()
-        self.export.close()
-
-
-def _key_text(relation: Relation, key: tuple[str, ...], row: tuple[str | None, ...]
-              ) -> tuple[str, ...]:
-    names = [column.name for column in relation.columns]
-    values = tuple(row[names.index(column)] for column in key)
-    assert all(value is not None for value in values)  # primary key columns are NOT NULL
-    return values  # type: ignore[return-value]

@@ -45,6 +45,8 @@ class FakeSlot:
     after a lost read the next ``down_on_loss`` ``prepare`` calls fail to connect."""
 
     slot_name = "rivven_slot"
+    tables = (("public", "orders"),)
+    signal_table = None
 
     def __init__(self, frames_per_read: int = 3) -> None:
         self.config = type("Config", (), {"database": "shop"})()
