@@ -43,9 +43,11 @@ with ``trio.lowlevel.wait_readable`` (bounded by ``wait_s``) only when none is.
 Errors: ``SlotError`` says what failed; its subclass ``SlotConnectionError`` means the
 connection itself is gone or cannot be made (psycopg2's ``OperationalError`` and
 ``InterfaceError``: refused, the server shutting down or starting up, the walsender
-terminated, a broken socket) — the source reconnects after those (docs/connect-postgres.md
-"Reconnects") — and ``SlotActiveError`` that the slot is still in use. Anything else (a
-missing slot, a check that fails) is not retried. The replication connection asks for TCP
+terminated, a broken socket; not a statement timeout or a rolled-back transaction) — the
+source reconnects after those (docs/connect-postgres.md "Reconnects") — and
+``SlotActiveError`` that the slot is still in use. Anything else (a missing slot, a check
+that fails) is not retried. ``slot_error`` sorts psycopg2's errors so, for this module and
+``pg.snapshot_reader`` (whose incremental chunk reads lose their connection too). The replication connection asks for TCP
 keepalives and a ``tcp_user_timeout``, so a silent network drop also ends in an error
 (within about ``replication_dead_peer_s``) instead of a wait forever.
 
@@ -99,13 +101,14 @@ import psycopg2.errors
 import psycopg2.extensions
 import psycopg2.extras
 from psycopg2 import sql
+from psycopg2.extensions import QueryCanceledError, TransactionRollbackError
 import trio
 
 from .pgoutput import format_lsn, parse_lsn
 
 __all__ = ["HEARTBEAT_MESSAGE_PREFIX", "PgConnectConfig", "RESUME_MESSAGE_PREFIX",
            "SIGNAL_MESSAGE_PREFIX", "ReplicationSlot", "SlotActiveError", "SlotConnectionError",
-           "SlotError", "SlotInfo", "parse_table_name"]
+           "SlotError", "SlotInfo", "parse_table_name", "slot_error"]
 
 #: The prefix of the non-transactional message ``start`` emits (the source drops it).
 RESUME_MESSAGE_PREFIX = "rivven.cdc.resume"
@@ -148,12 +151,16 @@ class SlotActiveError(SlotError):
     walsender has not noticed its death yet: the source retries for a while)."""
 
 
-def _slot_error(message: str, error: Exception) -> SlotError:
-    """``message`` and psycopg2's ``error`` as the ``SlotError`` subclass it means."""
+def slot_error(message: str, error: Exception) -> SlotError:
+    """``message`` and psycopg2's ``error`` as the ``SlotError`` subclass it means. A
+    statement timeout or a rolled-back transaction is an ``OperationalError`` to psycopg2
+    but says nothing about the connection: a plain ``SlotError``."""
     text = f"{message}: {str(error).strip()}"
-    if getattr(error, "pgcode", None) == "55006":  # object_in_use: the slot is active
+    if isinstance(error, psycopg2.errors.ObjectInUse) or getattr(
+            error, "pgcode", None) == "55006":  # object_in_use: the slot is active
         return SlotActiveError(text)
-    if isinstance(error, (psycopg2.OperationalError, psycopg2.InterfaceError)):
+    if isinstance(error, (psycopg2.OperationalError, psycopg2.InterfaceError)) and not \
+            isinstance(error, (QueryCanceledError, TransactionRollbackError)):
         return SlotConnectionError(text)
     return SlotError(text)
 
@@ -185,7 +192,7 @@ class PgConnectConfig:
                 password=self.password, connect_timeout=connect_timeout_s,
                 application_name="rivven-connect", **extra)
         except psycopg2.Error as error:
-            raise _slot_error(f"cannot connect to postgres {self.user}@{self.host}:"
+            raise slot_error(f"cannot connect to postgres {self.user}@{self.host}:"
                               f"{self.port}/{self.database}", error) from error
 
 
@@ -234,7 +241,7 @@ class ReplicationSlot:
                 confirmed, state = self._inspect_slot(cursor)
             return SlotInfo(confirmed, state, keys, unpublished)
         except psycopg2.Error as error:
-            raise _slot_error("postgres", error) from error
+            raise slot_error("postgres", error) from error
         finally:
             connection.close()
 
@@ -312,7 +319,7 @@ class ReplicationSlot:
                                    (SIGNAL_MESSAGE_PREFIX, signal))
             connection.commit()
         except psycopg2.Error as error:
-            raise _slot_error(f"adding {', '.join(f'{s}.{t}' for s, t in tables)} to "
+            raise slot_error(f"adding {', '.join(f'{s}.{t}' for s, t in tables)} to "
                               f"publication {self.publication_name} failed", error) from error
         finally:
             connection.close()
@@ -369,7 +376,7 @@ class ReplicationSlot:
                 row = cursor.fetchone()
                 return None if row is None else row[0]
         except psycopg2.Error as error:
-            raise _slot_error("postgres", error) from error
+            raise slot_error("postgres", error) from error
         finally:
             connection.close()
 
@@ -395,7 +402,7 @@ class ReplicationSlot:
                          "messages": "true"})
         except psycopg2.Error as error:
             connection.close()
-            raise _slot_error(f"START_REPLICATION of {self.slot_name} failed",
+            raise slot_error(f"START_REPLICATION of {self.slot_name} failed",
                               error) from error
         self._connection, self._cursor = connection, cursor
         self.last_data_start = None
@@ -422,7 +429,7 @@ class ReplicationSlot:
                 cursor.execute("SELECT pg_current_wal_insert_lsn()::text")
                 return parse_lsn(cursor.fetchone()[0])
         except psycopg2.Error as error:
-            raise _slot_error("postgres", error) from error
+            raise slot_error("postgres", error) from error
         finally:
             marker.close()
 
@@ -455,7 +462,7 @@ class ReplicationSlot:
                     break
                 frames.append((message.data_start, bytes(message.payload)))
         except psycopg2.Error as error:
-            raise _slot_error(f"replication stream of {self.slot_name} failed",
+            raise slot_error(f"replication stream of {self.slot_name} failed",
                               error) from error
         if frames:
             self.last_data_start = frames[-1][0]
@@ -469,7 +476,7 @@ class ReplicationSlot:
         try:
             self._cursor.send_feedback(flush_lsn=flush_lsn, force=True)
         except psycopg2.Error as error:
-            raise _slot_error(f"confirming {format_lsn(flush_lsn)} on {self.slot_name} "
+            raise slot_error(f"confirming {format_lsn(flush_lsn)} on {self.slot_name} "
                               f"failed", error) from error
 
     def may_confirm(self, flush_lsn: int) -> bool:

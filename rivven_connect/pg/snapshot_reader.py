@@ -43,7 +43,7 @@ import psycopg2.extras
 from psycopg2 import sql
 
 from .pgoutput import Column, Relation, parse_lsn
-from .slot import PgConnectConfig, SlotError, statement_timeout_ms
+from .slot import PgConnectConfig, SlotError, slot_error, statement_timeout_ms
 
 __all__ = ["ExportedSnapshot", "SnapshotReader", "WATERMARK_MESSAGE_PREFIX", "WindowReader"]
 
@@ -120,8 +120,8 @@ class SnapshotReader:
                     "ORDER BY a.attnum", (schema, name))
                 rows = cursor.fetchall()
         except psycopg2.Error as error:
-            raise SlotError(f"reading the columns of {schema}.{name} failed: "
-                            f"{str(error).strip()}") from error
+            raise slot_error(f"reading the columns of {schema}.{name} failed",
+                             error) from error
         if not rows:
             raise SlotError(f"table {schema}.{name} does not exist in the snapshot")
         oids = tuple({type_oid for _oid, _name, type_oid, _mod in rows})
@@ -150,8 +150,8 @@ class SnapshotReader:
                 cursor.execute(query, tuple(after) if after is not None else None)
                 return [tuple(row) for row in cursor.fetchall()]
         except psycopg2.Error as error:
-            raise SlotError(f"snapshot read of {relation.schema}.{relation.name} failed: "
-                            f"{str(error).strip()}") from error
+            raise slot_error(f"snapshot read of {relation.schema}.{relation.name} failed",
+                             error) from error
 
     def close(self) -> None:
         if self._connection is not None:
@@ -181,8 +181,8 @@ class WindowReader(SnapshotReader):
                 cursor.execute(f"SET statement_timeout = {statement_timeout_ms}")
         except psycopg2.Error as error:
             connection.close()
-            raise SlotError(f"opening the incremental snapshot connection failed: "
-                            f"{str(error).strip()}") from error
+            raise slot_error("opening the incremental snapshot connection failed",
+                             error) from error
         self._connection = connection
 
     @property
@@ -194,7 +194,8 @@ class WindowReader(SnapshotReader):
                     ) -> tuple[int, Relation, list[tuple[str | None, ...]], list[int]]:
         """Commit watermark ``low``, read the chunk, commit watermark ``high``:
         ``(low_lsn, relation, rows, in_progress_xids)``. Raises ``SlotError`` (the
-        connection is closed then; ``open`` again)."""
+        connection is closed then; ``open`` again), ``SlotConnectionError`` when the
+        connection was lost (the source reconnects)."""
         try:
             low_lsn = self._emit(low)
             with self._connection.cursor() as cursor:
@@ -210,8 +211,8 @@ class WindowReader(SnapshotReader):
             self.close()
             if isinstance(error, SlotError):
                 raise
-            raise SlotError(f"incremental snapshot chunk of {table[0]}.{table[1]} failed: "
-                            f"{str(error).strip()}") from error
+            raise slot_error(f"incremental snapshot chunk of {table[0]}.{table[1]} failed",
+                             error) from error
         _xmin, _xmax, running = snapshot.split(":")
         return low_lsn, relation, rows, [int(xid) for xid in running.split(",") if xid]
 

@@ -37,24 +37,16 @@ the exactly-once order; the source only keeps to its part:
   psycopg2 still never forwards the slot past the stored offset. The slot then follows
   unpublished WAL.
 
-Reconnects (docs/connect-postgres.md "Reconnects"): a ``SlotConnectionError`` from the
-stream or from a confirm means the replication connection is gone (walsender terminated,
-Postgres restarted, a dead socket); an ordinary connection refused because Postgres is
-shutting down makes the source let go of it (``pg.slot`` "Shutdowns"). The source closes it, drops the half-received
-transaction and the relation cache (``TransactionAssembler.on_reconnect``) and the frames
-not decoded yet, and keeps the whole transactions it queued. The next read (after those
-queued transactions were returned) reconnects: before attempt ``n`` it waits
-``backoff_delay_ms(n)`` (``pg.reconnect.ReconnectBudget``), runs the start checks again
-(a slot now missing, lost or ahead of the last committed position stops the source at
-once), then ``START_REPLICATION`` at the ``end_lsn`` of the last committed position (the
-stored offset, moved by each side effect). Postgres resends what followed; the
-assembler's replay filter drops every transaction already queued or delivered, and a
-heartbeat marker seen before is dropped too. After ``reconnect_attempts_max`` attempts or
-``reconnect_timeout_ms`` the source stops with ``SourceError`` (exit 3). The outstanding
-confirm is sent once the new connection has delivered a frame (``pg.slot``). A batch
-polled but not yet committed is unaffected: the cycle commits it and its side effect
-confirms it, now or after the reconnect; if the runtime dies first, the restart resends
-it from the stored offset, below which the slot always is.
+Reconnects (``ReplicationLink``, docs/connect-postgres.md "Reconnects"): when the
+replication connection is lost the source drops the half-received transaction, the relation
+cache and the frames not decoded yet (``TransactionAssembler.on_reconnect``), keeps the
+whole transactions it queued and returns them first; the next read reconnects with backoff
+and streams again from the last committed position. Postgres resends what followed; the
+assembler's replay filter drops what was already decoded, and a heartbeat marker seen before
+is dropped too, so the stream goes on exactly where it was. A batch polled but not yet
+committed is unaffected: the cycle commits it and its side effect confirms it, now or after
+the reconnect; if the runtime dies first, the restart resends it from the stored offset,
+below which the slot always is.
 
 Snapshots (``snapshot.mode``: ``never``, ``initial``, ``initial_only``, ``always``,
 ``when_needed``; ``pg.snapshot.plan_start`` decides from the mode, the stored position and
@@ -73,14 +65,22 @@ snapshots"): every decoded transaction goes through the runner, which consumes s
 rows and our watermark/signal messages, drops superseded chunk rows and appends a chunk's
 rows at its high watermark; the poll loop reads the next chunk as soon as one is due. A
 table the publication lacks is added at start, with an ``execute-snapshot`` message in the
-same Postgres transaction when a streaming offset is stored.
+same Postgres transaction when a streaming offset is stored. A chunk read that loses its
+connection counts as a lost replication connection: the chunk is dropped (its watermarks
+match nothing) and read again after the reconnect; a chunk window already open is kept
+(the stream continues exactly, see above), so its rows are emitted once, at its high
+watermark.
 
 Metrics (``metrics()``, rendered by ``/metrics``): the slot's retained WAL
 (``pg_current_wal_lsn() - restart_lsn``, read on an ordinary connection at most every
 ``slot_stats_interval_ms``, from the poll loop; a failed read is logged and leaves the last
 value), the replication lag (WAL bytes between the end of the last transaction read and the
-last one confirmed) and the changes read per table and op (``table`` is one of the
-configured tables: a bounded label).
+last one confirmed), the changes read per table and op (``table`` is one of the
+configured tables: a bounded label), the reconnects and failed attempts
+(``ReplicationLink``), and, once streaming, the incremental chunks emitted or read again,
+the chunk rows superseded and the signals accepted or refused.
+
+The ``config`` block is checked by ``postgres_cdc_config.parse_config``.
 
 Non-transactional logical messages (our own ``rivven.cdc.resume`` among them) and, in this
 build, transactional ones are not emitted; truncates are (``op: t``).
@@ -103,23 +103,28 @@ from rivven_connect.pg.envelope import EnvelopeBuilder, EnvelopeError
 from rivven_connect.pg.pgoutput import (
     LogicalMessage, PgOutputError, decode_message, format_lsn, parse_lsn,
 )
+from rivven_connect.pg.incremental import IncrementalSnapshotError, IncrementalState
 from rivven_connect.pg.reconnect import (
-    ReconnectBudget, reconnect_attempts_max_default, reconnect_timeout_ms_default,
+    reconnect_attempts_max_default, reconnect_timeout_ms_default,
 )
 from rivven_connect.pg.slot import (
-    HEARTBEAT_MESSAGE_PREFIX, PgConnectConfig, ReplicationSlot, SlotActiveError,
-    SlotConnectionError, SlotError, SlotInfo, parse_table_name,
+    HEARTBEAT_MESSAGE_PREFIX, ReplicationSlot, SlotActiveError, SlotConnectionError,
+    SlotError, SlotInfo,
 )
 from rivven_connect.pg.snapshot import (
-    ON_INTERRUPTED, SNAPSHOT_MODES, SnapshotPosition, StartPlan, plan_start, position_phase,
-    snapshot_chunk_rows_default, snapshot_chunk_rows_max,
+    SNAPSHOT_MODES, SnapshotPosition, StartPlan, plan_start, position_phase,
+    snapshot_chunk_rows_default,
 )
-from rivven_connect.pg.incremental import IncrementalSnapshotError, IncrementalState
-from rivven_connect.sources.postgres_cdc_incremental import IncrementalRunner, signal_message
-from rivven_connect.sources.postgres_cdc_snapshot import SnapshotRun
 from rivven_connect.pg.transactions import (
     ReplicationStateError, Transaction, TransactionAssembler, TransactionTooLarge,
 )
+from rivven_connect.sources.postgres_cdc_config import (
+    heartbeat_interval_ms_default, heartbeat_interval_ms_max, parse_config,
+    reconnect_attempts_max_max, reconnect_timeout_ms_max,
+)
+from rivven_connect.sources.postgres_cdc_incremental import IncrementalRunner, signal_message
+from rivven_connect.sources.postgres_cdc_link import ReplicationLink
+from rivven_connect.sources.postgres_cdc_snapshot import SnapshotRun
 
 __all__ = ["PostgresCdcSource", "changes_per_transaction_max"]
 
@@ -137,12 +142,6 @@ slot_active_retry_s = 0.5
 frames_per_read = 1000
 #: The slot's retained WAL is read at most this often (one short ordinary connection).
 slot_stats_interval_ms = 5_000
-#: Heartbeats: the default interval, and the largest one accepted (0 = off).
-heartbeat_interval_ms_default = 10_000
-heartbeat_interval_ms_max = 3_600_000
-#: The largest ``reconnect_attempts_max`` and ``reconnect_timeout_ms`` accepted.
-reconnect_attempts_max_max = 1000
-reconnect_timeout_ms_max = 86_400_000
 
 _log = logging.getLogger("rivven_connect.postgres_cdc")
 
@@ -195,7 +194,6 @@ class PostgresCdcSource:
         self._frames: collections.deque[tuple[int, bytes]] = collections.deque()
         self._transactions: collections.deque[list[Record]] = collections.deque()
         self._queued = 0
-        self.confirmed_lsn: int | None = None
         #: For ``metrics()``: the slot's retained WAL (None: not read yet) and when it was
         #: read; the end LSN of the last transaction read; changes read by (table, op).
         self.retained_wal_bytes: int | None = None
@@ -210,81 +208,17 @@ class PostgresCdcSource:
         self._heartbeat_wal_at: int | None = None
         self.heartbeats = 0  # delivered heartbeat markers
         self._heartbeat_lsn: int | None = None  # the last one queued (a resent one is dropped)
-        #: Reconnects: the limits, the jitter of the backoff, the outage in progress (None
-        #: while connected) and the error that began it; where a reconnect starts (the
-        #: end_lsn of the last committed position); the confirm not sent yet.
-        self.reconnect_attempts_max = reconnect_attempts_max
-        self.reconnect_timeout_ms = reconnect_timeout_ms
-        self.jitter = jitter if jitter is not None else random.Random().random
-        self._outage: ReconnectBudget | None = None
-        self._lost_error: SlotError | None = None
-        self._resume_lsn = 0
-        self._confirm_lsn: int | None = None
-        self.reconnects = 0
-        self.reconnect_attempts_failed = 0
+        #: The replication connection: reads, confirms, reconnects.
+        self.link = ReplicationLink(
+            slot, attempts_max=reconnect_attempts_max, timeout_ms=reconnect_timeout_ms,
+            jitter=jitter if jitter is not None else random.Random().random,
+            on_lost=self._on_connection_lost)
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any], path: str) -> PostgresCdcSource:
         """Checks the ``config`` block (``ConnectConfigError`` naming the option)."""
-        from rivven_connect.core.config import ConnectConfigError
-        from rivven_connect.sources import Options
-
-        options = Options(raw, path, ("host", "port", "database", "user", "password",
-                                      "slot_name", "publication_name", "tables", "snapshot",
-                                      "batch_size", "status_interval_ms",
-                                      "heartbeat_interval_ms", "reconnect_attempts_max",
-                                      "reconnect_timeout_ms", "signal_table"))
-        port = options.int("port", 5432, 1, 65535)
-        password = raw.get("password")
-        if password is not None and not isinstance(password, str):
-            raise ConnectConfigError(f"{path}.password", "must be a string")
-        names = {}
-        for key in ("slot_name", "publication_name"):
-            names[key] = options.string(key)
-            if parse_table_name(names[key]) != ("public", names[key]) or (
-                    key == "slot_name" and not names[key].islower()):
-                raise ConnectConfigError(
-                    f"{path}.{key}", f"{names[key]!r} must be an identifier of at most 63 "
-                    f"letters, digits and _ (a slot name: lower case)")
-        tables = raw.get("tables")
-        if not isinstance(tables, list) or not tables:
-            raise ConnectConfigError(f"{path}.tables", "is required: a non-empty list of "
-                                                        "schema.table names")
-        parsed = []
-        for index, table in enumerate(tables):
-            name = parse_table_name(table) if isinstance(table, str) else None
-            if name is None:
-                raise ConnectConfigError(f"{path}.tables[{index}]",
-                                         f"{table!r} is not schema.table (plain identifiers)")
-            if name in parsed:
-                raise ConnectConfigError(f"{path}.tables[{index}]", f"{table!r} is listed twice")
-            parsed.append(name)
-        signal_table = None
-        if raw.get("signal_table") is not None:
-            text = raw["signal_table"]
-            signal_table = parse_table_name(text) if isinstance(text, str) else None
-            if signal_table is None or signal_table in parsed:
-                raise ConnectConfigError(f"{path}.signal_table", f"{text!r} is not schema.table "
-                                         f"(plain identifiers) outside tables")
-        mode, chunk_rows, on_interrupted = _check_snapshot(raw.get("snapshot"),
-                                                           f"{path}.snapshot")
-        interval = options.int("status_interval_ms", 10_000, 1000, 60_000)
-        heartbeat = options.int("heartbeat_interval_ms", heartbeat_interval_ms_default, 0,
-                                heartbeat_interval_ms_max)
-        attempts = options.int("reconnect_attempts_max", reconnect_attempts_max_default, 0,
-                               reconnect_attempts_max_max)
-        outage_ms = options.int("reconnect_timeout_ms", reconnect_timeout_ms_default, 1000,
-                                reconnect_timeout_ms_max)
-        assert port is not None and interval is not None and heartbeat is not None
-        assert attempts is not None and outage_ms is not None
-        config = PgConnectConfig(options.string("host"), port, options.string("database"),
-                                 options.string("user"), password)
-        slot = ReplicationSlot(config, names["slot_name"], names["publication_name"], parsed,
-                               status_interval_s=interval / 1000, signal_table=signal_table)
-        return cls(slot, batch_size=options.batch_size(), snapshot_mode=mode,
-                   snapshot_chunk_rows=chunk_rows, snapshot_on_interrupted=on_interrupted,
-                   heartbeat_interval_ms=heartbeat, reconnect_attempts_max=attempts,
-                   reconnect_timeout_ms=outage_ms)
+        slot, options = parse_config(raw, path)
+        return cls(slot, **options)
 
     # --- the Source protocol ------------------------------------------------------------------
     def resume(self, position: Any) -> None:
@@ -309,27 +243,26 @@ class PostgresCdcSource:
                 return None
             if self.assembler is None:
                 await self._start_streaming(self.stream_from)
+            link = self.link
             while True:
                 assert self.incremental is not None
-                await self.incremental.read_chunk_if_due()
+                if not link.lost:
+                    await self._read_chunk_if_due()
                 self._feed(wanted)
                 if self._queued >= wanted:
                     break
-                if self._outage is not None:
+                if link.lost:
                     if self._queued:
                         break  # whole transactions first; the next poll reconnects
-                    await self._reconnect()
+                    await link.reconnect()
                 if self.incremental.core.chunk_due and not self._frames:
                     continue  # the next chunk now, not after a wait for the stream
                 await self._read_slot_stats()
-                if self._outage is not None:
+                if link.lost:
                     continue  # Postgres is shutting down: the connection was let go
-                try:
-                    frames = await self.slot.read_frames(frames_per_read, read_wait_s)
-                except SlotConnectionError as error:
-                    self._connection_lost(error)
+                frames = await link.read_frames(frames_per_read, read_wait_s)
+                if link.lost:
                     continue
-                self._send_confirm()
                 if not frames and self._queued:
                     break
                 if not frames:
@@ -353,94 +286,28 @@ class PostgresCdcSource:
         except SlotConnectionError as error:  # the stream's own read will tell if it is gone
             _log.warning("postgres-cdc %s: writing a heartbeat failed: %s",
                          self.slot.slot_name, error)
-            self._let_go_if_shutting_down(error)
+            self.link.let_go_if_shutting_down(error)
             return
         if wal_at is not None:
             self._heartbeat_wal_at = wal_at
 
-    # --- reconnects ---------------------------------------------------------------------------
-    def _connection_lost(self, error: SlotError) -> None:
-        """The replication connection is gone: close it, drop what Postgres resends (the
-        half-received transaction, the relation cache, frames not decoded yet). The whole
-        transactions queued stay. Starts the outage's budget (once per outage)."""
-        assert self.assembler is not None
-        self.slot.close()
+    async def _read_chunk_if_due(self) -> None:
+        """The incremental snapshot's next chunk, if one is due; a lost connection is a lost
+        replication connection (module docstring, "Incremental snapshots")."""
+        assert self.incremental is not None
+        try:
+            await self.incremental.read_chunk_if_due()
+        except SlotConnectionError as error:  # the chunk was dropped: read again later
+            self.link.connection_lost(error)
+
+    def _on_connection_lost(self) -> None:
+        """Drop what Postgres resends after a reconnect: the half-received transaction, the
+        relation cache, the frames not decoded yet; and the chunk reader's connection. The
+        whole transactions queued and an open chunk window stay."""
+        assert self.assembler is not None and self.incremental is not None
         self.assembler.on_reconnect()
         self._frames.clear()
-        if self._outage is None:
-            _log.warning("postgres-cdc %s: the replication connection was lost: %s; "
-                         "reconnecting", self.slot.slot_name, error)
-            self._lost_error = error
-            self._outage = ReconnectBudget(self.reconnect_attempts_max,
-                                           self.reconnect_timeout_ms, self._monotonic_ms())
-
-    @staticmethod
-    def _monotonic_ms() -> int:
-        return int(trio.current_time() * 1000)
-
-    async def _reconnect(self) -> None:
-        """Attempts with backoff until one works (then the stream is started at the last
-        committed position) or the budget is spent (``SourceError``). A checkpoint."""
-        from rivven_connect.sources import SourceError
-
-        outage, name = self._outage, self.slot.slot_name
-        assert outage is not None and not self.slot.started
-        last_error: SlotError | None = self._lost_error
-        while True:
-            now_ms = self._monotonic_ms()
-            delay_ms = outage.next_delay_ms(now_ms, self.jitter())
-            if delay_ms is None:
-                raise SourceError(
-                    f"postgres-cdc {name}: the replication connection was lost "
-                    f"({self._lost_error}) and could not be re-established: "
-                    f"{outage.describe(now_ms)}; the last error: {last_error}")
-            await trio.sleep(delay_ms / 1000)
-            try:
-                await self._restart_stream()
-            except (SlotConnectionError, SlotActiveError) as error:
-                self.reconnect_attempts_failed += 1
-                last_error = error
-                _log.info("postgres-cdc %s: reconnect attempt %d failed: %s", name,
-                          outage.attempts, error)
-                continue
-            self.reconnects += 1
-            _log.warning("postgres-cdc %s: reconnected (%s), streaming from %s", name,
-                         outage.describe(self._monotonic_ms()), format_lsn(self._resume_lsn))
-            self._outage = self._lost_error = None
-            return
-
-    async def _restart_stream(self) -> None:
-        """The start checks again, then ``START_REPLICATION`` at the last committed
-        position. Raises ``SlotConnectionError``/``SlotActiveError`` (worth another
-        attempt), ``SlotError`` or ``SourceError`` (not)."""
-        from rivven_connect.sources import SourceError
-
-        info = await trio.to_thread.run_sync(self.slot.prepare)
-        name = self.slot.slot_name
-        if info.state != "ok":
-            raise SourceError(f"postgres-cdc {name}: after the replication connection was "
-                              f"lost the slot is {info.state} (dropped, or its WAL removed): "
-                              f"changes after {format_lsn(self._resume_lsn)} are gone")
-        confirmed = info.confirmed_flush_lsn
-        if self._resume_lsn and confirmed is not None and confirmed > self._resume_lsn:
-            raise SourceError(f"postgres-cdc {name}: the slot ran ahead while the replication "
-                              f"connection was lost: its confirmed_flush_lsn "
-                              f"{format_lsn(confirmed)} is past the last committed end_lsn "
-                              f"{format_lsn(self._resume_lsn)}")
-        await trio.to_thread.run_sync(lambda: self.slot.start(self._resume_lsn))
-
-    def _send_confirm(self) -> None:
-        """Send the confirm side effects asked for, if the connection allows it now
-        (``ReplicationSlot.may_confirm``); a lost connection keeps it for later."""
-        lsn = self._confirm_lsn
-        if lsn is None or not self.slot.may_confirm(lsn):
-            return
-        try:
-            self.slot.confirm(lsn)
-        except SlotConnectionError as error:
-            self._connection_lost(error)
-            return
-        self.confirmed_lsn, self._confirm_lsn = lsn, None
+        self.incremental.on_connection_lost()
 
     def _feed(self, wanted: int) -> None:
         """Decode read frames until ``wanted`` records of whole transactions are queued
@@ -589,12 +456,11 @@ class PostgresCdcSource:
         self._heartbeat_due_ms = self.clock_ms() + self.heartbeat_interval_ms
         self.assembler = TransactionAssembler(resume_end_lsn=start_lsn,
                                               changes_max=changes_per_transaction_max)
-        self._resume_lsn = max(self._resume_lsn, start_lsn)
         assert self.builder is not None
         self.incremental = IncrementalRunner(self.slot, self.builder, self._key_columns,
                                              self._incremental_state, self.snapshot_chunk_rows,
                                              self.clock_ms)
-        await trio.to_thread.run_sync(lambda: self.slot.start(start_lsn))
+        await self.link.start(start_lsn)
 
     async def _begin_snapshot(self, plan: StartPlan, info: SlotInfo) -> None:
         from rivven_connect.sources import SourceError
@@ -643,14 +509,8 @@ class PostgresCdcSource:
             return  # nothing to confirm: the slot stays at the consistent LSN until streaming
         end_lsn = self.position_key(position)[0]
         assert position["last"], position  # the cycle commits whole transactions only
-        self._resume_lsn = max(self._resume_lsn, end_lsn)  # a reconnect starts there
-        if self.confirmed_lsn is not None and end_lsn - 1 <= self.confirmed_lsn:
-            return  # confirmed already (the side effect is retried, or a replay)
-        self._confirm_lsn = max(self._confirm_lsn or 0, end_lsn - 1)
-        if self.assembler is None:
-            return  # before the stream started: sent after its first frame
         try:
-            self._send_confirm()
+            self.link.committed(end_lsn)
         except SlotError as error:
             raise SourceError(str(error)) from error
 
@@ -676,14 +536,7 @@ class PostgresCdcSource:
             _log.warning("postgres-cdc %s: reading the slot's retained WAL failed: %s",
                          self.slot.slot_name, error)
             if isinstance(error, SlotConnectionError):
-                self._let_go_if_shutting_down(error)
-
-    def _let_go_if_shutting_down(self, error: SlotConnectionError) -> None:
-        """Postgres refused an ordinary connection because it is shutting down: close the
-        replication connection, which it would otherwise wait for (``pg.slot``
-        "Shutdowns"), and reconnect once it is back."""
-        if error.shutting_down and self.assembler is not None and self.slot.started:
-            self._connection_lost(error)
+                self.link.let_go_if_shutting_down(error)
 
     def metrics(self) -> list[Metric]:
         """The CDC gauges and counters (module docstring "Metrics"). Never blocks."""
@@ -692,20 +545,15 @@ class PostgresCdcSource:
             out.append(Metric("cdc_retained_wal_bytes", "gauge",
                               "WAL Postgres keeps for the slot (pg_current_wal_lsn() - "
                               "restart_lsn), read every few seconds.", self.retained_wal_bytes))
-        confirmed_end = None if self.confirmed_lsn is None else self.confirmed_lsn + 1
+        confirmed = self.link.confirmed_lsn
+        confirmed_end = None if confirmed is None else confirmed + 1
         lag = 0
         if self.received_end_lsn is not None:
             lag = max(0, self.received_end_lsn - max(confirmed_end or 0, self.stream_from))
         out.append(Metric("cdc_replication_lag_bytes", "gauge",
                           "WAL bytes between the end of the last transaction read and the "
                           "last one confirmed to the slot (committed to the broker).", lag))
-        out.append(Metric("cdc_reconnects", "counter",
-                          "Replication connections re-established after one was lost.",
-                          self.reconnects))
-        out.append(Metric("cdc_reconnect_failures", "counter",
-                          "Reconnect attempts that failed (the source stops when an outage "
-                          "outlasts reconnect_attempts_max or reconnect_timeout_ms).",
-                          self.reconnect_attempts_failed))
+        out.extend(self.link.metrics())
         if self.incremental is not None:
             core = self.incremental.core
             for outcome, count in (("emitted", core.chunks_emitted),
@@ -746,24 +594,3 @@ class PostgresCdcSource:
             self.incremental.close()
         self.slot.close()
 
-
-def _check_snapshot(snapshot: Any, path: str) -> tuple[str, int, str]:
-    from rivven_connect.core.config import ConnectConfigError
-    from rivven_connect.sources import Options
-
-    if not isinstance(snapshot, dict) or "mode" not in snapshot:
-        raise ConnectConfigError(path, f"is required: {{ mode: M }} with M one of "
-                                       f"{', '.join(SNAPSHOT_MODES)}")
-    options = Options(snapshot, path, ("mode", "chunk_size", "on_interrupted"))
-    mode = snapshot["mode"]
-    if mode not in SNAPSHOT_MODES:
-        raise ConnectConfigError(f"{path}.mode", f"{mode!r} is not one of "
-                                                 f"{', '.join(SNAPSHOT_MODES)}")
-    chunk_rows = options.int("chunk_size", snapshot_chunk_rows_default, 1,
-                             snapshot_chunk_rows_max)
-    assert chunk_rows is not None
-    on_interrupted = snapshot.get("on_interrupted", "resume")
-    if on_interrupted not in ON_INTERRUPTED:
-        raise ConnectConfigError(f"{path}.on_interrupted", f"{on_interrupted!r} is not one "
-                                                           f"of {', '.join(ON_INTERRUPTED)}")
-    return mode, chunk_rows, on_interrupted

@@ -22,6 +22,10 @@ Theory of operation
   snapshot runs, so the stored offset always says where it stands. A transaction that
   changes that state but has no record of its own (a signal, an emptied chunk) yields a
   position-only record, so the change is committed without waiting for traffic.
+- ``on_connection_lost()``: the source lost its replication connection and will resume the
+  stream exactly where it was (``postgres_cdc_link``), so an open chunk window is kept; a
+  chunk read that fails (``SlotConnectionError`` when its connection is lost) is dropped
+  and read again with a new chunk id.
 - A bad signal is logged at WARNING and counted (``signals{outcome="refused"}``), never a
   crash: it sits in the WAL and would stop every restart again.
 """
@@ -197,6 +201,15 @@ class IncrementalRunner:
         self.signals["refused"] += 1
         _log.warning("postgres-cdc %s: signal %s refused: %s", self.slot.slot_name, origin,
                      reason)
+
+    def on_connection_lost(self) -> None:
+        """The replication connection was lost (the source reconnects and the stream goes on
+        exactly where it was): the chunk window in flight stays, only the reader's
+        connection is closed (after a Postgres restart it is dead; the next chunk opens a
+        new one)."""
+        chunk = self.core.chunk
+        assert chunk is None or chunk.phase != "reading"  # reads are awaited, never left
+        self.reader.close()
 
     def close(self) -> None:
         self.reader.close()

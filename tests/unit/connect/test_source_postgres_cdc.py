@@ -120,7 +120,7 @@ def test_metrics_are_the_lag_the_retained_wal_once_read_and_the_changes_per_tabl
         ("cdc_reconnect_failures", 0, ()),
         ("cdc_events", 1, (("table", "public.items"), ("op", "d"))),
         ("cdc_events", 2, (("table", "public.orders"), ("op", "c")))]
-    source.confirmed_lsn = 0x17ff  # confirmed at end_lsn - 1: caught up
+    source.link.confirmed_lsn = 0x17ff  # confirmed at end_lsn - 1: caught up
     assert source.metrics()[1].value == 0
 
 

@@ -161,7 +161,7 @@ async def test_lost_mid_transaction_several_times_every_row_once_in_order(clock)
     slot.fail_reads = {3, 7, 12, 13}  # mid-transaction, and again at the first read after
     source = _source(slot)
     assert await _run_cycle(source, slot) == EVERY_ROW
-    assert source.reconnects == 4 and source.reconnect_attempts_failed == 0
+    assert source.link.reconnects == 4 and source.link.attempts_failed == 0
     assert slot.starts[0] == 0 and all(lsn > 0 for lsn in slot.starts[1:])
     assert slot.starts == sorted(slot.starts)  # each at the last committed end_lsn
     metrics = {m.name: m.value for m in source.metrics()}
@@ -180,9 +180,9 @@ async def test_lost_while_confirming_the_confirm_is_sent_after_the_reconnect(clo
     assert not slot.started and slot.confirmed[-1] < end_lsn - 1
     rest = await source.poll(100)  # reconnects at end_lsn, then confirms end_lsn - 1
     assert slot.starts[-1] == end_lsn
-    assert slot.confirmed[-1] == end_lsn - 1 and source.confirmed_lsn == end_lsn - 1
+    assert slot.confirmed[-1] == end_lsn - 1 and source.link.confirmed_lsn == end_lsn - 1
     ids = [r.value["after"]["id"] for r in first + second + rest]
-    assert ids == EVERY_ROW[:len(ids)] and source.reconnects == 1
+    assert ids == EVERY_ROW[:len(ids)] and source.link.reconnects == 1
 
 
 async def test_a_server_down_for_a_few_attempts_is_waited_for(clock):
@@ -191,7 +191,7 @@ async def test_a_server_down_for_a_few_attempts_is_waited_for(clock):
     source = _source(slot, reconnect_attempts_max=6)
     before = trio.current_time()
     assert await _run_cycle(source, slot) == EVERY_ROW
-    assert source.reconnect_attempts_failed == 5 and source.reconnects == 1
+    assert source.link.attempts_failed == 5 and source.link.reconnects == 1
     # waits of 50, 100, 200, 400, 800, 1600 ms (jitter 0: the lower half of each backoff)
     assert trio.current_time() - before >= 3.15
 
@@ -220,7 +220,7 @@ async def test_a_slot_dropped_during_the_outage_stops_the_source_at_once(clock):
     slot.state = "missing"
     with pytest.raises(SourceError, match="the slot is missing"):
         await _run_cycle(source, slot)
-    assert source.reconnect_attempts_failed == 0
+    assert source.link.attempts_failed == 0
 
 
 async def test_zero_attempts_stops_at_the_first_loss(clock):

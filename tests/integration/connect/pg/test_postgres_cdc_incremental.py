@@ -6,7 +6,8 @@ Under concurrent inserts, updates and deletes the topic materialised by key (las
 wins, a delete removes) equals ``SELECT *``; each row is at most once an ``r`` (a chunk's
 rows and the progress commit together, also across ``kill -9``); pause, resume and stop are
 checked by their position in the topic (each signal is committed together with a marker
-row change), not by timing."""
+row change), not by timing. Every connection of the connector terminated mid snapshot: the
+same process reconnects and goes on (docs/connect-postgres.md "Reconnects", point 6)."""
 
 from __future__ import annotations
 
@@ -216,6 +217,66 @@ def test_incremental_snapshot_under_writes_with_pause_resume_and_stop(
             writer.join()
         if runtime.popen.poll() is None:
             runtime.kill()
+
+
+def _terminate_ours(dsn: str) -> list[tuple[int, str]]:
+    """Terminate every backend of ``rivven-connect`` in this database: the walsender, the
+    chunk reader's connection, any short one; their (pid, backend_type)."""
+    return _sql(dsn, "WITH ours AS MATERIALIZED (SELECT pid, backend_type FROM "
+                     "pg_stat_activity WHERE application_name = 'rivven-connect' AND "
+                     "datname = current_database()) SELECT pid, backend_type FROM ours "
+                     "WHERE pg_terminate_backend(pid)")
+
+
+def test_connections_lost_mid_incremental_snapshot_the_same_process_goes_on(
+        postgres_server, pg_database, broker_process, tmp_path):
+    """The reconnect path and the chunk windows together: every connection of the
+    connector terminated three times while chunks are read under writes (a chunk read or
+    an open window may be hit) → one process throughout, table = topic, each row at most
+    once an ``r``."""
+    dsn, bootstrap, config = _setup(tmp_path, postgres_server, pg_database, broker_process)
+    log = tmp_path / "connect.log"
+    runtime = Runtime(config, postgres_server.port, log)
+    writer = Writer(dsn, seed=4)
+    rng = random.Random(4)
+    try:
+        pid = _wait(lambda: _sql(dsn, "SELECT active_pid FROM pg_replication_slots WHERE "
+                                      "database = current_database() AND active")[0:1],
+                    "the slot to be active", runtime=runtime)[0][0]
+        writer.start()
+        _signal(dsn, "go", "execute-snapshot", {"data-collections": ["orders"],
+                                                 "chunk-size": 30})
+        mid_snapshot = 0
+        for threshold in (60, 600, 1200):  # r records seen before each round of kills
+            _wait(lambda: _snapshot_done(bootstrap) or sum(
+                e[0] == "r" for e in _events(bootstrap)) >= threshold, "more chunks",
+                runtime=runtime)
+            time.sleep(rng.uniform(0, 0.3))
+            mid_snapshot += not _snapshot_done(bootstrap)
+            killed = _terminate_ours(dsn)
+            assert (pid, "walsender") in killed, killed
+            pid = _wait(lambda: (rows := _sql(
+                dsn, "SELECT active_pid FROM pg_replication_slots WHERE database = "
+                     "current_database() AND active")) and rows[0][0] != pid and rows[0][0],
+                "a new walsender", runtime=runtime)
+        assert mid_snapshot, "the snapshot was over before the first kill"
+        _wait(lambda: _snapshot_done(bootstrap), "the snapshot to finish", runtime=runtime,
+              timeout_s=180)
+        writer.stop.set()
+        writer.join(timeout=60)
+        _wait(lambda: _materialized(_events(bootstrap)) == _table(dsn),
+              "the topic to match the table", runtime=runtime, timeout_s=120)
+        _check_final(dsn, bootstrap, writer)
+        _assert_slot_not_ahead(dsn, bootstrap)
+        assert runtime.popen.poll() is None  # the same process throughout
+        assert runtime.stop() == 0, runtime.stderr()
+    finally:
+        writer.stop.set()
+        if writer.is_alive():
+            writer.join()
+        if runtime.popen.poll() is None:
+            runtime.kill()
+    assert runtime.stderr().count("the replication connection was lost") >= 3
 
 
 def test_kill_9_mid_incremental_snapshot_resumes_at_the_last_committed_chunk(

@@ -5,8 +5,15 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
+import psycopg2
+import psycopg2.errors
+import pytest
+
 from rivven_connect.core.batch_cycle import backoff_delay_ms, backoff_max_ms
 from rivven_connect.pg.reconnect import ReconnectBudget
+from rivven_connect.pg.slot import (
+    SlotActiveError, SlotConnectionError, SlotError, slot_error,
+)
 
 
 def _spend(budget: ReconnectBudget, now_ms: int, jitter: float) -> list[int]:
@@ -57,3 +64,22 @@ def test_never_more_than_the_limits(attempts_max, timeout_ms, lost_at_ms, jitter
         assert now_ms <= lost_at_ms + timeout_ms
         budget.check_invariants()
     assert budget.attempts == granted <= attempts_max
+
+
+@pytest.mark.parametrize("error,kind", [
+    (psycopg2.errors.AdminShutdown("terminating connection due to administrator command"),
+     SlotConnectionError),
+    (psycopg2.OperationalError("server closed the connection unexpectedly"),
+     SlotConnectionError),
+    (psycopg2.InterfaceError("connection already closed"), SlotConnectionError),
+    (psycopg2.errors.ObjectInUse("replication slot is active"), SlotActiveError),
+    # OperationalErrors to psycopg2 that say nothing about the connection: not retried
+    (psycopg2.errors.QueryCanceled("canceling statement due to statement timeout"), SlotError),
+    (psycopg2.errors.SerializationFailure("could not serialize access"), SlotError),
+    (psycopg2.errors.UndefinedTable("relation does not exist"), SlotError),
+])
+def test_which_errors_are_a_lost_connection(error, kind):
+    """Only a lost connection is worth a reconnect: a statement timeout retried as one would
+    loop (an incremental chunk read timing out again after every reconnect)."""
+    classified = slot_error("reading", error)
+    assert type(classified) is kind and str(classified) == f"reading: {error}"
