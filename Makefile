@@ -26,11 +26,15 @@ java:
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless; fi; }
 
 # The Postgres CDC tests (tests/integration/connect/pg) run a real Postgres 15; they fail
-# (not skip) without one. Debian's server package (the tests run initdb as the postgres user).
+# (not skip) without one. Debian's server package (the tests run initdb as the postgres user),
+# and wal2json, the differential test's oracle (test_pgoutput_wal2json.py), likewise.
 postgres:
 	@test -x /usr/lib/postgresql/15/bin/initdb || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15; \
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15; fi; }
+	@test -f /usr/lib/postgresql/15/lib/wal2json.so || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15-wal2json; \
+	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15-wal2json; fi; }
 
 run: $(STAMP)
 	$(VENV)/bin/rivven-broker

@@ -104,6 +104,8 @@ PURE_EXEMPT = {
     "rivven_connect.pg.snapshot_reader": "the snapshot's psycopg2 connections (the exporting "
                                          "slot creation, the keyset reads)",
     **CLIENT_DRIVERS,
+    "rivven_connect.pg.outbox_table": "the polling outbox's psycopg2 connection (poll, "
+                                      "delete or mark)",
 }
 IO_MODULES = {"trio", "socket", "threading", "time", "asyncio", "selectors", "select",
               "anyio"}

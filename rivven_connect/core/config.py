@@ -66,6 +66,8 @@ OFFSETS_TOPIC = "__connect_offsets"
 CDC_CONNECTORS = frozenset({"postgres-cdc"})
 #: Polling-source options that make reading destructive (rows are deleted or marked).
 DESTRUCTIVE_OPTIONS = ("delete_after_read", "processed_column")
+#: Polling connectors that always delete or mark what they delivered (whatever the options).
+DESTRUCTIVE_CONNECTORS = frozenset({"postgres-outbox-poll"})
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _ENV = re.compile(r"\$(\$?)\{([^}]*)\}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -408,7 +410,8 @@ def _source(name: str, raw: object, path: str,
 def _source_mode(connector: str, config: Mapping[str, Any]) -> SourceMode:
     if connector in CDC_CONNECTORS:
         return SourceMode.CDC
-    if any(config.get(option) for option in DESTRUCTIVE_OPTIONS):
+    if connector in DESTRUCTIVE_CONNECTORS or any(
+            config.get(option) for option in DESTRUCTIVE_OPTIONS):
         return SourceMode.POLLING_DESTRUCTIVE
     return SourceMode.OTHER
 

@@ -154,10 +154,11 @@ class EnvelopeBuilder:
                         consistent_lsn: int, seq: int, snapshot: str, position: Any,
                         now_ms: int) -> Record:
         """One row read by a snapshot -> an ``r`` record (``before`` null, ``after`` the
-        row typed as streamed rows are; ``source.snapshot`` is ``"true"`` or ``"last"``,
-        ``source.lsn`` the snapshot's consistent LSN, ``txId`` null; header
+        row typed as streamed rows are; ``source.snapshot`` is ``"true"`` or ``"last"``
+        (``"incremental"`` for a chunk of an incremental snapshot), ``source.lsn`` the
+        snapshot's consistent LSN (the chunk's low watermark), ``txId`` null; header
         ``rivven.cdc.id = "{consistent_lsn}:r:{seq}"``). Raises ``EnvelopeError``."""
-        assert snapshot in ("true", "last"), snapshot
+        assert snapshot in ("true", "last", "incremental"), snapshot
         after = self._image(relation, row)
         key = _key(after.values, self._key_names(relation))
         source = {"connector": self.connector, "db": self.db, "schema": relation.schema,

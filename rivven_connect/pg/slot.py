@@ -14,9 +14,11 @@ pure (``pgoutput``, ``transactions``, ``envelope``) or the trio source that driv
    (DEFAULT without a key, NOTHING, or INDEX are refused); the primary key columns are
    read from ``pg_index`` for every table, because under FULL pgoutput flags *every* column
    as key and the envelope needs the real key;
-3. the publication exists and covers every table, else it is created
-   ``FOR TABLE ...`` (only when it does not exist: an existing one is never altered);
-   it must exist before the slot, or decoding WAL from before its creation fails;
+3. the publication exists, else it is created ``FOR TABLE ...`` (the tables and the
+   signal table, if any); it must exist before the slot, or decoding WAL from before its
+   creation fails. The configured tables an existing publication does not publish are
+   returned (``SlotInfo.unpublished``) and added by ``add_to_publication`` when the source
+   has decided what follows (an incremental snapshot of them, after a streaming start);
 4. the slot, if it exists, has plugin ``pgoutput``, is in this database and is not
    ``active`` (another consumer).
 
@@ -35,7 +37,25 @@ recreated with an exported snapshot (``pg.snapshot_reader``).
 XLogData frames available now — ``read_message()`` never blocks — and waits for the socket
 with ``trio.lowlevel.wait_readable`` (bounded by ``wait_s``) only when none is.
 
-``confirm(lsn)``: ``send_feedback(flush_lsn=lsn, force=True)``, the slot advance.
+``confirm(lsn)``: ``send_feedback(flush_lsn=lsn, force=True)``, the slot advance;
+``may_confirm(lsn)`` says whether that is safe yet on this connection (below).
+
+Errors: ``SlotError`` says what failed; its subclass ``SlotConnectionError`` means the
+connection itself is gone or cannot be made (psycopg2's ``OperationalError`` and
+``InterfaceError``: refused, the server shutting down or starting up, the walsender
+terminated, a broken socket; not a statement timeout or a rolled-back transaction) — the
+source reconnects after those (docs/connect-postgres.md "Reconnects") — and
+``SlotActiveError`` that the slot is still in use. Anything else (a missing slot, a check
+that fails) is not retried. ``slot_error`` sorts psycopg2's errors so, for this module and
+``pg.snapshot_reader`` (whose incremental chunk reads lose their connection too). The replication connection asks for TCP
+keepalives and a ``tcp_user_timeout``, so a silent network drop also ends in an error
+(within about ``replication_dead_peer_s``) instead of a wait forever.
+
+Shutdowns: a "fast" or "smart" shutdown of Postgres waits until each walsender's client
+has confirmed all WAL sent, the shutdown checkpoint included — which this client never
+does (it confirms ``end_lsn - 1``, below). The source therefore watches its ordinary
+connections (the retained-WAL read, every few seconds): refused with "the database system
+is shutting down", it closes the replication connection itself, and the shutdown goes on.
 
 Keepalives
 ----------
@@ -62,6 +82,12 @@ unpublished writes the slot would retain WAL until the next published transactio
 source's heartbeats (``emit_heartbeat``: a flushed marker, committed as a position-only
 offset, then confirmed at its LSN - 1, below the marker's own ``data_start``, so psycopg2
 still never forwards) let it follow.
+
+After a reconnect, nothing is confirmed before the first data frame of the new connection
+arrives: psycopg2 forwards whenever our explicit flush LSN is at or past the ``data_start``
+of the last data message, and with none received yet that is always true.
+``may_confirm(lsn)`` is true only when the last frame read on this connection starts after
+``lsn``; the source keeps a confirm it may not send yet and sends it after a later read.
 """
 
 from __future__ import annotations
@@ -75,23 +101,33 @@ import psycopg2.errors
 import psycopg2.extensions
 import psycopg2.extras
 from psycopg2 import sql
+from psycopg2.extensions import QueryCanceledError, TransactionRollbackError
 import trio
 
 from .pgoutput import format_lsn, parse_lsn
 
 __all__ = ["HEARTBEAT_MESSAGE_PREFIX", "PgConnectConfig", "RESUME_MESSAGE_PREFIX",
-           "ReplicationSlot", "SlotActiveError", "SlotError", "SlotInfo", "parse_table_name"]
+           "SIGNAL_MESSAGE_PREFIX", "ReplicationSlot", "SlotActiveError", "SlotConnectionError",
+           "SlotError", "SlotInfo", "parse_table_name", "slot_error"]
 
 #: The prefix of the non-transactional message ``start`` emits (the source drops it).
 RESUME_MESSAGE_PREFIX = "rivven.cdc.resume"
 #: The prefix of the heartbeat marker ``emit_heartbeat`` writes (the source turns ours into a
 #: position-only record; docs/connect-postgres.md "Idle and heartbeats").
 HEARTBEAT_MESSAGE_PREFIX = "rivven.cdc.heartbeat"
+#: The prefix of signals sent as transactional logical messages (``add_to_publication``
+#: sends one; users may too: docs/connect-postgres.md "Incremental snapshots").
+SIGNAL_MESSAGE_PREFIX = "rivven.cdc.signal"
 #: Bounds of the blocking calls.
 connect_timeout_s = 10
 statement_timeout_ms = 60_000
 #: Frames one ``read_frames`` returns at most.
 frames_per_read_max = 10_000
+#: The replication connection's TCP keepalives (idle, interval, probes) and libpq's
+#: ``tcp_user_timeout``: a peer gone silent is an error after about this long.
+replication_keepalive_idle_s, replication_keepalive_interval_s = 10, 5
+replication_keepalive_count = 3
+replication_dead_peer_s = 30
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
 
@@ -100,9 +136,33 @@ class SlotError(Exception):
     """A start check failed or the connection to Postgres did (the message says which)."""
 
 
+class SlotConnectionError(SlotError):
+    """The connection to Postgres is gone or cannot be made (the source reconnects)."""
+
+    @property
+    def shutting_down(self) -> bool:
+        """The server refused a connection because it is shutting down (libpq's message;
+        an untranslated server, ``lc_messages`` C or English, says so)."""
+        return "the database system is shutting down" in str(self)
+
+
 class SlotActiveError(SlotError):
     """The slot is in use by another connection (maybe our own previous process, whose
     walsender has not noticed its death yet: the source retries for a while)."""
+
+
+def slot_error(message: str, error: Exception) -> SlotError:
+    """``message`` and psycopg2's ``error`` as the ``SlotError`` subclass it means. A
+    statement timeout or a rolled-back transaction is an ``OperationalError`` to psycopg2
+    but says nothing about the connection: a plain ``SlotError``."""
+    text = f"{message}: {str(error).strip()}"
+    if isinstance(error, psycopg2.errors.ObjectInUse) or getattr(
+            error, "pgcode", None) == "55006":  # object_in_use: the slot is active
+        return SlotActiveError(text)
+    if isinstance(error, (psycopg2.OperationalError, psycopg2.InterfaceError)) and not \
+            isinstance(error, (QueryCanceledError, TransactionRollbackError)):
+        return SlotConnectionError(text)
+    return SlotError(text)
 
 
 def parse_table_name(text: str) -> tuple[str, str] | None:
@@ -124,15 +184,16 @@ class PgConnectConfig:
     password: str | None = attrs.field(default=None, repr=False)
 
     def connect(self, **extra: Any) -> Any:
-        """A psycopg2 connection (blocking). Raises ``SlotError``."""
+        """A psycopg2 connection (blocking). Raises ``SlotError`` (``SlotConnectionError``
+        when the server cannot be reached)."""
         try:
             return psycopg2.connect(
                 host=self.host, port=self.port, dbname=self.database, user=self.user,
                 password=self.password, connect_timeout=connect_timeout_s,
                 application_name="rivven-connect", **extra)
         except psycopg2.Error as error:
-            raise SlotError(f"cannot connect to postgres {self.user}@{self.host}:{self.port}/"
-                            f"{self.database}: {str(error).strip()}") from error
+            raise slot_error(f"cannot connect to postgres {self.user}@{self.host}:"
+                              f"{self.port}/{self.database}", error) from error
 
 
 @attrs.frozen
@@ -141,6 +202,8 @@ class SlotInfo:
     state: str  # ok, missing or lost (the source's snapshot mode decides what follows)
     #: (schema, table) -> primary key column names (() for a FULL table without a key).
     key_columns: dict[tuple[str, str], tuple[str, ...]]
+    #: Tables (configured ones, or the signal table) the existing publication lacks.
+    unpublished: tuple[tuple[str, str], ...] = ()
 
 
 class ReplicationSlot:
@@ -148,15 +211,21 @@ class ReplicationSlot:
     and ``start`` run in a worker thread before any ``read_frames``/``confirm``."""
 
     def __init__(self, config: PgConnectConfig, slot_name: str, publication_name: str,
-                 tables: Sequence[tuple[str, str]], *, status_interval_s: float = 10.0) -> None:
+                 tables: Sequence[tuple[str, str]], *, status_interval_s: float = 10.0,
+                 signal_table: tuple[str, str] | None = None) -> None:
         assert _IDENTIFIER.fullmatch(slot_name) and _IDENTIFIER.fullmatch(publication_name)
-        assert tables
+        assert tables and signal_table not in tables
         self.config = config
         self.slot_name, self.publication_name = slot_name, publication_name
         self.tables = tuple(tables)
+        self.signal_table = signal_table
+        #: What the publication must hold: the tables, then the signal table.
+        self.published = self.tables + ((signal_table,) if signal_table else ())
         self.status_interval_s = status_interval_s
         self._connection: Any = None
         self._cursor: Any = None
+        #: The ``data_start`` of the last frame read on this connection (None: none yet).
+        self.last_data_start: int | None = None
 
     # --- start (blocking) ---------------------------------------------------------------------
     def prepare(self) -> SlotInfo:
@@ -167,12 +236,12 @@ class ReplicationSlot:
             with connection.cursor() as cursor:
                 cursor.execute(f"SET statement_timeout = {statement_timeout_ms}")
                 self._check_server(cursor)
-                keys = {table: self._check_table(cursor, table) for table in self.tables}
-                self._ensure_publication(cursor)
+                keys = {table: self._check_table(cursor, table) for table in self.published}
+                unpublished = self._ensure_publication(cursor)
                 confirmed, state = self._inspect_slot(cursor)
-            return SlotInfo(confirmed, state, keys)
+            return SlotInfo(confirmed, state, keys, unpublished)
         except psycopg2.Error as error:
-            raise SlotError(f"postgres: {str(error).strip()}") from error
+            raise slot_error("postgres", error) from error
         finally:
             connection.close()
 
@@ -214,23 +283,46 @@ class ReplicationSlot:
         raise SlotError(f"table {schema}.{name} {what}: give it a primary key or "
                         f"ALTER TABLE {schema}.{name} REPLICA IDENTITY FULL")
 
-    def _ensure_publication(self, cursor: Any) -> None:
+    def _ensure_publication(self, cursor: Any) -> tuple[tuple[str, str], ...]:
+        """Create the publication if missing; the tables an existing one lacks."""
         cursor.execute("SELECT 1 FROM pg_publication WHERE pubname = %s",
                        (self.publication_name,))
         if cursor.fetchone() is None:
             cursor.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
                 sql.Identifier(self.publication_name),
-                sql.SQL(", ").join(sql.Identifier(schema, name) for schema, name in self.tables)))
-            return
+                sql.SQL(", ").join(sql.Identifier(schema, name)
+                                   for schema, name in self.published)))
+            return ()
         cursor.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE "
                        "pubname = %s", (self.publication_name,))
         published = {tuple(row) for row in cursor.fetchall()}
-        missing = [f"{schema}.{name}" for schema, name in self.tables
-                   if (schema, name) not in published]
-        if missing:
-            raise SlotError(f"publication {self.publication_name} does not publish "
-                            f"{', '.join(missing)} (ALTER PUBLICATION ... ADD TABLE; a table "
-                            f"added later has no snapshot yet)")
+        return tuple(table for table in self.published if table not in published)
+
+    def add_to_publication(self, tables: Sequence[tuple[str, str]],
+                           signal: str | None) -> None:
+        """``ALTER PUBLICATION ... ADD TABLE`` (the tables passed ``prepare``'s checks) and,
+        in the same transaction, the transactional ``rivven.cdc.signal`` message
+        ``signal`` (an ``execute-snapshot`` of them): the stream delivers the signal at the
+        commit that publishes the tables, so a crash cannot separate the two. Blocking;
+        raises ``SlotError``."""
+        assert tables
+        connection = self.config.connect()
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL synchronous_commit = on")
+                cursor.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
+                    sql.Identifier(self.publication_name),
+                    sql.SQL(", ").join(sql.Identifier(schema, name)
+                                       for schema, name in tables)))
+                if signal is not None:
+                    cursor.execute("SELECT pg_logical_emit_message(true, %s, %s)",
+                                   (SIGNAL_MESSAGE_PREFIX, signal))
+            connection.commit()
+        except psycopg2.Error as error:
+            raise slot_error(f"adding {', '.join(f'{s}.{t}' for s, t in tables)} to "
+                              f"publication {self.publication_name} failed", error) from error
+        finally:
+            connection.close()
 
     def _inspect_slot(self, cursor: Any) -> tuple[int | None, str]:
         """The slot's ``confirmed_flush_lsn`` and state: ``ok``, ``missing`` or ``lost``."""
@@ -284,18 +376,23 @@ class ReplicationSlot:
                 row = cursor.fetchone()
                 return None if row is None else row[0]
         except psycopg2.Error as error:
-            raise SlotError(f"postgres: {str(error).strip()}") from error
+            raise slot_error("postgres", error) from error
         finally:
             connection.close()
 
     def start(self, start_lsn: int) -> None:
         """Emit the resume message, open the replication connection and start streaming at
         ``start_lsn`` (0: the slot's ``confirmed_flush_lsn``). Blocking; raises
-        ``SlotError``."""
+        ``SlotError`` (``SlotConnectionError``, ``SlotActiveError``: worth retrying)."""
+        assert self._connection is None, "start on a started slot"
         self._emit_marker(RESUME_MESSAGE_PREFIX, None)
         connection = self.config.connect(
             connection_factory=psycopg2.extras.LogicalReplicationConnection,
-            options="-c DateStyle=ISO,MDY -c extra_float_digits=3")
+            options="-c DateStyle=ISO,MDY -c extra_float_digits=3",
+            keepalives=1, keepalives_idle=replication_keepalive_idle_s,
+            keepalives_interval=replication_keepalive_interval_s,
+            keepalives_count=replication_keepalive_count,
+            tcp_user_timeout=replication_dead_peer_s * 1000)
         try:
             cursor = connection.cursor()
             cursor.start_replication(
@@ -305,9 +402,10 @@ class ReplicationSlot:
                          "messages": "true"})
         except psycopg2.Error as error:
             connection.close()
-            raise SlotError(f"START_REPLICATION of {self.slot_name} failed: "
-                            f"{str(error).strip()}") from error
+            raise slot_error(f"START_REPLICATION of {self.slot_name} failed",
+                              error) from error
         self._connection, self._cursor = connection, cursor
+        self.last_data_start = None
 
     def _emit_marker(self, prefix: str, unless_wal_at: int | None) -> int | None:
         """A flushed non-transactional logical message ``prefix`` with our slot name as
@@ -331,7 +429,7 @@ class ReplicationSlot:
                 cursor.execute("SELECT pg_current_wal_insert_lsn()::text")
                 return parse_lsn(cursor.fetchone()[0])
         except psycopg2.Error as error:
-            raise SlotError(f"postgres: {str(error).strip()}") from error
+            raise slot_error("postgres", error) from error
         finally:
             marker.close()
 
@@ -344,8 +442,8 @@ class ReplicationSlot:
     # --- streaming (trio) ---------------------------------------------------------------------
     async def read_frames(self, max_frames: int, wait_s: float) -> list[tuple[int, bytes]]:
         """The XLogData frames available now, at most ``max_frames``; if none, waits up to
-        ``wait_s`` for the socket and reads again. Raises ``SlotError`` when the connection
-        fails. A checkpoint."""
+        ``wait_s`` for the socket and reads again. Raises ``SlotConnectionError`` when the
+        connection is lost, ``SlotError`` for another error of the stream. A checkpoint."""
         assert self._cursor is not None and 0 < max_frames <= frames_per_read_max
         frames = self._read_now(max_frames)
         if frames:
@@ -364,19 +462,29 @@ class ReplicationSlot:
                     break
                 frames.append((message.data_start, bytes(message.payload)))
         except psycopg2.Error as error:
-            raise SlotError(f"replication stream of {self.slot_name} failed: "
-                            f"{str(error).strip()}") from error
+            raise slot_error(f"replication stream of {self.slot_name} failed",
+                              error) from error
+        if frames:
+            self.last_data_start = frames[-1][0]
         return frames
 
     def confirm(self, flush_lsn: int) -> None:
         """Tell the server everything below ``flush_lsn`` is safe (the slot advance).
-        Raises ``SlotError``."""
-        assert self._cursor is not None and flush_lsn >= 0
+        Only when ``may_confirm(flush_lsn)``. Raises ``SlotError`` (``SlotConnectionError``:
+        the connection is gone)."""
+        assert self._cursor is not None and flush_lsn >= 0 and self.may_confirm(flush_lsn)
         try:
             self._cursor.send_feedback(flush_lsn=flush_lsn, force=True)
         except psycopg2.Error as error:
-            raise SlotError(f"confirming {format_lsn(flush_lsn)} on {self.slot_name} "
-                            f"failed: {str(error).strip()}") from error
+            raise slot_error(f"confirming {format_lsn(flush_lsn)} on {self.slot_name} "
+                              f"failed", error) from error
+
+    def may_confirm(self, flush_lsn: int) -> bool:
+        """Whether confirming ``flush_lsn`` now keeps psycopg2 from forwarding the slot to a
+        keepalive's ``wal_end``: the last frame read on this connection starts after it
+        (module docstring, "Keepalives")."""
+        return (self._cursor is not None and self.last_data_start is not None
+                and self.last_data_start > flush_lsn)
 
     @property
     def started(self) -> bool:

@@ -33,8 +33,9 @@ __all__ = ["ON_INTERRUPTED", "SNAPSHOT_MODES", "SnapshotPosition", "StartPlan", 
            "position_phase", "snapshot_chunk_rows_default", "snapshot_chunk_rows_max"]
 
 SNAPSHOT_MODES = ("never", "initial", "initial_only", "always", "when_needed")
-#: After an interrupted snapshot: stop with an error, or snapshot again from the start.
-ON_INTERRUPTED = ("fail", "restart")
+#: After an interrupted snapshot: read the rest by incremental (DBLog) chunks while
+#: streaming from its consistent LSN, stop with an error, or snapshot again from the start.
+ON_INTERRUPTED = ("resume", "fail", "restart")
 #: Rows one keyset query reads (the ``chunk_size`` option).
 snapshot_chunk_rows_default = 1024
 snapshot_chunk_rows_max = 10_000
@@ -93,6 +94,8 @@ class StartPlan:
     - ``snapshot``: drop the slot if ``drop_slot``, create it exporting a snapshot
       (``temporary`` for ``initial_only``), read every table, then stream from its
       consistent LSN, or stop (``stop_after``);
+    - ``resume``: an interrupted snapshot: stream from its consistent LSN (``stream_from``)
+      and read the rest of its tables by incremental chunks;
     - ``stop``: nothing to do (``initial_only`` whose snapshot is done);
     - ``refuse``: stop the source with ``reason``.
     """
@@ -110,8 +113,10 @@ def plan_start(mode: str, stored: Any, slot_state: str, on_interrupted: str = "f
                ) -> StartPlan:
     """The start for snapshot ``mode``, the stored position (``None`` or as stored), the
     slot's state (``ok``, ``missing`` or ``lost``) and what to do after an interrupted
-    snapshot (``fail``, or ``restart`` it from scratch: the rows it sent are sent again).
-    Raises ``ValueError`` for a stored snapshot position that does not parse."""
+    snapshot (``resume`` it by incremental chunks — ``initial`` and ``when_needed`` with
+    their slot; ``when_needed`` without it snapshots again —, ``fail``, or ``restart`` it
+    from scratch: the rows it sent are sent again). Raises ``ValueError`` for a stored
+    snapshot position that does not parse."""
     assert mode in SNAPSHOT_MODES and slot_state in ("ok", "missing", "lost"), (mode, slot_state)
     assert on_interrupted in ON_INTERRUPTED, on_interrupted
     snapshot = StartPlan("snapshot", drop_slot=slot_state != "missing")
@@ -120,6 +125,13 @@ def plan_start(mode: str, stored: Any, slot_state: str, on_interrupted: str = "f
     if interrupted and on_interrupted == "restart" and mode != "never":
         return attrs.evolve(snapshot, temporary=mode == "initial_only",
                             stop_after=mode == "initial_only")
+    if interrupted and on_interrupted == "resume" and mode in ("initial", "when_needed"):
+        if slot_state == "ok":
+            return StartPlan("resume", stream_from=SnapshotPosition.from_json(
+                stored).consistent_lsn)
+        if mode == "when_needed":
+            return snapshot
+        return StartPlan("refuse", reason=_LOST if slot_state == "lost" else _MISSING)
     if mode == "initial_only":
         if stored is None:
             return StartPlan("snapshot", temporary=True, stop_after=True)
@@ -159,8 +171,8 @@ _MISSING = ("the slot does not exist but a stored offset does: the WAL since tha
 
 def _interrupted(stored: Any) -> str:
     return (f"a snapshot was interrupted (stored offset {stored!r}); its exported snapshot "
-            f"died with the process and resuming it under another snapshot could miss or "
-            f"repeat rows changed meanwhile (docs/connect-postgres.md \"Snapshots\"); "
-            f"set snapshot.on_interrupted: restart to snapshot again from the start (the "
-            f"rows already sent are sent again), or delete the connector's topics and "
+            f"died with the process (docs/connect-postgres.md \"Snapshots\"); "
+            f"set snapshot.on_interrupted: resume to read the rest by incremental chunks "
+            f"(modes initial and when_needed), restart to snapshot again from the start "
+            f"(the rows already sent are sent again), or delete the connector's topics and "
             f"offset and start again")

@@ -25,6 +25,12 @@ exactly as streamed rows. ``read_chunk(relation, key, after, limit)`` is ``SELEC
 FROM t [WHERE (key) > (after)] ORDER BY key LIMIT limit``; ``after`` is the key's text,
 compared by Postgres with the columns' own types and collations (the same order as
 ``ORDER BY``), so no row is read twice or skipped.
+
+``WindowReader`` (incremental snapshots, ``pg.incremental``) reuses ``describe`` and
+``read_chunk`` on an autocommit connection without an imported snapshot: per chunk it
+commits the low watermark message, reads the chunk in its own ``REPEATABLE READ``
+transaction together with ``pg_current_snapshot()`` (the in-progress xids), and commits the
+high watermark message.
 """
 
 from __future__ import annotations
@@ -37,9 +43,9 @@ import psycopg2.extras
 from psycopg2 import sql
 
 from .pgoutput import Column, Relation, parse_lsn
-from .slot import PgConnectConfig, SlotError, statement_timeout_ms
+from .slot import PgConnectConfig, SlotError, slot_error, statement_timeout_ms
 
-__all__ = ["ExportedSnapshot", "SnapshotReader"]
+__all__ = ["ExportedSnapshot", "SnapshotReader", "WATERMARK_MESSAGE_PREFIX", "WindowReader"]
 
 
 class ExportedSnapshot:
@@ -114,8 +120,8 @@ class SnapshotReader:
                     "ORDER BY a.attnum", (schema, name))
                 rows = cursor.fetchall()
         except psycopg2.Error as error:
-            raise SlotError(f"reading the columns of {schema}.{name} failed: "
-                            f"{str(error).strip()}") from error
+            raise slot_error(f"reading the columns of {schema}.{name} failed",
+                             error) from error
         if not rows:
             raise SlotError(f"table {schema}.{name} does not exist in the snapshot")
         oids = tuple({type_oid for _oid, _name, type_oid, _mod in rows})
@@ -144,10 +150,74 @@ class SnapshotReader:
                 cursor.execute(query, tuple(after) if after is not None else None)
                 return [tuple(row) for row in cursor.fetchall()]
         except psycopg2.Error as error:
-            raise SlotError(f"snapshot read of {relation.schema}.{relation.name} failed: "
-                            f"{str(error).strip()}") from error
+            raise slot_error(f"snapshot read of {relation.schema}.{relation.name} failed",
+                             error) from error
 
     def close(self) -> None:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+
+
+#: The prefix of the chunk watermarks (transactional logical messages; content: JSON with
+#: the slot, the process's run id, the chunk id and ``low``/``high``).
+WATERMARK_MESSAGE_PREFIX = "rivven.cdc.watermark"
+
+
+class WindowReader(SnapshotReader):
+    """The I/O of incremental snapshot chunks (``pg.incremental``): an ordinary connection
+    in autocommit that commits the low watermark, reads the chunk in its own ``REPEATABLE
+    READ`` transaction with that snapshot's in-progress xids, then commits the high
+    watermark. Blocking: run it in a worker thread."""
+
+    def open(self, snapshot_name: str | None = None) -> None:
+        """Connect (no snapshot is imported). Raises ``SlotError``."""
+        assert snapshot_name is None
+        connection = self.config.connect(options="-c DateStyle=ISO,MDY -c extra_float_digits=3")
+        connection.autocommit = True
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SET synchronous_commit = on")  # the watermarks are flushed
+                cursor.execute(f"SET statement_timeout = {statement_timeout_ms}")
+        except psycopg2.Error as error:
+            connection.close()
+            raise slot_error("opening the incremental snapshot connection failed",
+                             error) from error
+        self._connection = connection
+
+    @property
+    def is_open(self) -> bool:
+        return self._connection is not None
+
+    def read_window(self, table: tuple[str, str], key: Sequence[str],
+                    after: Sequence[str] | None, limit: int, low: str, high: str
+                    ) -> tuple[int, Relation, list[tuple[str | None, ...]], list[int]]:
+        """Commit watermark ``low``, read the chunk, commit watermark ``high``:
+        ``(low_lsn, relation, rows, in_progress_xids)``. Raises ``SlotError`` (the
+        connection is closed then; ``open`` again), ``SlotConnectionError`` when the
+        connection was lost (the source reconnects)."""
+        try:
+            low_lsn = self._emit(low)
+            with self._connection.cursor() as cursor:
+                cursor.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                cursor.execute("SELECT pg_current_snapshot()::text")
+                snapshot = cursor.fetchone()[0]
+            relation = self.describe(table, key)
+            rows = self.read_chunk(relation, key, after, limit)
+            with self._connection.cursor() as cursor:
+                cursor.execute("COMMIT")
+            self._emit(high)
+        except (psycopg2.Error, SlotError) as error:
+            self.close()
+            if isinstance(error, SlotError):
+                raise
+            raise slot_error(f"incremental snapshot chunk of {table[0]}.{table[1]} failed",
+                             error) from error
+        _xmin, _xmax, running = snapshot.split(":")
+        return low_lsn, relation, rows, [int(xid) for xid in running.split(",") if xid]
+
+    def _emit(self, content: str) -> int:
+        with self._connection.cursor() as cursor:
+            cursor.execute("SELECT pg_logical_emit_message(true, %s, %s)::text",
+                           (WATERMARK_MESSAGE_PREFIX, content))
+            return parse_lsn(cursor.fetchone()[0])

@@ -11,7 +11,12 @@ sent. The choices, as Debezium's "handling modes" would call them:
 - json/jsonb -> the parsed value;
 - timestamp -> ISO-8601 without offset ("2024-01-02T03:04:05.123456"); timestamptz -> ISO-8601
   in UTC with "Z"; date and time as Postgres writes them in ISO DateStyle; timetz with a
-  "+HH:MM" offset; infinity, BC dates and years past 9999 stay Postgres' text;
+  "+HH:MM" offset; infinity, BC dates and years past 9999 stay Postgres' text — for a
+  timestamptz the text Postgres writes under ``TimeZone = UTC`` ("0044-03-15 12:00:00+00
+  BC"), whatever the session's zone: the offset is applied here (in the proleptic Gregorian
+  calendar, shifted by whole 400-year cycles into Python's range), so one instant is one
+  value whichever zone the server or connection uses, and an instant that only leaves
+  years 1..9999 in UTC (9999-12-31 23:00-05) becomes that text instead of an error;
 - uuid, text, varchar, char, name -> str; bytea -> base64 (standard alphabet, padded);
 - one-dimensional or nested arrays -> lists, elements typed as above, NULL -> None;
 - binary values (kind ``b``, only with the ``binary`` option, which we do not ask for)
@@ -39,6 +44,9 @@ TIMESTAMP, TIMESTAMPTZ, TIMETZ, NUMERIC, UUID, JSONB = 1114, 1184, 1266, 1700, 2
 _INTS = frozenset({INT2, INT4, INT8, OID})
 _FLOATS = frozenset({FLOAT4, FLOAT8})
 _JSONS = frozenset({JSON, JSONB})
+_TIMESTAMPTZ = re.compile(r"(\d{4,})-(\d\d)-(\d\d) (\d\d:\d\d:\d\d)(?:\.(\d{1,6}))?"
+                          r"([+-])(\d\d)(?::(\d\d))?(?::(\d\d))?( BC)?")
+_TIMESTAMP_NO_ZONE = re.compile(r"\d{4,}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?( BC)?")
 _TIMETZ = re.compile(r"(\d\d:\d\d:\d\d(?:\.\d+)?)([+-])(\d\d)(?::(\d\d))?(?::(\d\d))?")
 
 #: Postgres arrays have at most 6 dimensions (MAXDIM).
@@ -90,16 +98,36 @@ def decode_text(type_oid: int, text: str) -> Any:
 
 
 def _timestamp(text: str, *, with_zone: bool) -> str:
+    if with_zone:
+        return _timestamptz(text)
     try:
-        moment = datetime.datetime.fromisoformat(text)
+        return datetime.datetime.fromisoformat(text).isoformat()
     except ValueError:
         return text  # infinity, -infinity, BC, years past 9999: Postgres' own text
-    if not with_zone:
-        return moment.isoformat()
-    if moment.tzinfo is None:
-        raise ValueError(f"timestamptz without an offset: {text!r}")
-    utc = moment.astimezone(datetime.timezone.utc).replace(tzinfo=None)
-    return utc.isoformat() + "Z"
+
+
+def _timestamptz(text: str) -> str:
+    """ISO-8601 in UTC; outside years 1..9999 (in UTC) Postgres' text under TimeZone=UTC."""
+    match = _TIMESTAMPTZ.fullmatch(text)
+    if match is None:
+        if _TIMESTAMP_NO_ZONE.fullmatch(text):
+            raise ValueError(f"timestamptz without an offset: {text!r}")
+        return text  # infinity, -infinity
+    year, month, day, clock, fraction, sign, hours, minutes, seconds, bc = match.groups()
+    astronomical = 1 - int(year) if bc else int(year)  # 1 BC is year 0
+    shift = (astronomical - 2000) // 400 * 400  # the calendar repeats every 400 years
+    hour, minute, second = map(int, clock.split(":"))
+    local = datetime.datetime(astronomical - shift, int(month), int(day), hour, minute, second)
+    offset = datetime.timedelta(hours=int(hours), minutes=int(minutes or 0),
+                                seconds=int(seconds or 0))
+    utc = local - offset if sign == "+" else local + offset
+    utc_year = utc.year + shift
+    if 1 <= utc_year <= 9999:
+        micros = (fraction or "").ljust(6, "0")
+        return utc.replace(year=utc_year).isoformat() + (f".{micros}" if int(micros) else "") \
+            + "Z"
+    shown, era = (1 - utc_year, " BC") if utc_year < 1 else (utc_year, "")
+    return (f"{shown:04d}-{utc:%m-%d %H:%M:%S}{'.' + fraction if fraction else ''}+00{era}")
 
 
 def _timetz(text: str) -> str:

@@ -113,6 +113,7 @@ def build_source(config: SourceConfig) -> Source:
     from rivven_connect.sources.datagen import DatagenSource
     from rivven_connect.sources.file import FileSource
     from rivven_connect.sources.postgres_cdc import PostgresCdcSource
+    from rivven_connect.sources.postgres_outbox_poll import PostgresOutboxPollSource
 
     path = f"sources.{config.name}.config"
     if config.connector == "datagen":
@@ -121,9 +122,11 @@ def build_source(config: SourceConfig) -> Source:
         return FileSource.from_config(config.config, path)
     if config.connector == "postgres-cdc":
         return PostgresCdcSource.from_config(config.config, path)
+    if config.connector == "postgres-outbox-poll":
+        return PostgresOutboxPollSource.from_config(config.config, path)
     raise ConnectConfigError(f"sources.{config.name}.connector",
                              f"connector {config.connector!r} is not available in this build; "
                              f"available: {', '.join(CONNECTORS)}")
 
 
-CONNECTORS = ("datagen", "file", "postgres-cdc")
+CONNECTORS = ("datagen", "file", "postgres-cdc", "postgres-outbox-poll")

@@ -20,7 +20,9 @@ the exactly-once order; the source only keeps to its part:
   are dropped by the assembler (the replay filter) and again by the cycle;
 - ``side_effect(position)`` runs only after the broker committed the batch whose last
   position it is: it confirms the slot at ``end_lsn - 1`` (``pg.slot`` "Keepalives" says why
-  not ``end_lsn``; Postgres resumes at our requested LSN either way). Idempotent;
+  not ``end_lsn``; Postgres resumes at our requested LSN either way). Idempotent. A confirm
+  that cannot be sent yet (no frame read on the connection yet, or the connection is gone)
+  is kept and sent after a later read: the slot only lags, which is always safe;
 - positions are JSON (they go into ``__connect_offsets``): ``{"end_lsn": "X/X",
   "commit_lsn": "X/X", "seq": n, "last": bool}``, ordered by ``(end_lsn, seq)`` (keys
   ``(end_lsn, 1, seq)``, after the snapshot rows ``(consistent_lsn, 0, rows)``);
@@ -35,6 +37,17 @@ the exactly-once order; the source only keeps to its part:
   psycopg2 still never forwards the slot past the stored offset. The slot then follows
   unpublished WAL.
 
+Reconnects (``ReplicationLink``, docs/connect-postgres.md "Reconnects"): when the
+replication connection is lost the source drops the half-received transaction, the relation
+cache and the frames not decoded yet (``TransactionAssembler.on_reconnect``), keeps the
+whole transactions it queued and returns them first; the next read reconnects with backoff
+and streams again from the last committed position. Postgres resends what followed; the
+assembler's replay filter drops what was already decoded, and a heartbeat marker seen before
+is dropped too, so the stream goes on exactly where it was. A batch polled but not yet
+committed is unaffected: the cycle commits it and its side effect confirms it, now or after
+the reconnect; if the runtime dies first, the restart resends it from the stored offset,
+below which the slot always is.
+
 Snapshots (``snapshot.mode``: ``never``, ``initial``, ``initial_only``, ``always``,
 ``when_needed``; ``pg.snapshot.plan_start`` decides from the mode, the stored position and
 the slot's state): the slot is (re)created with an exported snapshot, ``SnapshotRun``
@@ -43,15 +56,31 @@ reads every table by primary-key keyset chunks under it and ``poll`` returns the
 the last one (``done``, ``source.snapshot = "last"``) the next poll starts streaming at
 the slot's consistent LSN — no gap, no overlap — or, for ``initial_only``, returns
 ``None``. The side effect of a snapshot position does nothing (the slot already sits at
-the consistent LSN). An interrupted snapshot is refused at the next start
-(docs/connect-postgres.md "Snapshots" says why).
+the consistent LSN). An interrupted snapshot is resumed (``on_interrupted: resume``, the
+default): streaming from its consistent LSN while the rest of its tables is read by
+incremental chunks; or refused, or restarted (docs/connect-postgres.md "Snapshots").
+
+Incremental snapshots (``IncrementalRunner``, docs/connect-postgres.md "Incremental
+snapshots"): every decoded transaction goes through the runner, which consumes signal-table
+rows and our watermark/signal messages, drops superseded chunk rows and appends a chunk's
+rows at its high watermark; the poll loop reads the next chunk as soon as one is due. A
+table the publication lacks is added at start, with an ``execute-snapshot`` message in the
+same Postgres transaction when a streaming offset is stored. A chunk read that loses its
+connection counts as a lost replication connection: the chunk is dropped (its watermarks
+match nothing) and read again after the reconnect; a chunk window already open is kept
+(the stream continues exactly, see above), so its rows are emitted once, at its high
+watermark.
 
 Metrics (``metrics()``, rendered by ``/metrics``): the slot's retained WAL
 (``pg_current_wal_lsn() - restart_lsn``, read on an ordinary connection at most every
 ``slot_stats_interval_ms``, from the poll loop; a failed read is logged and leaves the last
 value), the replication lag (WAL bytes between the end of the last transaction read and the
-last one confirmed) and the changes read per table and op (``table`` is one of the
-configured tables: a bounded label).
+last one confirmed), the changes read per table and op (``table`` is one of the
+configured tables: a bounded label), the reconnects and failed attempts
+(``ReplicationLink``), and, once streaming, the incremental chunks emitted or read again,
+the chunk rows superseded and the signals accepted or refused.
+
+The ``config`` block is checked by ``postgres_cdc_config.parse_config``.
 
 Non-transactional logical messages (our own ``rivven.cdc.resume`` among them) and, in this
 build, transactional ones are not emitted; truncates are (``op: t``).
@@ -62,30 +91,40 @@ from __future__ import annotations
 import collections
 import datetime
 import logging
+import random
 from typing import Any, Callable, Mapping
 
-import attrs
 import trio
 
 from rivven_connect.core.batch_cycle import batch_records_max
 from rivven_connect.core.records import Record
 from rivven_connect.http_api import Metric
-from rivven_connect.pg.envelope import CdcPosition, EnvelopeBuilder, EnvelopeError
+from rivven_connect.pg.envelope import EnvelopeBuilder, EnvelopeError
 from rivven_connect.pg.pgoutput import (
-    ColumnValue, LogicalMessage, PgOutputError, Relation, decode_message, format_lsn, parse_lsn,
+    LogicalMessage, PgOutputError, decode_message, format_lsn, parse_lsn,
+)
+from rivven_connect.pg.incremental import IncrementalSnapshotError, IncrementalState
+from rivven_connect.pg.reconnect import (
+    reconnect_attempts_max_default, reconnect_timeout_ms_default,
 )
 from rivven_connect.pg.slot import (
-    HEARTBEAT_MESSAGE_PREFIX, PgConnectConfig, ReplicationSlot, SlotActiveError, SlotError,
-    SlotInfo, parse_table_name,
+    HEARTBEAT_MESSAGE_PREFIX, ReplicationSlot, SlotActiveError, SlotConnectionError,
+    SlotError, SlotInfo,
 )
 from rivven_connect.pg.snapshot import (
-    ON_INTERRUPTED, SNAPSHOT_MODES, SnapshotPosition, StartPlan, plan_start, position_phase,
-    snapshot_chunk_rows_default, snapshot_chunk_rows_max,
+    SNAPSHOT_MODES, SnapshotPosition, StartPlan, plan_start, position_phase,
+    snapshot_chunk_rows_default,
 )
-from rivven_connect.pg.snapshot_reader import ExportedSnapshot, SnapshotReader
 from rivven_connect.pg.transactions import (
     ReplicationStateError, Transaction, TransactionAssembler, TransactionTooLarge,
 )
+from rivven_connect.sources.postgres_cdc_config import (
+    heartbeat_interval_ms_default, heartbeat_interval_ms_max, parse_config,
+    reconnect_attempts_max_max, reconnect_timeout_ms_max,
+)
+from rivven_connect.sources.postgres_cdc_incremental import IncrementalRunner, signal_message
+from rivven_connect.sources.postgres_cdc_link import ReplicationLink
+from rivven_connect.sources.postgres_cdc_snapshot import SnapshotRun
 
 __all__ = ["PostgresCdcSource", "changes_per_transaction_max"]
 
@@ -103,20 +142,12 @@ slot_active_retry_s = 0.5
 frames_per_read = 1000
 #: The slot's retained WAL is read at most this often (one short ordinary connection).
 slot_stats_interval_ms = 5_000
-#: Heartbeats: the default interval, and the largest one accepted (0 = off).
-heartbeat_interval_ms_default = 10_000
-heartbeat_interval_ms_max = 3_600_000
 
 _log = logging.getLogger("rivven_connect.postgres_cdc")
 
 
 def _wall_clock_ms() -> int:
     return int(datetime.datetime.now(datetime.timezone.utc).timestamp() * 1000)
-
-
-def position_json(position: CdcPosition) -> dict[str, Any]:
-    return {"end_lsn": format_lsn(position.end_lsn), "commit_lsn": format_lsn(
-        position.commit_lsn), "seq": position.seq, "last": position.last}
 
 
 def heartbeat_position(lsn: int) -> dict[str, Any]:
@@ -130,11 +161,16 @@ class PostgresCdcSource:
     def __init__(self, slot: ReplicationSlot, *, batch_size: int = 500,
                  snapshot_mode: str = "never",
                  snapshot_chunk_rows: int = snapshot_chunk_rows_default,
-                 snapshot_on_interrupted: str = "fail",
+                 snapshot_on_interrupted: str = "resume",
                  heartbeat_interval_ms: int = heartbeat_interval_ms_default,
-                 clock_ms: Callable[[], int] = _wall_clock_ms) -> None:
+                 reconnect_attempts_max: int = reconnect_attempts_max_default,
+                 reconnect_timeout_ms: int = reconnect_timeout_ms_default,
+                 clock_ms: Callable[[], int] = _wall_clock_ms,
+                 jitter: Callable[[], float] | None = None) -> None:
         assert snapshot_mode in SNAPSHOT_MODES
         assert 0 <= heartbeat_interval_ms <= heartbeat_interval_ms_max
+        assert 0 <= reconnect_attempts_max <= reconnect_attempts_max_max
+        assert 0 < reconnect_timeout_ms <= reconnect_timeout_ms_max
         self.slot = slot
         self.batch_size = batch_size
         self.snapshot_mode = snapshot_mode
@@ -150,73 +186,39 @@ class PostgresCdcSource:
         self.stored: Any = None
         self.assembler: TransactionAssembler | None = None
         self.builder: EnvelopeBuilder | None = None
+        #: Incremental snapshots and signals (made when streaming starts).
+        self.incremental: IncrementalRunner | None = None
+        self._incremental_state: IncrementalState | None = None
         #: Frames read but not decoded yet; transactions decoded but not returned yet
         #: (their record count: ``_queued``). Kept here, so a cancelled poll loses nothing.
         self._frames: collections.deque[tuple[int, bytes]] = collections.deque()
         self._transactions: collections.deque[list[Record]] = collections.deque()
         self._queued = 0
-        self.confirmed_lsn: int | None = None
         #: For ``metrics()``: the slot's retained WAL (None: not read yet) and when it was
         #: read; the end LSN of the last transaction read; changes read by (table, op).
         self.retained_wal_bytes: int | None = None
         self._slot_stats_at_ms: int | None = None
         self.received_end_lsn: int | None = None
         self.events: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._key_columns: dict[tuple[str, str], tuple[str, ...]] = {}
         #: Heartbeats: the interval (0 = off), when the next one is due, the server's WAL
         #: insert position after the last one (none is written while it has not moved).
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self._heartbeat_due_ms = 0
         self._heartbeat_wal_at: int | None = None
         self.heartbeats = 0  # delivered heartbeat markers
+        self._heartbeat_lsn: int | None = None  # the last one queued (a resent one is dropped)
+        #: The replication connection: reads, confirms, reconnects.
+        self.link = ReplicationLink(
+            slot, attempts_max=reconnect_attempts_max, timeout_ms=reconnect_timeout_ms,
+            jitter=jitter if jitter is not None else random.Random().random,
+            on_lost=self._on_connection_lost)
 
     @classmethod
     def from_config(cls, raw: Mapping[str, Any], path: str) -> PostgresCdcSource:
         """Checks the ``config`` block (``ConnectConfigError`` naming the option)."""
-        from rivven_connect.core.config import ConnectConfigError
-        from rivven_connect.sources import Options
-
-        options = Options(raw, path, ("host", "port", "database", "user", "password",
-                                      "slot_name", "publication_name", "tables", "snapshot",
-                                      "batch_size", "status_interval_ms",
-                                      "heartbeat_interval_ms"))
-        port = options.int("port", 5432, 1, 65535)
-        password = raw.get("password")
-        if password is not None and not isinstance(password, str):
-            raise ConnectConfigError(f"{path}.password", "must be a string")
-        names = {}
-        for key in ("slot_name", "publication_name"):
-            names[key] = options.string(key)
-            if parse_table_name(names[key]) != ("public", names[key]) or (
-                    key == "slot_name" and not names[key].islower()):
-                raise ConnectConfigError(
-                    f"{path}.{key}", f"{names[key]!r} must be an identifier of at most 63 "
-                    f"letters, digits and _ (a slot name: lower case)")
-        tables = raw.get("tables")
-        if not isinstance(tables, list) or not tables:
-            raise ConnectConfigError(f"{path}.tables", "is required: a non-empty list of "
-                                                        "schema.table names")
-        parsed = []
-        for index, table in enumerate(tables):
-            name = parse_table_name(table) if isinstance(table, str) else None
-            if name is None:
-                raise ConnectConfigError(f"{path}.tables[{index}]",
-                                         f"{table!r} is not schema.table (plain identifiers)")
-            if name in parsed:
-                raise ConnectConfigError(f"{path}.tables[{index}]", f"{table!r} is listed twice")
-            parsed.append(name)
-        mode, chunk_rows, on_interrupted = _check_snapshot(raw.get("snapshot"),
-                                                           f"{path}.snapshot")
-        interval = options.int("status_interval_ms", 10_000, 1000, 60_000)
-        heartbeat = options.int("heartbeat_interval_ms", heartbeat_interval_ms_default, 0,
-                                heartbeat_interval_ms_max)
-        assert port is not None and interval is not None and heartbeat is not None
-        config = PgConnectConfig(options.string("host"), port, options.string("database"),
-                                 options.string("user"), password)
-        slot = ReplicationSlot(config, names["slot_name"], names["publication_name"], parsed,
-                               status_interval_s=interval / 1000)
-        return cls(slot, batch_size=options.batch_size(), snapshot_mode=mode,
-                   snapshot_chunk_rows=chunk_rows, snapshot_on_interrupted=on_interrupted,
-                   heartbeat_interval_ms=heartbeat)
+        slot, options = parse_config(raw, path)
+        return cls(slot, **options)
 
     # --- the Source protocol ------------------------------------------------------------------
     def resume(self, position: Any) -> None:
@@ -241,19 +243,33 @@ class PostgresCdcSource:
                 return None
             if self.assembler is None:
                 await self._start_streaming(self.stream_from)
+            link = self.link
             while True:
+                assert self.incremental is not None
+                if not link.lost:
+                    await self._read_chunk_if_due()
                 self._feed(wanted)
                 if self._queued >= wanted:
                     break
+                if link.lost:
+                    if self._queued:
+                        break  # whole transactions first; the next poll reconnects
+                    await link.reconnect()
+                if self.incremental.core.chunk_due and not self._frames:
+                    continue  # the next chunk now, not after a wait for the stream
                 await self._read_slot_stats()
-                frames = await self.slot.read_frames(frames_per_read, read_wait_s)
+                if link.lost:
+                    continue  # Postgres is shutting down: the connection was let go
+                frames = await link.read_frames(frames_per_read, read_wait_s)
+                if link.lost:
+                    continue
                 if not frames and self._queued:
                     break
                 if not frames:
                     await self._maybe_heartbeat()
                 self._frames.extend(frames)
         except (SlotError, PgOutputError, ReplicationStateError, TransactionTooLarge,
-                EnvelopeError) as error:
+                EnvelopeError, IncrementalSnapshotError) as error:
             raise SourceError(f"postgres-cdc {self.slot.slot_name}: {error}") from error
         self._heartbeat_due_ms = self.clock_ms() + self.heartbeat_interval_ms
         return self._take(wanted)
@@ -264,22 +280,45 @@ class PostgresCdcSource:
         if self.heartbeat_interval_ms == 0 or now_ms < self._heartbeat_due_ms:
             return
         self._heartbeat_due_ms = now_ms + self.heartbeat_interval_ms
-        wal_at = await trio.to_thread.run_sync(
-            lambda: self.slot.emit_heartbeat(self._heartbeat_wal_at))
+        try:
+            wal_at = await trio.to_thread.run_sync(
+                lambda: self.slot.emit_heartbeat(self._heartbeat_wal_at))
+        except SlotConnectionError as error:  # the stream's own read will tell if it is gone
+            _log.warning("postgres-cdc %s: writing a heartbeat failed: %s",
+                         self.slot.slot_name, error)
+            self.link.let_go_if_shutting_down(error)
+            return
         if wal_at is not None:
             self._heartbeat_wal_at = wal_at
+
+    async def _read_chunk_if_due(self) -> None:
+        """The incremental snapshot's next chunk, if one is due; a lost connection is a lost
+        replication connection (module docstring, "Incremental snapshots")."""
+        assert self.incremental is not None
+        try:
+            await self.incremental.read_chunk_if_due()
+        except SlotConnectionError as error:  # the chunk was dropped: read again later
+            self.link.connection_lost(error)
+
+    def _on_connection_lost(self) -> None:
+        """Drop what Postgres resends after a reconnect: the half-received transaction, the
+        relation cache, the frames not decoded yet; and the chunk reader's connection. The
+        whole transactions queued and an open chunk window stay."""
+        assert self.assembler is not None and self.incremental is not None
+        self.assembler.on_reconnect()
+        self._frames.clear()
+        self.incremental.on_connection_lost()
 
     def _feed(self, wanted: int) -> None:
         """Decode read frames until ``wanted`` records of whole transactions are queued
         (the rest of the frames wait; a half-read transaction waits in the assembler)."""
-        assembler, builder = self.assembler, self.builder
-        assert assembler is not None and builder is not None
+        assembler, builder, incremental = self.assembler, self.builder, self.incremental
+        assert assembler is not None and builder is not None and incremental is not None
         while self._frames and self._queued < wanted:
             lsn, payload = self._frames.popleft()
             result = assembler.feed(decode_message(payload), lsn)
             if isinstance(result, Transaction):
-                records = [attrs.evolve(record, position=position_json(record.position))
-                           for record in builder.records(result, self.clock_ms())]
+                records = incremental.process(result, builder.records(result, self.clock_ms()))
                 self.received_end_lsn = result.end_lsn
                 self._count(records)
                 if records:
@@ -287,7 +326,13 @@ class PostgresCdcSource:
                     self._queued += len(records)
             elif isinstance(result, LogicalMessage) and self._is_our_heartbeat(result):
                 # Everything before it is queued: its position follows them (key (M, 2, 0)).
-                position = heartbeat_position(lsn or result.lsn)
+                marker_lsn = lsn or result.lsn
+                if self._heartbeat_lsn is not None and marker_lsn <= self._heartbeat_lsn:
+                    continue  # resent after a reconnect: queued already
+                self._heartbeat_lsn = marker_lsn
+                position = heartbeat_position(marker_lsn)
+                if incremental.core.state is not None:
+                    position["incremental"] = incremental.state_json()
                 self._transactions.append([Record.heartbeat(position)])
                 self._queued += 1
                 self.heartbeats += 1
@@ -317,7 +362,11 @@ class PostgresCdcSource:
         if self.stored is not None:
             try:
                 self.position_key(self.stored)
-                assert position_phase(self.stored) == "snapshot" or self.stored["last"] is True
+                if position_phase(self.stored) == "stream":
+                    assert self.stored["last"] is True
+                    if "incremental" in self.stored:
+                        self._incremental_state = IncrementalState.from_json(
+                            self.stored["incremental"])
             except (KeyError, TypeError, ValueError, AssertionError, IndexError):
                 raise SourceError(f"postgres-cdc {name}: the stored offset {self.stored!r} is "
                                   f"not a postgres-cdc position at the end of a transaction "
@@ -335,10 +384,18 @@ class PostgresCdcSource:
             return
         self.builder = EnvelopeBuilder(db=self.slot.config.database, key_columns=info.key_columns,
                                        emit_messages=False)
+        self._key_columns = info.key_columns
         if plan.action == "snapshot":
+            if info.unpublished:  # before the slot: the snapshot reads them
+                await trio.to_thread.run_sync(
+                    lambda: self.slot.add_to_publication(info.unpublished, None))
             await self._begin_snapshot(plan, info)
             return
-        assert plan.action == "stream", plan
+        if plan.action == "resume":
+            self._incremental_state = self._resume_state()
+        assert plan.action in ("stream", "resume"), plan
+        if info.unpublished:
+            await self._publish(info.unpublished)
         confirmed = info.confirmed_flush_lsn
         if plan.create_slot:
             confirmed = await trio.to_thread.run_sync(self.slot.create)
@@ -352,6 +409,36 @@ class PostgresCdcSource:
                 f"was recreated); refusing to start — check what is missing, then delete "
                 f"the source's offset (or recreate the slot) to start over")
         self.stream_from = stored_end or 0
+
+    def _resume_state(self) -> IncrementalState:
+        """The rest of an interrupted snapshot, as an incremental snapshot's state."""
+        from rivven_connect.sources import SourceError
+
+        position = SnapshotPosition.from_json(self.stored)
+        tables = [f"{schema}.{name}" for schema, name in self.slot.tables]
+        if tables[position.table_index:position.table_index + 1] != [position.table]:
+            raise SourceError(
+                f"postgres-cdc {self.slot.slot_name}: the interrupted snapshot was reading "
+                f"{position.table} as table {position.table_index} of the configured tables, "
+                f"which are now {tables}: put them back in that order to resume, or set "
+                f"snapshot.on_interrupted: restart")
+        return IncrementalState(tuple(tables[position.table_index:]), position.last_key,
+                                self.snapshot_chunk_rows)
+
+    async def _publish(self, tables: tuple[tuple[str, str], ...]) -> None:
+        """Add ``tables`` to the publication; while streaming on from a stored offset (and
+        the mode takes snapshots), with an ``execute-snapshot`` signal for the configured
+        ones in the same transaction (docs/connect-postgres.md "Tables added later")."""
+        new = [f"{schema}.{name}" for schema, name in tables if (schema, name) in
+               self.slot.tables]
+        signal = None
+        if new and self.stored is not None and self.snapshot_mode != "never":
+            signal = signal_message(self.slot.slot_name, "execute-snapshot",
+                                    {"data-collections": new})
+        _log.info("postgres-cdc %s: adding %s to publication %s%s", self.slot.slot_name,
+                  [f"{schema}.{name}" for schema, name in tables], self.slot.publication_name,
+                  " with an incremental snapshot of them" if signal else "")
+        await trio.to_thread.run_sync(lambda: self.slot.add_to_publication(tables, signal))
 
     async def _prepare(self) -> SlotInfo:
         info = None
@@ -369,7 +456,11 @@ class PostgresCdcSource:
         self._heartbeat_due_ms = self.clock_ms() + self.heartbeat_interval_ms
         self.assembler = TransactionAssembler(resume_end_lsn=start_lsn,
                                               changes_max=changes_per_transaction_max)
-        await trio.to_thread.run_sync(lambda: self.slot.start(start_lsn))
+        assert self.builder is not None
+        self.incremental = IncrementalRunner(self.slot, self.builder, self._key_columns,
+                                             self._incremental_state, self.snapshot_chunk_rows,
+                                             self.clock_ms)
+        await self.link.start(start_lsn)
 
     async def _begin_snapshot(self, plan: StartPlan, info: SlotInfo) -> None:
         from rivven_connect.sources import SourceError
@@ -407,8 +498,10 @@ class PostgresCdcSource:
         return records
 
     async def side_effect(self, position: Any) -> None:
-        """Confirm the slot for the committed ``position`` (the end of a transaction).
-        Raises ``SourceError`` (the cycle retries). A checkpoint."""
+        """Confirm the slot for the committed ``position`` (the end of a transaction), now
+        or — before the stream's first frame, or with the connection lost — after a later
+        read (module docstring, "Reconnects"). A later position supersedes an unsent
+        confirm. Raises ``SourceError`` (the cycle retries). A checkpoint."""
         from rivven_connect.sources import SourceError
 
         await trio.lowlevel.checkpoint()
@@ -416,13 +509,10 @@ class PostgresCdcSource:
             return  # nothing to confirm: the slot stays at the consistent LSN until streaming
         end_lsn = self.position_key(position)[0]
         assert position["last"], position  # the cycle commits whole transactions only
-        if not self.slot.started:
-            return  # replays only, before the stream started: nothing to confirm
         try:
-            self.slot.confirm(end_lsn - 1)
+            self.link.committed(end_lsn)
         except SlotError as error:
             raise SourceError(str(error)) from error
-        self.confirmed_lsn = end_lsn - 1
 
     # --- metrics ------------------------------------------------------------------------------
     def _count(self, records: list[Record]) -> None:
@@ -445,6 +535,8 @@ class PostgresCdcSource:
         except SlotError as error:
             _log.warning("postgres-cdc %s: reading the slot's retained WAL failed: %s",
                          self.slot.slot_name, error)
+            if isinstance(error, SlotConnectionError):
+                self.link.let_go_if_shutting_down(error)
 
     def metrics(self) -> list[Metric]:
         """The CDC gauges and counters (module docstring "Metrics"). Never blocks."""
@@ -453,13 +545,30 @@ class PostgresCdcSource:
             out.append(Metric("cdc_retained_wal_bytes", "gauge",
                               "WAL Postgres keeps for the slot (pg_current_wal_lsn() - "
                               "restart_lsn), read every few seconds.", self.retained_wal_bytes))
-        confirmed_end = None if self.confirmed_lsn is None else self.confirmed_lsn + 1
+        confirmed = self.link.confirmed_lsn
+        confirmed_end = None if confirmed is None else confirmed + 1
         lag = 0
         if self.received_end_lsn is not None:
             lag = max(0, self.received_end_lsn - max(confirmed_end or 0, self.stream_from))
         out.append(Metric("cdc_replication_lag_bytes", "gauge",
                           "WAL bytes between the end of the last transaction read and the "
                           "last one confirmed to the slot (committed to the broker).", lag))
+        out.extend(self.link.metrics())
+        if self.incremental is not None:
+            core = self.incremental.core
+            for outcome, count in (("emitted", core.chunks_emitted),
+                                   ("read_again", core.chunks_retried)):
+                out.append(Metric("cdc_incremental_chunks", "counter",
+                                  "Incremental snapshot chunks emitted at their high watermark, "
+                                  "or dropped and read again (a race with a committing "
+                                  "transaction).", count, (("outcome", outcome),)))
+            out.append(Metric("cdc_incremental_rows_superseded", "counter",
+                              "Chunk rows not emitted because a streamed change of the key "
+                              "fell in the chunk's window.", core.rows_dropped))
+            for outcome in ("accepted", "refused"):
+                out.append(Metric("cdc_signals", "counter", "Snapshot signals read from the "
+                                  "stream (refused ones are logged).",
+                                  self.incremental.signals[outcome], (("outcome", outcome),)))
         for (table, op), count in sorted(self.events.items()):
             out.append(Metric("cdc_events", "counter",
                               "Changes read from Postgres, by table (one of the configured "
@@ -481,92 +590,7 @@ class PostgresCdcSource:
         if self.snapshot is not None:
             self.snapshot.close()
             self.snapshot = None
+        if self.incremental is not None:
+            self.incremental.close()
         self.slot.close()
 
-
-def _check_snapshot(snapshot: Any, path: str) -> tuple[str, int, str]:
-    from rivven_connect.core.config import ConnectConfigError
-    from rivven_connect.sources import Options
-
-    if not isinstance(snapshot, dict) or "mode" not in snapshot:
-        raise ConnectConfigError(path, f"is required: {{ mode: M }} with M one of "
-                                       f"{', '.join(SNAPSHOT_MODES)}")
-    options = Options(snapshot, path, ("mode", "chunk_size", "on_interrupted"))
-    mode = snapshot["mode"]
-    if mode not in SNAPSHOT_MODES:
-        raise ConnectConfigError(f"{path}.mode", f"{mode!r} is not one of "
-                                                 f"{', '.join(SNAPSHOT_MODES)}")
-    chunk_rows = options.int("chunk_size", snapshot_chunk_rows_default, 1,
-                             snapshot_chunk_rows_max)
-    assert chunk_rows is not None
-    on_interrupted = snapshot.get("on_interrupted", "fail")
-    if on_interrupted not in ON_INTERRUPTED:
-        raise ConnectConfigError(f"{path}.on_interrupted", f"{on_interrupted!r} is not one "
-                                                           f"of {', '.join(ON_INTERRUPTED)}")
-    return mode, chunk_rows, on_interrupted
-
-
-class SnapshotRun:
-    """One snapshot in progress (blocking methods: run them in a worker thread): the
-    exporting slot creation, the reader, and the keyset walk over the tables with one row
-    of look-ahead, so the snapshot's last row is known when it is emitted."""
-
-    def __init__(self, slot: ReplicationSlot,
-                 key_columns: Mapping[tuple[str, str], tuple[str, ...]], *, temporary: bool,
-                 stop_after: bool) -> None:
-        self.slot, self.key_columns = slot, key_columns
-        self.stop_after = stop_after
-        self.export = ExportedSnapshot(slot.config, slot.slot_name, temporary=temporary)
-        self.reader = SnapshotReader(slot.config)
-        self.consistent_lsn = 0
-        self.relations: list[Relation] = []
-        self.table_index = 0            # the table being read
-        self.read_after: tuple[str, ...] | None = None  # its last key read
-        self.rows = 0                   # rows handed out
-        self.ahead: collections.deque[tuple[int, tuple[str | None, ...]]] = collections.deque()
-        self.exhausted = False          # every row handed out
-
-    def open(self) -> None:
-        self.consistent_lsn, name = self.export.create()
-        self.reader.open(name)
-        self.relations = [self.reader.describe(table, self.key_columns[table])
-                          for table in self.slot.tables]
-
-    def next_rows(self, wanted: int, chunk_rows: int
-                  ) -> list[tuple[Relation, tuple[ColumnValue, ...], SnapshotPosition]]:
-        """Up to ``wanted`` rows with their positions (the last one ``done``)."""
-        while len(self.ahead) <= wanted and self.table_index < len(self.relations):
-            relation = self.relations[self.table_index]
-            key = self.key_columns[(relation.schema, relation.name)]
-            rows = self.reader.read_chunk(relation, key, self.read_after, chunk_rows)
-            self.ahead.extend((self.table_index, row) for row in rows)
-            if len(rows) < chunk_rows:
-                self.table_index, self.read_after = self.table_index + 1, None
-            else:
-                self.read_after = _key_text(relation, key, rows[-1])
-        out = []
-        while self.ahead and len(out) < wanted:
-            index, row = self.ahead.popleft()
-            relation = self.relations[index]
-            key = self.key_columns[(relation.schema, relation.name)]
-            self.rows += 1
-            done = not self.ahead and self.table_index == len(self.relations)
-            position = SnapshotPosition(self.consistent_lsn, index,
-                                        f"{relation.schema}.{relation.name}",
-                                        _key_text(relation, key, row), self.rows, done)
-            out.append((relation, tuple(ColumnValue("n") if value is None else ColumnValue(
-                "t", value.encode()) for value in row), position))
-        self.exhausted = not self.ahead and self.table_index == len(self.relations)
-        return out
-
-    def close(self) -> None:
-        self.reader.close()
-        self.export.close()
-
-
-def _key_text(relation: Relation, key: tuple[str, ...], row: tuple[str | None, ...]
-              ) -> tuple[str, ...]:
-    names = [column.name for column in relation.columns]
-    values = tuple(row[names.index(column)] for column in key)
-    assert all(value is not None for value in values)  # primary key columns are NOT NULL
-    return values  # type: ignore[return-value]

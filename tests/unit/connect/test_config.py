@@ -62,6 +62,7 @@ def test_env_substitution_is_after_parsing_and_escapable():
 
 @pytest.mark.parametrize("connector,config,expected", [
     ("postgres-cdc", {}, "error"),
+    ("postgres-outbox-poll", {}, "error"),  # deletes or marks what it delivered, always
     ("jdbc-poll", {"delete_after_read": True}, "error"),
     ("jdbc-poll", {"processed_column": "done"}, "error"),
     ("jdbc-poll", {}, "drop"),

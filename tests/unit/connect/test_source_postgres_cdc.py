@@ -17,6 +17,7 @@ from rivven_connect.pg.snapshot import SnapshotPosition
 from rivven_connect.pg.transactions import TransactionAssembler
 from rivven_connect.sources import build_source
 from rivven_connect.sources.postgres_cdc import PostgresCdcSource, heartbeat_position
+from rivven_connect.sources.postgres_cdc_incremental import IncrementalRunner
 
 GOOD = {"host": "127.0.0.1", "port": 5432, "database": "shop", "user": "rivven",
         "password": "pw", "slot_name": "rivven_slot", "publication_name": "rivven_pub",
@@ -60,8 +61,10 @@ def test_a_good_config_builds_the_source():
     ({"snapshot": {"mode": "initial", "chunk_size": 0}}, "config.snapshot.chunk_size",
      "[1, 10000]"),
     ({"snapshot": {"mode": "never", "chunk": 3}}, "config.snapshot.chunk", "unknown"),
-    ({"snapshot": {"mode": "initial", "on_interrupted": "resume"}},
-     "config.snapshot.on_interrupted", "fail, restart"),
+    ({"snapshot": {"mode": "initial", "on_interrupted": "later"}},
+     "config.snapshot.on_interrupted", "resume, fail, restart"),
+    ({"signal_table": "a.b.c"}, "config.signal_table", "schema.table"),
+    ({"signal_table": "orders"}, "config.signal_table", "outside tables"),
     ({"slot": "x"}, "config.slot", "unknown option"),
 ])
 def test_config_errors_name_the_option(changes, path, words):
@@ -85,7 +88,9 @@ def test_snapshot_options_and_positions():
     source = _build(snapshot={"mode": "initial", "chunk_size": "64"})
     assert (source.snapshot_mode, source.snapshot_chunk_rows) == ("initial", 64)
     assert _build(snapshot={"mode": "when_needed"}).snapshot_chunk_rows == 1024
-    assert _build(snapshot={"mode": "initial"}).snapshot_on_interrupted == "fail"
+    assert _build(snapshot={"mode": "initial"}).snapshot_on_interrupted == "resume"
+    assert _build(signal_table="ops.signals").slot.published == (
+        ("public", "orders"), ("public", "items"), ("ops", "signals"))
     assert _build(snapshot={"mode": "initial", "on_interrupted": "restart"}
                   ).snapshot_on_interrupted == "restart"
     rows = [SnapshotPosition(0x100, 0, "public.orders", ("1",), 1, False),
@@ -102,7 +107,8 @@ def test_snapshot_options_and_positions():
 
 def test_metrics_are_the_lag_the_retained_wal_once_read_and_the_changes_per_table():
     source = _build()
-    assert [(m.name, m.value) for m in source.metrics()] == [("cdc_replication_lag_bytes", 0)]
+    assert [(m.name, m.value) for m in source.metrics()] == [
+        ("cdc_replication_lag_bytes", 0), ("cdc_reconnects", 0), ("cdc_reconnect_failures", 0)]
     source.stream_from = 0x1000  # resumed at a stored end LSN: that much is confirmed
     source.received_end_lsn = 0x1800
     source.events.update({("public.orders", "c"): 2, ("public.items", "d"): 1})
@@ -110,9 +116,11 @@ def test_metrics_are_the_lag_the_retained_wal_once_read_and_the_changes_per_tabl
     assert [(m.name, m.value, m.labels) for m in source.metrics()] == [
         ("cdc_retained_wal_bytes", 4096, ()),
         ("cdc_replication_lag_bytes", 0x800, ()),
+        ("cdc_reconnects", 0, ()),
+        ("cdc_reconnect_failures", 0, ()),
         ("cdc_events", 1, (("table", "public.items"), ("op", "d"))),
         ("cdc_events", 2, (("table", "public.orders"), ("op", "c")))]
-    source.confirmed_lsn = 0x17ff  # confirmed at end_lsn - 1: caught up
+    source.link.confirmed_lsn = 0x17ff  # confirmed at end_lsn - 1: caught up
     assert source.metrics()[1].value == 0
 
 
@@ -143,6 +151,9 @@ class FakeSlot:
 
     slot_name = "rivven_slot"
     started = True
+    config = None
+    tables = (("public", "orders"),)
+    signal_table = None
 
     def __init__(self, clock: list[int], foreign_first: bool = False) -> None:
         self.clock, self.frames, self.confirmed, self.emitted = clock, [], [], 0
@@ -167,6 +178,9 @@ class FakeSlot:
     def confirm(self, flush_lsn):
         self.confirmed.append(flush_lsn)
 
+    def may_confirm(self, flush_lsn):
+        return True
+
     def retained_wal_bytes(self):  # (the metrics' gauge, read every few seconds)
         return 0
 
@@ -177,6 +191,8 @@ def _streaming(slot, clock, interval_ms):
     source._started = True
     source.builder = EnvelopeBuilder(db="shop", key_columns={}, emit_messages=False)
     source.assembler = TransactionAssembler(resume_end_lsn=0, changes_max=10)
+    source.incremental = IncrementalRunner(slot, source.builder, {}, None, 1024,
+                                           lambda: clock[0])
     return source
 
 

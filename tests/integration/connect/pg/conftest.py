@@ -5,7 +5,9 @@
   ``wal_level = logical``, replication slots and senders, ``listen_addresses = 127.0.0.1`` on
   a free port and the unix socket in the same directory; ``pg_ctl -w start``; at the end
   ``pg_ctl -m immediate stop``. Missing binaries FAIL the run (never skip): CI must have
-  ``postgresql-15``. Returns a ``PostgresServer`` (``.port``, ``.dsn(database)``).
+  ``postgresql-15``. Returns a ``PostgresServer`` (``.port``, ``.dsn(database)``,
+  ``.stop()`` and ``.start()`` for the tests of an outage: a test that stops it starts it
+  again in a ``finally``).
 - ``pg_database`` (per test): a new database ``t_<n>``; returns its name. Dropped at the
   end (after its replication slots).
 """
@@ -33,6 +35,13 @@ class PostgresServer:
     port: int
     data_dir: pathlib.Path
 
+    def stop(self) -> None:
+        """``pg_ctl -m fast stop``: sessions (walsenders among them) are terminated."""
+        _pg_ctl(self.data_dir, "-m", "fast", "stop")
+
+    def start(self) -> None:
+        _pg_ctl(self.data_dir, "-l", str(self.data_dir.parent / "log"), "start")
+
     def dsn(self, database: str = "postgres", **extra: str) -> str:
         parts = {"host": "127.0.0.1", "port": str(self.port), "user": "postgres",
                  "dbname": database, **extra}
@@ -43,6 +52,11 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def _pg_ctl(data_dir: pathlib.Path, *arguments: str) -> None:
+    _run([str(PG_BIN / "pg_ctl"), "-D", str(data_dir), "-w", "-t", str(START_TIMEOUT_S),
+          *arguments], as_postgres=os.geteuid() == 0)
 
 
 def _run(argv: list[str], *, as_postgres: bool) -> None:
@@ -101,7 +115,12 @@ def pg_database(postgres_server):
     try:
         with admin.cursor() as cursor:
             cursor.execute(f"CREATE DATABASE {name}")
-        yield name
+    finally:
+        admin.close()
+    yield name
+    admin = psycopg2.connect(postgres_server.dsn())  # a new one: the test may restart it
+    admin.autocommit = True
+    try:
         with admin.cursor() as cursor:
             cursor.execute("SELECT pg_drop_replication_slot(slot_name) FROM "
                            "pg_replication_slots WHERE database = %s AND NOT active", (name,))

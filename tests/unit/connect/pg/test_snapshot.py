@@ -55,7 +55,28 @@ def test_plan_start(mode, stored, slot, action, extra):
 
 def test_an_interrupted_snapshot_is_refused_with_the_reason():
     reason = plan_start("initial", MID, "ok").reason
-    assert "interrupted" in reason and "on_interrupted: restart" in reason
+    assert "interrupted" in reason and "on_interrupted: resume" in reason
+    assert "restart to snapshot again" in reason
+
+
+@pytest.mark.parametrize("mode,slot,expected", [
+    ("initial", "ok", StartPlan("resume", stream_from=0x300)),
+    ("when_needed", "ok", StartPlan("resume", stream_from=0x300)),
+    ("when_needed", "lost", SNAPSHOT),       # the WAL since is gone: a new snapshot
+    ("when_needed", "missing", FRESH_SNAPSHOT),
+    ("initial", "lost", "refuse"),
+    ("initial", "missing", "refuse"),
+    ("initial_only", "missing", "refuse"),   # its temporary slot is gone: nothing to stream
+    ("never", "ok", "refuse"),
+    ("always", "ok", SNAPSHOT),              # snapshots at every start anyway
+])
+def test_on_interrupted_resume_streams_from_the_consistent_lsn(mode, slot, expected):
+    plan = plan_start(mode, MID, slot, "resume")
+    if expected == "refuse":
+        assert plan.action == "refuse" and plan.reason
+    else:
+        assert plan == expected
+    assert plan_start(mode, DONE, "ok", "resume").action in ("stream", "stop", "snapshot")
 
 
 @pytest.mark.parametrize("mode,slot,expected", [
