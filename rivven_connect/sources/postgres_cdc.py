@@ -13,7 +13,9 @@ the exactly-once order; the source only keeps to its part:
   confirmed without being delivered); a missing slot is created only when there is no
   stored offset; then ``START_REPLICATION`` at the stored ``end_lsn``;
 - ``poll(max_records)`` returns the records of **whole** Postgres transactions: it stops
-  reading at the first Commit after ``min(max_records, batch_size)`` records, so a
+  reading at the first Commit after ``min(max_records, batch_size)`` records, or as soon as
+  whole transactions are queued and nothing more is readable at once (no wait: the batch
+  size follows the load, the latency does not grow with ``batch_size``), so a
   transaction is never split across batches; one larger than that is returned whole (up to
   ``changes_per_transaction_max`` changes, ≤ the cycle's 100,000 records; more stops the
   source with ``SourceError``). Transactions with ``end_lsn`` at or below the stored offset
@@ -246,7 +248,12 @@ class PostgresCdcSource:
                 if self._queued >= wanted:
                     break
                 await self._read_slot_stats()
-                frames = await self.slot.read_frames(frames_per_read, read_wait_s)
+                # With whole transactions queued, take only what is readable now: the
+                # batch goes out at once and what arrives during its commit makes the
+                # next one (waiting here for ``wanted`` records cost a low-rate stream
+                # up to batch_size / rate seconds of latency).
+                frames = await self.slot.read_frames(
+                    frames_per_read, 0.0 if self._queued else read_wait_s)
                 if not frames and self._queued:
                     break
                 if not frames:
