@@ -423,7 +423,9 @@ def run_cdc_bench(args: argparse.Namespace) -> dict[str, Any]:
             bench = _Bench(postgres, broker, pathlib.Path(directory), args)
             try:
                 for phase in phases:
+                    began = time.monotonic()
                     results[phase] = _RUNNERS[phase](bench)
+                    results[phase]["phase_s"] = round(time.monotonic() - began, 1)
             finally:
                 for connector in bench.connectors:
                     connector.kill()
