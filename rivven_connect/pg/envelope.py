@@ -48,7 +48,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -81,6 +81,8 @@ HEADER_PK_CHANGE_OLD_KEY = "rivven.cdc.pk_change.old_key"
 HEADER_PK_CHANGE_NEW_KEY = "rivven.cdc.pk_change.new_key"
 HEADER_UNAVAILABLE_COLUMNS = "rivven.cdc.unavailable_columns"
 HEADER_SCHEMA_VERSION = "rivven.cdc.schema_version"
+#: Relations whose schema version the builder keeps (a Relation per table and DDL).
+relation_versions_cached_max = 1024
 
 
 def schema_version(relation: Relation) -> str:
@@ -126,29 +128,48 @@ class EnvelopeBuilder:
     key_columns: Mapping[tuple[str, str], tuple[str, ...]] = attrs.field(factory=dict)
     emit_truncates: bool = True
     emit_messages: bool = True
+    #: ``schema_version`` per Relation object (by identity; the object is kept, so its id
+    #: is not reused while cached). Bounded: cleared when full.
+    _versions: dict[int, tuple[Relation, bytes]] = attrs.field(
+        factory=dict, init=False, eq=False, repr=False)
 
-    def records(self, transaction: Transaction, now_ms: int) -> list[Record]:
-        """The records of one transaction, in order. Raises ``EnvelopeError``."""
+    def records(self, transaction: Transaction, now_ms: int,
+                position: Callable[[CdcPosition], Any] | None = None) -> list[Record]:
+        """The records of one transaction, in order; each record's position is its
+        ``CdcPosition``, or ``position(it)`` when given (the driver's JSON form). Raises
+        ``EnvelopeError``."""
         drafts: list[tuple[Any, Any, Change, str | None, Relation | None, list[Header]]] = []
         for change in transaction.changes:
             drafts.extend(self._change(change))
         records = []
+        commit_text = format_lsn(transaction.commit_lsn)
+        commit_ms = pg_timestamp_to_unix_ms(transaction.commit_ts_us)
+        last = len(drafts) - 1
         for seq, (value, key, change, op, relation, headers) in enumerate(drafts):
-            position = CdcPosition(transaction.end_lsn, transaction.commit_lsn, seq,
-                                   seq == len(drafts) - 1)
+            at = CdcPosition(transaction.end_lsn, transaction.commit_lsn, seq, seq == last)
             if value is not None:
-                value = {**value, "source": self._source(transaction, change, relation),
-                         "ts_ms": now_ms}
-            cdc_id = f"{format_lsn(transaction.commit_lsn)}:{seq}".encode()
+                value = {**value, "source": self._source(transaction, change, relation,
+                                                         commit_ms), "ts_ms": now_ms}
+            cdc_id = f"{commit_text}:{seq}".encode()
             if relation is not None:
-                headers = [(HEADER_SCHEMA_VERSION, schema_version(relation).encode()),
-                           *headers]
+                headers = [(HEADER_SCHEMA_VERSION, self._version(relation)), *headers]
             records.append(Record(
                 value, key=key, headers=((HEADER_ID, cdc_id), *headers),
-                timestamp_ms=pg_timestamp_to_unix_ms(transaction.commit_ts_us),
-                table=relation.name if relation else None,
-                schema=relation.schema if relation else None, op=op, position=position))
+                timestamp_ms=commit_ms, table=relation.name if relation else None,
+                schema=relation.schema if relation else None, op=op,
+                position=at if position is None else position(at)))
         return records
+
+    def _version(self, relation: Relation) -> bytes:
+        """``schema_version(relation)`` as bytes, computed once per Relation object (it is
+        a SHA-256 over the columns: the same for every record of the table)."""
+        cached = self._versions.get(id(relation))
+        if cached is None or cached[0] is not relation:
+            if len(self._versions) >= relation_versions_cached_max:
+                self._versions.clear()
+            cached = (relation, schema_version(relation).encode())
+            self._versions[id(relation)] = cached
+        return cached[1]
 
     def snapshot_record(self, relation: Relation, row: tuple[ColumnValue, ...],
                         consistent_lsn: int, seq: int, snapshot: str, position: Any,
@@ -167,19 +188,18 @@ class EnvelopeBuilder:
                  "ts_ms": now_ms}
         cdc_id = f"{format_lsn(consistent_lsn)}:r:{seq}".encode()
         return Record(value, key=key, headers=(
-            (HEADER_ID, cdc_id), (HEADER_SCHEMA_VERSION, schema_version(relation).encode())),
+            (HEADER_ID, cdc_id), (HEADER_SCHEMA_VERSION, self._version(relation))),
             timestamp_ms=now_ms,
                       table=relation.name,
                       schema=relation.schema, op="r", position=position)
 
     def _source(self, transaction: Transaction, change: Change,
-                relation: Relation | None) -> dict[str, Any]:
+                relation: Relation | None, commit_ms: int) -> dict[str, Any]:
         return {"connector": self.connector, "db": self.db,
                 "schema": relation.schema if relation else None,
                 "table": relation.name if relation else None,
                 "lsn": format_lsn(change.lsn), "txId": transaction.xid,
-                "ts_ms": pg_timestamp_to_unix_ms(transaction.commit_ts_us),
-                "snapshot": "false"}
+                "ts_ms": commit_ms, "snapshot": "false"}
 
     def _change(self, change: Change) -> list:
         message = change.message

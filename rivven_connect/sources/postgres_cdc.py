@@ -66,7 +66,6 @@ import datetime
 import logging
 from typing import Any, Callable, Mapping
 
-import attrs
 import trio
 
 from rivven_connect.core.batch_cycle import batch_records_max
@@ -285,8 +284,7 @@ class PostgresCdcSource:
             lsn, payload = self._frames.popleft()
             result = assembler.feed(decode_message(payload), lsn)
             if isinstance(result, Transaction):
-                records = [attrs.evolve(record, position=position_json(record.position))
-                           for record in builder.records(result, self.clock_ms())]
+                records = builder.records(result, self.clock_ms(), position_json)
                 self.received_end_lsn = result.end_lsn
                 self._count(records)
                 if records:
