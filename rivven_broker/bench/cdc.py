@@ -2,7 +2,8 @@
 
 Theory of operation
 -------------------
-Starts a throw-away Postgres 15 (``bench.postgres``, the tests' cluster: fsync off) and a
+Starts a throw-away Postgres 15 (``bench.postgres``, the tests' cluster: fsync off, but
+``synchronous_commit = on``, see ``POSTGRES_SETTINGS``) and a
 ``rivven-broker`` process (``--sync``, default ``always``), then runs the phases asked for
 (``--phases``), each in its own table with its own slot, publication, topic (one partition,
 created first) and ``python -m rivven_connect`` process running one ``postgres-cdc``
@@ -72,6 +73,10 @@ GOALS = {
     "restart_back_s": ("<=", 5),
     "wal_retained_max_mb": ("<=", 64),
 }
+#: Over the tests' cluster settings: commits wait for their WAL write (the walsender sends
+#: only written WAL; with ``synchronous_commit = off`` a commit waits for the WAL writer,
+#: up to ``wal_writer_delay`` = 200 ms, and so does its change). fsync stays off.
+POSTGRES_SETTINGS = {"synchronous_commit": "on"}
 _ACTIVE_TIMEOUT_S = 60.0
 _CATCH_UP_TIMEOUT_S = 300.0
 _TABLE_SQL = ("CREATE TABLE {table} (id bigint PRIMARY KEY, written_us bigint NOT NULL, "
@@ -412,7 +417,7 @@ def _commit() -> str:
 def run_cdc_bench(args: argparse.Namespace) -> dict[str, Any]:
     """Every phase of ``args.phases`` (module docstring). Blocks for minutes."""
     phases = [phase for phase in args.phases.split(",") if phase]
-    postgres = start_postgres()
+    postgres = start_postgres(POSTGRES_SETTINGS)
     broker = None
     bench = None
     results: dict[str, Any] = {}
@@ -488,7 +493,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     for size in phases.get("snapshot", {}).get("sizes", []):
         lines.append(f"snapshot  {size['rows']:>9,} rows in {size['seconds']} s: "
                      f"{size['rows_per_s']:,} rows/s  peak rss {size['connector_peak_rss_mb']} "
-                     f"MB  {_verdict_text(size)}")
+                     f"MB  connector cpu {size['connector_cpu_s_per_million']} s/M  "
+                     f"{_verdict_text(size)}")
     if "restart" in phases:
         s = phases["restart"]
         rounds = ", ".join(f"{r['back_s']} s" for r in s["rounds"])
