@@ -169,7 +169,11 @@ def encode(value: Any) -> bytes | None:
         return value
     if isinstance(value, str):
         return value.encode()
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    return _JSON.encode(value).encode()
+
+
+#: ``json.dumps`` with these options builds an encoder per call (~1 us; twice a record).
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 async def ensure_offsets_topic(bootstrap: str) -> None:
