@@ -28,7 +28,7 @@ to the end, and every committed id must have been read exactly once (``lost``,
   connector, wait ``--down`` s, start it again; the time from that start until the reader
   has a row written after it. Goal <= 5 s. Exactly once across the kills.
 - ``wal``: the connector streams a quiet table while one writer inserts into a table no
-  publication holds, as fast as it can, for ``--wal-duration`` s; the slot's retained WAL
+  publication holds, as fast as it can (or ``--wal-rows-per-s``), for ``--wal-duration`` s; the slot's retained WAL
   (``pg_current_wal_lsn() - restart_lsn``) is sampled every 0.5 s. Goal max <= 64 MB
   (heartbeats: the source's default interval, 10 s).
 
@@ -118,6 +118,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="restart: seconds between the kill and the start (default 1)")
     arg("--wal-duration", type=float, default=60.0,
         help="wal: seconds of unpublished writes (default 60)")
+    arg("--wal-rows-per-s", type=float, default=0.0,
+        help="wal: unpublished rows/s, 1000 per transaction (default 0: as fast as one "
+             "connection can)")
     arg("--json", action="store_true", help="print one JSON document")
 
 
@@ -373,7 +376,8 @@ def phase_wal(bench: _Bench) -> dict[str, Any]:
     query = ("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, pg_current_wal_lsn() - "
              "restart_lsn FROM pg_replication_slots WHERE slot_name = 'bench_wal'")
     [(start_lsn, _)] = sql(bench.dsn, query)
-    writer = Writers(bench.dsn, "noise_rows", threads=1, rows_per_transaction=1000).start()
+    writer = Writers(bench.dsn, "noise_rows", threads=1, rows_per_transaction=1000,
+                     rate=args.wal_rows_per_s or None).start()
     samples = []
     try:
         end = time.monotonic() + args.wal_duration
@@ -395,7 +399,8 @@ def phase_wal(bench: _Bench) -> dict[str, Any]:
             "wal_mb_per_s": round(written / MB / args.wal_duration, 1),
             "retained_max_mb": round(max(samples) / MB, 1),
             "retained_last_mb": round(samples[-1] / MB, 1),
-            "noise_rows": writer.committed_rows}
+            "noise_rows": writer.committed_rows,
+            "noise_rows_per_s": round(writer.committed_rows / args.wal_duration)}
 
 
 _RUNNERS = {"stream": phase_stream, "latency": phase_latency, "snapshot": phase_snapshot,
