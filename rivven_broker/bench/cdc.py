@@ -373,34 +373,48 @@ def phase_wal(bench: _Bench) -> dict[str, Any]:
     bench.table("noise_rows")
     connector = bench.connector("wal", "quiet_rows")
     bench.wait_active(connector, "bench_wal")
+    # The WAL position; the slot's retained WAL (restart_lsn) and how far its confirmed
+    # position trails (confirmed_flush_lsn: the heartbeats' side effect).
     query = ("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, pg_current_wal_lsn() - "
-             "restart_lsn FROM pg_replication_slots WHERE slot_name = 'bench_wal'")
-    [(start_lsn, _)] = sql(bench.dsn, query)
+             "restart_lsn, pg_current_wal_lsn() - confirmed_flush_lsn, wal_status "
+             "FROM pg_replication_slots WHERE slot_name = 'bench_wal'")
+    [(start_lsn, _, _, _)] = sql(bench.dsn, query)
     writer = Writers(bench.dsn, "noise_rows", threads=1, rows_per_transaction=1000,
                      rate=args.wal_rows_per_s or None).start()
-    samples = []
+    retained, unconfirmed, statuses, error = [], [], set(), None
+    began = time.monotonic()
     try:
-        end = time.monotonic() + args.wal_duration
-        while time.monotonic() < end:
+        while time.monotonic() < began + args.wal_duration:
             writer.check()
-            connector.check()
-            [(wal_lsn, retained)] = sql(bench.dsn, query)
-            samples.append(int(retained))
+            [(wal_lsn, kept, behind, status)] = sql(bench.dsn, query)
+            if kept is not None:
+                retained.append(int(kept))
+                unconfirmed.append(int(behind))
+            statuses.add(status)
+            if not connector.alive():  # e.g. the slot invalidated (max_slot_wal_keep_size)
+                error = f"the connector exited {connector.returncode}: " + (
+                    connector.log_tail().strip().splitlines() or [""])[-1]
+                break
             time.sleep(0.5)
+        seconds = time.monotonic() - began
         writer.stop()
-        code = connector.terminate()
-        if code != 0:
-            raise RuntimeError(f"the connector exited {code}:\n{connector.log_tail()}")
+        if error is None and connector.terminate() != 0:
+            error = f"the connector exited {connector.returncode}: {connector.log_tail()}"
     finally:
         writer.stop()
     bench.drop_slot("bench_wal")
     written = int(wal_lsn - start_lsn)
-    return {"seconds": args.wal_duration, "wal_written_mb": round(written / MB, 1),
-            "wal_mb_per_s": round(written / MB / args.wal_duration, 1),
-            "retained_max_mb": round(max(samples) / MB, 1),
-            "retained_last_mb": round(samples[-1] / MB, 1),
-            "noise_rows": writer.committed_rows,
-            "noise_rows_per_s": round(writer.committed_rows / args.wal_duration)}
+    result = {"seconds": round(seconds, 1), "wal_written_mb": round(written / MB, 1),
+              "wal_mb_per_s": round(written / MB / seconds, 1),
+              "retained_max_mb": round(max(retained, default=0) / MB, 1),
+              "retained_last_mb": round(retained[-1] / MB, 1) if retained else None,
+              "unconfirmed_max_mb": round(max(unconfirmed, default=0) / MB, 1),
+              "wal_status": sorted(str(status) for status in statuses),
+              "noise_rows": writer.committed_rows,
+              "noise_rows_per_s": round(writer.committed_rows / seconds)}
+    if error is not None:
+        result["error"] = error
+    return result
 
 
 _RUNNERS = {"stream": phase_stream, "latency": phase_latency, "snapshot": phase_snapshot,
@@ -434,7 +448,10 @@ def run_cdc_bench(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 for phase in phases:
                     began = time.monotonic()
-                    results[phase] = _RUNNERS[phase](bench)
+                    try:
+                        results[phase] = _RUNNERS[phase](bench)
+                    except RuntimeError as error:  # reported; the other phases still run
+                        results[phase] = {"error": str(error)[-3000:]}
                     results[phase]["phase_s"] = round(time.monotonic() - began, 1)
             finally:
                 for connector in bench.connectors:
@@ -447,7 +464,7 @@ def run_cdc_bench(args: argparse.Namespace) -> dict[str, Any]:
                "options": {k: v for k, v in vars(args).items() if k != "suite"},
                "machine": machine_description("/tmp")}
     summary["failed"] = [phase for phase, result in results.items()
-                         if any(_verdicts(result))]
+                         if any(_verdicts(result)) or "error" in result]
     return summary
 
 
@@ -458,6 +475,8 @@ def _verdicts(result: dict[str, Any]) -> list[int]:
 
 def _goals(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     figures: dict[str, Any] = {}
+    results = {phase: result for phase, result in results.items()
+               if "error" not in result or phase == "wal"}  # wal: its samples until then
     if "stream" in results:
         figures["stream_events_per_s"] = results["stream"]["events_per_s"]
     if "latency" in results:
@@ -474,6 +493,8 @@ def _goals(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for name, value in figures.items():
         comparison, bound = GOALS[name]
         met = value >= bound if comparison == ">=" else value <= bound
+        if name == "wal_retained_max_mb" and "error" in results["wal"]:
+            met = False  # the connector stopped (the slot invalidated, say)
         out[name] = {"value": value, "goal": f"{comparison} {bound:,}", "met": met}
     return out
 
@@ -482,7 +503,11 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines = [f"rivven bench cdc at {summary['commit']}, {summary['machine']['date']}, "
              f"broker sync {summary['options']['sync']}, batch_size "
              f"{summary['options']['batch_size']}"]
-    phases = summary["phases"]
+    phases = {phase: result for phase, result in summary["phases"].items()
+              if "error" not in result or phase == "wal"}
+    for phase, result in summary["phases"].items():
+        if "error" in result:
+            lines.append(f"{phase:<9} ERROR {result['error'].strip().splitlines()[-1]}")
     if "stream" in phases:
         s = phases["stream"]
         lines.append(f"stream    {s['events_per_s']:>9,} events/s (written {s['written_per_s']:,}/s)"
@@ -507,8 +532,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     if "wal" in phases:
         s = phases["wal"]
         lines.append(f"wal       retained max {s['retained_max_mb']} MB (last "
-                     f"{s['retained_last_mb']}) while {s['wal_written_mb']} MB of unpublished "
-                     f"WAL ({s['wal_mb_per_s']} MB/s) was written")
+                     f"{s['retained_last_mb']}), unconfirmed max {s['unconfirmed_max_mb']} MB, "
+                     f"while {s['wal_written_mb']} MB of unpublished WAL "
+                     f"({s['wal_mb_per_s']} MB/s, {s['noise_rows_per_s']:,} rows/s) was "
+                     f"written in {s['seconds']} s; wal_status {s['wal_status']}")
     for name, goal in summary["goals"].items():
         lines.append(f"goal  {name:<22} {goal['value']:>10,} {goal['goal']:>10}  "
                      f"{'met' if goal['met'] else 'MISSED'}")
