@@ -60,7 +60,7 @@ from .pgoutput import (
     pg_timestamp_to_unix_ms,
 )
 from .transactions import Change, Transaction
-from .values import decode_value
+from .values import decode_text, decode_value
 
 __all__ = [
     "HEADER_ID",
@@ -131,6 +131,9 @@ class EnvelopeBuilder:
     #: ``schema_version`` per Relation object (by identity; the object is kept, so its id
     #: is not reused while cached). Bounded: cleared when full.
     _versions: dict[int, tuple[Relation, bytes]] = attrs.field(
+        factory=dict, init=False, eq=False, repr=False)
+    #: ``_key_names`` per Relation object, kept the same way.
+    _keys: dict[int, tuple[Relation, tuple[str, ...]]] = attrs.field(
         factory=dict, init=False, eq=False, repr=False)
 
     def records(self, transaction: Transaction, now_ms: int,
@@ -250,7 +253,9 @@ class EnvelopeBuilder:
         keyed = after if after is not None else before
         assert keyed is not None
         unavailable = sorted({*(before.unavailable if before else ()),
-                              *(after.unavailable if after else ())})
+                              *(after.unavailable if after else ())}) if (
+            (before is not None and before.unavailable)
+            or (after is not None and after.unavailable)) else None
         if unavailable:
             headers = [*headers, (HEADER_UNAVAILABLE_COLUMNS, _json_bytes(unavailable))]
         value = {"before": before.values if before else None,
@@ -258,6 +263,17 @@ class EnvelopeBuilder:
         return (value, _key(keyed.values, names), change, op, change.relation, headers)
 
     def _key_names(self, relation: Relation) -> tuple[str, ...]:
+        """The key columns of ``relation`` (``_key_names_checked``), once per Relation
+        object."""
+        cached = self._keys.get(id(relation))
+        if cached is None or cached[0] is not relation:
+            if len(self._keys) >= relation_versions_cached_max:
+                self._keys.clear()
+            cached = (relation, self._key_names_checked(relation))  # (raises: not cached)
+            self._keys[id(relation)] = cached
+        return cached[1]
+
+    def _key_names_checked(self, relation: Relation) -> tuple[str, ...]:
         given = self.key_columns.get((relation.schema, relation.name))
         if given is None:
             if relation.replica_identity == "f":
@@ -304,7 +320,10 @@ class EnvelopeBuilder:
             else:
                 assert value.data is not None
                 try:
-                    values[column.name] = decode_value(column.type_oid, value.kind, value.data)
+                    values[column.name] = (
+                        decode_text(column.type_oid, value.data.decode("utf-8"))
+                        if value.kind == "t" else
+                        decode_value(column.type_oid, value.kind, value.data))
                 except ValueError as error:
                     raise EnvelopeError(
                         f"{relation.schema}.{relation.name}.{column.name} (type oid "

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import functools
 import logging
 from typing import Any, Callable, Mapping
 
@@ -116,8 +117,13 @@ def _wall_clock_ms() -> int:
 
 
 def position_json(position: CdcPosition) -> dict[str, Any]:
-    return {"end_lsn": format_lsn(position.end_lsn), "commit_lsn": format_lsn(
+    return {"end_lsn": _lsn_text(position.end_lsn), "commit_lsn": _lsn_text(
         position.commit_lsn), "seq": position.seq, "last": position.last}
+
+
+#: ``format_lsn`` remembered for the last few LSNs: every record of a transaction has the
+#: same end and commit LSN.
+_lsn_text = functools.lru_cache(maxsize=16)(format_lsn)
 
 
 def heartbeat_position(lsn: int) -> dict[str, Any]:
