@@ -332,4 +332,7 @@ class EnvelopeBuilder:
 
 
 def _key(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any] | None:
+    if len(names) == 1:  # the common case, without a comprehension's frame
+        name = names[0]
+        return {name: values.get(name)}
     return {name: values.get(name) for name in names} if names else None
