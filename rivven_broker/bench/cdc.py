@@ -32,8 +32,8 @@ to the end, and every committed id must have been read exactly once (``lost``,
   (``pg_current_wal_lsn() - restart_lsn``) is sampled every 0.5 s. Goal max <= 64 MB
   (heartbeats: the source's default interval, 10 s).
 
-CPU seconds per million events of the connector, the broker and Postgres (all its
-processes) come from ``/proc``. Nothing is pinned: Postgres, the broker, the connector and
+CPU seconds per million events of the connector, the broker, Postgres (all its
+processes) and this process (the reader and the writers) come from ``/proc``. Nothing is pinned: Postgres, the broker, the connector and
 this process share the machine. The layering keeps ``rivven_broker`` from importing
 ``rivven_connect``: the connector is only ever a subprocess here.
 """
@@ -184,16 +184,18 @@ class _Bench:
         reader.drain(_CATCH_UP_TIMEOUT_S, latency=latency)
         return reader.verdict(ranges)
 
-    def cpu(self, connector: Connector) -> tuple[float, float, float]:
+    def cpu(self, connector: Connector) -> tuple[float, float, float, float]:
+        """CPU seconds so far of the connector, the broker, Postgres (every process) and
+        this one (the reader and the writers' threads)."""
         return (proc_cpu_s(connector.pid), self.broker.cpu_seconds(),
-                tree_cpu_s(self.postgres.postmaster_pid()))
+                tree_cpu_s(self.postgres.postmaster_pid()), time.process_time())
 
 
 def _per_million(before: tuple[float, ...], after: tuple[float, ...], events: int
                  ) -> dict[str, float]:
     scale = 1e6 / events if events else 0.0
-    return {name: round((b - a) * scale, 1)
-            for name, a, b in zip(("connector", "broker", "postgres"), before, after)}
+    return {name: round((b - a) * scale, 1) for name, a, b in
+            zip(("connector", "broker", "postgres", "bench"), before, after)}
 
 
 def _first_record(reader: IdReader, checks: list[Callable[[], None]], latency: bool) -> None:
