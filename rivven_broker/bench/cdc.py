@@ -261,7 +261,7 @@ def phase_latency(bench: _Bench) -> dict[str, Any]:
         _first_record(reader, [writer.check, connector.check], latency=True)
         start_s = time.time() + args.warmup
         end_s = start_s + args.latency_duration
-        cpu_before = None
+        cpu_before, counted_before = None, 0
         while time.time() < end_s:
             if cpu_before is None and time.time() >= start_s:
                 cpu_before, counted_before = bench.cpu(connector), reader.received
