@@ -169,7 +169,13 @@ def encode(value: Any) -> bytes | None:
         return value
     if isinstance(value, str):
         return value.encode()
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    return _JSON.encode(value).encode()
+
+
+#: ``json.dumps`` with these options builds an encoder per call (~1 us; twice a record).
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+#: A batch's records are queued without waiting; one checkpoint every this many.
+sends_per_checkpoint = 512
 
 
 async def ensure_offsets_topic(bootstrap: str) -> None:
@@ -382,11 +388,13 @@ class SourceRunner:
                 for topic, error in refused.items():
                     outcomes[topic] = SendOutcome.PERMANENT_FAILURE
                     failure = error
-        for send in sends:
+        for index, send in enumerate(sends):
             if failure is not None:
                 break
             topic = send.record.destination.topic  # type: ignore[union-attr]
             try:
+                if index % sends_per_checkpoint == sends_per_checkpoint - 1:
+                    await trio.lowlevel.checkpoint()  # (queueing is otherwise no checkpoint)
                 deliveries.append((topic, await self._send(producer, send.record)))
             except (RivvenError, trio.TooSlowError) as error:
                 failure = error
@@ -430,12 +438,19 @@ class SourceRunner:
 
     @staticmethod
     async def _send(producer: Any, record: Record) -> Any:
-        """Queue ``record``; its ``Delivery``."""
+        """Queue ``record``; its ``Delivery``. Without a wait (and without a checkpoint)
+        when the producer has room and the topic's metadata: ``enqueue``, a checkpoint per
+        record, cost a pass of trio's scheduler each (~8 % of the CDC source's CPU)."""
         destination = record.destination
         assert destination is not None
         key = destination.key if destination.key is not None else encode(record.key)
-        return await producer.enqueue(destination.topic, encode(record.value), key,
-                               list(record.headers), destination.partition, record.timestamp_ms)
+        value, headers = encode(record.value), list(record.headers)
+        try:
+            return producer.send_nowait(destination.topic, value, key, headers,
+                                        destination.partition, record.timestamp_ms)
+        except trio.WouldBlock:  # no room, or the topic's metadata is not known yet
+            return await producer.enqueue(destination.topic, value, key, headers,
+                                          destination.partition, record.timestamp_ms)
 
     async def _abort(self, producer: Any) -> None:
         try:

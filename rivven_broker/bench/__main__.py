@@ -7,7 +7,8 @@ standard suite behind ``make bench``, which rewrites docs/performance.md) and ``
 ``controller`` (Raft commit latency, commands/s, failover with real processes), ``failover``
 (partition leaders SIGKILLed under ``acks=all`` load: failover time, nothing lost),
 ``codecs`` (each compression codec's build and decode speed and ratio), ``connect`` (the
-connector runtime: datagen to N routed topics, exactly-once). See
+connector runtime: datagen to N routed topics, exactly-once), ``cdc`` (Postgres CDC: the
+``postgres-cdc`` source against a throw-away Postgres 15, exactly-once). See
 docs/performance.md.
 """
 
@@ -18,7 +19,7 @@ import json
 import signal
 import sys
 
-from rivven_broker.bench import codecs, connect, controller, failover, membership, storage
+from rivven_broker.bench import cdc, codecs, connect, controller, failover, membership, storage
 from rivven_broker.bench.options import MODES, OptionsError, add_arguments, options_from_args
 
 
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     codecs.add_arguments(suites.add_parser("codecs", help=codecs.HELP, description=codecs.HELP))
     connect.add_arguments(
         suites.add_parser("connect", help=connect.HELP, description=connect.HELP))
+    cdc.add_arguments(suites.add_parser("cdc", help=cdc.HELP, description=cdc.HELP))
     args = parser.parse_args(argv)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         # SIGTERM unwinds like Ctrl-C, so every server is stopped and every directory removed.
@@ -64,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         return codecs.main(args)
     if args.suite == "connect":
         return connect.main(args)
+    if args.suite == "cdc":
+        return cdc.main(args)
     if args.suite == "suite":
         return suite.main(args)
     try:

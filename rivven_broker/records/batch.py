@@ -34,6 +34,7 @@ This module is pure: no I/O, no clocks, no threads.
 from __future__ import annotations
 
 import struct
+from collections import abc
 from typing import Iterable, Mapping, NamedTuple, Sequence, Union
 
 from rivven_broker.protocol import limits
@@ -112,7 +113,10 @@ def encode_headers(headers: RecordHeaders) -> tuple[bytes, int]:
         TypeError: a key is not ``str`` or a value is not bytes-like or ``None``.
     """
     pairs: Iterable[tuple[str, bytes | None]]
-    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    # A tuple or list first: isinstance against typing.Mapping (a generic alias) costs
+    # ~1 us a record on the producer's hot path.
+    pairs = (headers if isinstance(headers, (tuple, list))
+             else headers.items() if isinstance(headers, abc.Mapping) else headers)
     parts: list[bytes] = []
     count = 0
     pack = I32.pack

@@ -204,15 +204,16 @@ class Admission:
 
     def _check(self, destination: Destination, batch_id: int, now_ms: int) -> RejectReason | None:
         topic = destination.topic
-        if topic_name_error(topic) is not None:
+        state = self.destinations.get(topic)
+        if state is None and topic_name_error(topic) is not None:  # (known: checked before)
             return RejectReason.INVALID_TOPIC
         mode = self.config.mode
-        matched = any(pattern.matches(topic) for pattern in self.config.patterns)
-        if mode is AdmissionMode.ALLOWLIST and not matched:
-            return RejectReason.NOT_ALLOWED
-        if mode is AdmissionMode.DENYLIST and matched:
-            return RejectReason.DENIED
-        state = self.destinations.get(topic)
+        if mode is not AdmissionMode.OPEN:  # (open: the patterns do not matter)
+            matched = any(pattern.matches(topic) for pattern in self.config.patterns)
+            if mode is AdmissionMode.ALLOWLIST and not matched:
+                return RejectReason.NOT_ALLOWED
+            if mode is AdmissionMode.DENYLIST and matched:
+                return RejectReason.DENIED
         if state is not None and not self._breaker_admits(state, batch_id, now_ms):
             return RejectReason.CIRCUIT_OPEN
         partition = destination.partition

@@ -401,7 +401,10 @@ class BatchCycle:
         assert all(a <= b for a, b in zip(keys, keys[1:])), "positions go backwards"
         if not polled:
             return [Poll()]
-        fresh = tuple(record for record, key in zip(polled, keys) if self._is_new(key))
+        committed = (None if self.committed_position is None
+                     else self.position_key(self.committed_position))
+        fresh = tuple(record for record, key in zip(polled, keys)
+                      if committed is None or key > committed)
         batch_id = self.next_batch_id
         self.next_batch_id += 1
         if not fresh:  # only replays: redo the side effect of what is committed
@@ -410,10 +413,6 @@ class BatchCycle:
             return [RunSideEffect(batch_id, self.committed_position)]
         self.batch = _Batch(batch_id, fresh, fresh[-1].position)
         return self._produce(event.now_ms)
-
-    def _is_new(self, key: Any) -> bool:
-        return self.committed_position is None or key > self.position_key(
-            self.committed_position)
 
     # --- producing ----------------------------------------------------------------------------
     def _produce(self, now_ms: int) -> list[Instruction]:

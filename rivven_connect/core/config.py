@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import difflib
 import enum
+import functools
 import re
 import string
 from typing import Any, Callable, Mapping, NoReturn
@@ -111,10 +112,17 @@ class TopicTemplate:
         """The topic for a record of ``schema.table``; None if a placeholder has no value."""
         if not self.is_template:
             return self.text
-        fields = {name for _, name, _, _ in string.Formatter().parse(self.text) if name}
+        fields = _template_fields(self.text)
         if ("schema" in fields and schema is None) or ("table" in fields and table is None):
             return None
         return self.text.format(schema=schema, table=table)
+
+
+@functools.lru_cache(maxsize=1024)
+def _template_fields(text: str) -> frozenset[str]:
+    """The placeholders of a topic template (parsed once per text: ``render`` runs per
+    record)."""
+    return frozenset(name for _, name, _, _ in string.Formatter().parse(text) if name)
 
 
 @attrs.frozen

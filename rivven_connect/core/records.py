@@ -59,6 +59,14 @@ class Record:
         assert position is not None
         return cls(value=None, position=position, position_only=True)
 
+    def with_destination(self, destination: Destination | None) -> Record:
+        """This record going to ``destination`` (``attrs.evolve`` without its introspection:
+        the runtime does it for every record)."""
+        return Record(value=self.value, key=self.key, headers=self.headers,
+                      timestamp_ms=self.timestamp_ms, destination=destination,
+                      table=self.table, schema=self.schema, op=self.op,
+                      position=self.position, position_only=self.position_only)
+
     def with_header(self, name: str, value: bytes) -> Record:
         """This record with one more header (at the end)."""
         return attrs.evolve(self, headers=(*self.headers, (name, value)))

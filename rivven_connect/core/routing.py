@@ -126,7 +126,7 @@ class Router:
                 record.value, (routing.topic_column, routing.key_column)))
         if topic is None:  # no destination from the source: the key column keys the record
             return record if key is None else attrs.evolve(record, key=key)
-        return attrs.evolve(record, destination=Destination(topic, key=key))
+        return record.with_destination(Destination(topic, key=key))
 
     def _table_template(self, record: Record) -> TopicTemplate | None:
         by_table = self.routing.by_table
@@ -161,7 +161,7 @@ class Router:
         if rejection is not None:
             return self._rejected(record, rejection, destination.topic)
         if destination is not record.destination:
-            record = attrs.evolve(record, destination=destination)
+            record = record.with_destination(destination)
         return Verdict(Action.SEND, record)
 
     def _rejected(self, record: Record, reason: RejectReason, topic: str) -> Verdict:

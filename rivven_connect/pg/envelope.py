@@ -48,7 +48,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -60,7 +60,7 @@ from .pgoutput import (
     pg_timestamp_to_unix_ms,
 )
 from .transactions import Change, Transaction
-from .values import decode_value
+from .values import decode_text, decode_value
 
 __all__ = [
     "HEADER_ID",
@@ -81,6 +81,8 @@ HEADER_PK_CHANGE_OLD_KEY = "rivven.cdc.pk_change.old_key"
 HEADER_PK_CHANGE_NEW_KEY = "rivven.cdc.pk_change.new_key"
 HEADER_UNAVAILABLE_COLUMNS = "rivven.cdc.unavailable_columns"
 HEADER_SCHEMA_VERSION = "rivven.cdc.schema_version"
+#: Relations whose schema version the builder keeps (a Relation per table and DDL).
+relation_versions_cached_max = 1024
 
 
 def schema_version(relation: Relation) -> str:
@@ -126,29 +128,51 @@ class EnvelopeBuilder:
     key_columns: Mapping[tuple[str, str], tuple[str, ...]] = attrs.field(factory=dict)
     emit_truncates: bool = True
     emit_messages: bool = True
+    #: ``schema_version`` per Relation object (by identity; the object is kept, so its id
+    #: is not reused while cached). Bounded: cleared when full.
+    _versions: dict[int, tuple[Relation, bytes]] = attrs.field(
+        factory=dict, init=False, eq=False, repr=False)
+    #: ``_key_names`` per Relation object, kept the same way.
+    _keys: dict[int, tuple[Relation, tuple[str, ...]]] = attrs.field(
+        factory=dict, init=False, eq=False, repr=False)
 
-    def records(self, transaction: Transaction, now_ms: int) -> list[Record]:
-        """The records of one transaction, in order. Raises ``EnvelopeError``."""
+    def records(self, transaction: Transaction, now_ms: int,
+                position: Callable[[CdcPosition], Any] | None = None) -> list[Record]:
+        """The records of one transaction, in order; each record's position is its
+        ``CdcPosition``, or ``position(it)`` when given (the driver's JSON form). Raises
+        ``EnvelopeError``."""
         drafts: list[tuple[Any, Any, Change, str | None, Relation | None, list[Header]]] = []
         for change in transaction.changes:
             drafts.extend(self._change(change))
         records = []
+        commit_text = format_lsn(transaction.commit_lsn)
+        commit_ms = pg_timestamp_to_unix_ms(transaction.commit_ts_us)
+        last = len(drafts) - 1
         for seq, (value, key, change, op, relation, headers) in enumerate(drafts):
-            position = CdcPosition(transaction.end_lsn, transaction.commit_lsn, seq,
-                                   seq == len(drafts) - 1)
+            at = CdcPosition(transaction.end_lsn, transaction.commit_lsn, seq, seq == last)
             if value is not None:
-                value = {**value, "source": self._source(transaction, change, relation),
-                         "ts_ms": now_ms}
-            cdc_id = f"{format_lsn(transaction.commit_lsn)}:{seq}".encode()
+                value = {**value, "source": self._source(transaction, change, relation,
+                                                         commit_ms), "ts_ms": now_ms}
+            cdc_id = f"{commit_text}:{seq}".encode()
             if relation is not None:
-                headers = [(HEADER_SCHEMA_VERSION, schema_version(relation).encode()),
-                           *headers]
+                headers = [(HEADER_SCHEMA_VERSION, self._version(relation)), *headers]
             records.append(Record(
                 value, key=key, headers=((HEADER_ID, cdc_id), *headers),
-                timestamp_ms=pg_timestamp_to_unix_ms(transaction.commit_ts_us),
-                table=relation.name if relation else None,
-                schema=relation.schema if relation else None, op=op, position=position))
+                timestamp_ms=commit_ms, table=relation.name if relation else None,
+                schema=relation.schema if relation else None, op=op,
+                position=at if position is None else position(at)))
         return records
+
+    def _version(self, relation: Relation) -> bytes:
+        """``schema_version(relation)`` as bytes, computed once per Relation object (it is
+        a SHA-256 over the columns: the same for every record of the table)."""
+        cached = self._versions.get(id(relation))
+        if cached is None or cached[0] is not relation:
+            if len(self._versions) >= relation_versions_cached_max:
+                self._versions.clear()
+            cached = (relation, schema_version(relation).encode())
+            self._versions[id(relation)] = cached
+        return cached[1]
 
     def snapshot_record(self, relation: Relation, row: tuple[ColumnValue, ...],
                         consistent_lsn: int, seq: int, snapshot: str, position: Any,
@@ -168,19 +192,18 @@ class EnvelopeBuilder:
                  "ts_ms": now_ms}
         cdc_id = f"{format_lsn(consistent_lsn)}:r:{seq}".encode()
         return Record(value, key=key, headers=(
-            (HEADER_ID, cdc_id), (HEADER_SCHEMA_VERSION, schema_version(relation).encode())),
+            (HEADER_ID, cdc_id), (HEADER_SCHEMA_VERSION, self._version(relation))),
             timestamp_ms=now_ms,
                       table=relation.name,
                       schema=relation.schema, op="r", position=position)
 
     def _source(self, transaction: Transaction, change: Change,
-                relation: Relation | None) -> dict[str, Any]:
+                relation: Relation | None, commit_ms: int) -> dict[str, Any]:
         return {"connector": self.connector, "db": self.db,
                 "schema": relation.schema if relation else None,
                 "table": relation.name if relation else None,
                 "lsn": format_lsn(change.lsn), "txId": transaction.xid,
-                "ts_ms": pg_timestamp_to_unix_ms(transaction.commit_ts_us),
-                "snapshot": "false"}
+                "ts_ms": commit_ms, "snapshot": "false"}
 
     def _change(self, change: Change) -> list:
         message = change.message
@@ -231,7 +254,9 @@ class EnvelopeBuilder:
         keyed = after if after is not None else before
         assert keyed is not None
         unavailable = sorted({*(before.unavailable if before else ()),
-                              *(after.unavailable if after else ())})
+                              *(after.unavailable if after else ())}) if (
+            (before is not None and before.unavailable)
+            or (after is not None and after.unavailable)) else None
         if unavailable:
             headers = [*headers, (HEADER_UNAVAILABLE_COLUMNS, _json_bytes(unavailable))]
         value = {"before": before.values if before else None,
@@ -239,6 +264,17 @@ class EnvelopeBuilder:
         return (value, _key(keyed.values, names), change, op, change.relation, headers)
 
     def _key_names(self, relation: Relation) -> tuple[str, ...]:
+        """The key columns of ``relation`` (``_key_names_checked``), once per Relation
+        object."""
+        cached = self._keys.get(id(relation))
+        if cached is None or cached[0] is not relation:
+            if len(self._keys) >= relation_versions_cached_max:
+                self._keys.clear()
+            cached = (relation, self._key_names_checked(relation))  # (raises: not cached)
+            self._keys[id(relation)] = cached
+        return cached[1]
+
+    def _key_names_checked(self, relation: Relation) -> tuple[str, ...]:
         given = self.key_columns.get((relation.schema, relation.name))
         if given is None:
             if relation.replica_identity == "f":
@@ -285,7 +321,10 @@ class EnvelopeBuilder:
             else:
                 assert value.data is not None
                 try:
-                    values[column.name] = decode_value(column.type_oid, value.kind, value.data)
+                    values[column.name] = (
+                        decode_text(column.type_oid, value.data.decode("utf-8"))
+                        if value.kind == "t" else
+                        decode_value(column.type_oid, value.kind, value.data))
                 except ValueError as error:
                     raise EnvelopeError(
                         f"{relation.schema}.{relation.name}.{column.name} (type oid "
@@ -294,4 +333,7 @@ class EnvelopeBuilder:
 
 
 def _key(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any] | None:
+    if len(names) == 1:  # the common case, without a comprehension's frame
+        name = names[0]
+        return {name: values.get(name)}
     return {name: values.get(name) for name in names} if names else None

@@ -116,6 +116,10 @@ class ColumnValue:
         assert (self.data is not None) == (self.kind in "tb"), self
 
 
+_NULL = ColumnValue("n")
+_UNCHANGED = ColumnValue("u")
+
+
 @attrs.frozen
 class Column:
     """A Relation's column. ``key`` is the replica-identity flag: the identity index's
@@ -275,6 +279,45 @@ class _Reader:
         return value
 
     def tuple_data(self) -> tuple[ColumnValue, ...]:
+        """The columns of a tuple. The common case (every bound fits) is read in one loop
+        of local operations; anything else is read again by ``_tuple_data_checked``, which
+        says what is wrong and where."""
+        data, start = self.data, self.offset
+        end = len(data)
+        if start + 2 > end or type(data) is not bytes:  # (slices of bytes are bytes)
+            return self._tuple_data_checked()
+        count = _I16.unpack_from(data, start)[0]
+        if not 0 <= count <= COLUMNS_MAX:
+            return self._tuple_data_checked()
+        offset = start + 2
+        columns = []
+        append = columns.append
+        unpack_length = _I32.unpack_from
+        for _ in range(count):
+            if offset >= end:
+                return self._tuple_data_checked()
+            kind = data[offset]
+            if kind == 0x74 or kind == 0x62:  # t, b
+                if offset + 5 > end:
+                    return self._tuple_data_checked()
+                length = unpack_length(data, offset + 1)[0]
+                value_at = offset + 5
+                offset = value_at + length
+                if length < 0 or offset > end:
+                    return self._tuple_data_checked()
+                append(ColumnValue("t" if kind == 0x74 else "b", data[value_at:offset]))
+            elif kind == 0x6E:  # n
+                append(_NULL)
+                offset += 1
+            elif kind == 0x75:  # u
+                append(_UNCHANGED)
+                offset += 1
+            else:
+                return self._tuple_data_checked()
+        self.offset = offset
+        return tuple(columns)
+
+    def _tuple_data_checked(self) -> tuple[ColumnValue, ...]:
         columns = []
         for _ in range(self.count("tuple column count", COLUMNS_MAX)):
             start = self.offset

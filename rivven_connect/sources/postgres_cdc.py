@@ -13,7 +13,9 @@ the exactly-once order; the source only keeps to its part:
   confirmed without being delivered); a missing slot is created only when there is no
   stored offset; then ``START_REPLICATION`` at the stored ``end_lsn``;
 - ``poll(max_records)`` returns the records of **whole** Postgres transactions: it stops
-  reading at the first Commit after ``min(max_records, batch_size)`` records, so a
+  reading at the first Commit after ``min(max_records, batch_size)`` records, or as soon as
+  whole transactions are queued and nothing more is readable at once (no wait: the batch
+  size follows the load, the latency does not grow with ``batch_size``), so a
   transaction is never split across batches; one larger than that is returned whole (up to
   ``changes_per_transaction_max`` changes, ≤ the cycle's 100,000 records; more stops the
   source with ``SourceError``). Transactions with ``end_lsn`` at or below the stored offset
@@ -122,7 +124,9 @@ from rivven_connect.sources.postgres_cdc_config import (
     heartbeat_interval_ms_default, heartbeat_interval_ms_max, parse_config,
     reconnect_attempts_max_max, reconnect_timeout_ms_max,
 )
-from rivven_connect.sources.postgres_cdc_incremental import IncrementalRunner, signal_message
+from rivven_connect.sources.postgres_cdc_incremental import (
+    IncrementalRunner, position_json, signal_message,
+)
 from rivven_connect.sources.postgres_cdc_link import ReplicationLink
 from rivven_connect.sources.postgres_cdc_snapshot import SnapshotRun
 
@@ -260,7 +264,12 @@ class PostgresCdcSource:
                 await self._read_slot_stats()
                 if link.lost:
                     continue  # Postgres is shutting down: the connection was let go
-                frames = await link.read_frames(frames_per_read, read_wait_s)
+                # With whole transactions queued, take only what is readable now: the
+                # batch goes out at once and what arrives during its commit makes the
+                # next one (waiting here for ``wanted`` records cost a low-rate stream
+                # up to batch_size / rate seconds of latency).
+                frames = await link.read_frames(
+                    frames_per_read, 0.0 if self._queued else read_wait_s)
                 if link.lost:
                     continue
                 if not frames and self._queued:
@@ -318,7 +327,8 @@ class PostgresCdcSource:
             lsn, payload = self._frames.popleft()
             result = assembler.feed(decode_message(payload), lsn)
             if isinstance(result, Transaction):
-                records = incremental.process(result, builder.records(result, self.clock_ms()))
+                records = incremental.process(
+                    result, builder.records(result, self.clock_ms(), position_json))
                 self.received_end_lsn = result.end_lsn
                 self._count(records)
                 if records:
@@ -362,7 +372,9 @@ class PostgresCdcSource:
         if self.stored is not None:
             try:
                 self.position_key(self.stored)
-                if position_phase(self.stored) == "stream":
+                if position_phase(self.stored) == "snapshot":
+                    SnapshotPosition.from_json(self.stored)  # every field, checked
+                else:
                     assert self.stored["last"] is True
                     if "incremental" in self.stored:
                         self._incremental_state = IncrementalState.from_json(
@@ -579,10 +591,14 @@ class PostgresCdcSource:
     def position_key(self, position: Any) -> tuple[int, int, int]:
         """``(lsn, phase, n)``: snapshot rows (phase 0) by count under their consistent
         LSN, streamed records (phase 1) by ``(end_lsn, seq)``, a heartbeat (phase 2) after
-        them at its LSN. Raises ``ValueError``,
-        ``KeyError``, ``TypeError`` for what is not a position."""
+        them at its LSN. Raises ``ValueError``, ``KeyError``, ``TypeError`` for what is not
+        a position. (Only the fields of the key are read: the batch cycle keys every record;
+        a stored position is checked whole at start.)"""
         if position_phase(position) == "snapshot":
-            return SnapshotPosition.from_json(position).key()
+            try:
+                return parse_lsn(position["consistent_lsn"]), 0, int(position["rows"])
+            except (KeyError, TypeError) as error:  # as SnapshotPosition.from_json says it
+                raise ValueError(f"not a snapshot position: {position!r}") from error
         phase = 2 if position.get("heartbeat") is True else 1  # after a transaction ending there
         return parse_lsn(position["end_lsn"]), phase, int(position["seq"])
 
@@ -593,4 +609,3 @@ class PostgresCdcSource:
         if self.incremental is not None:
             self.incremental.close()
         self.slot.close()
-

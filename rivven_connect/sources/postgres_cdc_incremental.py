@@ -19,7 +19,10 @@ Theory of operation
   queue: the transaction's own (the signal table's are consumed, never sent) followed, at
   a high watermark, by the chunk rows the window left. Their positions are renumbered
   ``seq`` 0.. with ``last`` on the final one and carry ``"incremental": state`` while a
-  snapshot runs, so the stored offset always says where it stands. A transaction that
+  snapshot runs, so the stored offset always says where it stands (with no snapshot
+  running and no record dropped or added, the builder's positions — ``position_json``,
+  given to it by the source — already are those: the records are returned as they came,
+  without a copy per record). A transaction that
   changes that state but has no record of its own (a signal, an emptied chunk) yields a
   position-only record, so the change is committed without waiting for traffic.
 - ``on_connection_lost()``: the source lost its replication connection and will resume the
@@ -33,6 +36,7 @@ Theory of operation
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import logging
 from typing import Any, Callable
@@ -41,7 +45,7 @@ import attrs
 import trio
 
 from rivven_connect.core.records import Record
-from rivven_connect.pg.envelope import EnvelopeBuilder
+from rivven_connect.pg.envelope import CdcPosition, EnvelopeBuilder
 from rivven_connect.pg.incremental import (
     IncrementalSnapshot, IncrementalState, SignalError, key_id, parse_signal,
 )
@@ -50,9 +54,20 @@ from rivven_connect.pg.slot import SIGNAL_MESSAGE_PREFIX, ReplicationSlot
 from rivven_connect.pg.snapshot_reader import WATERMARK_MESSAGE_PREFIX, WindowReader
 from rivven_connect.pg.transactions import Transaction
 
-__all__ = ["IncrementalRunner", "key_text", "signal_message"]
+__all__ = ["IncrementalRunner", "key_text", "position_json", "signal_message"]
 
 _log = logging.getLogger("rivven_connect.postgres_cdc")
+
+
+def position_json(position: CdcPosition) -> dict[str, Any]:
+    """A streamed record's position in its stored form (the builder's ``position``)."""
+    return {"end_lsn": _lsn_text(position.end_lsn), "commit_lsn": _lsn_text(
+        position.commit_lsn), "seq": position.seq, "last": position.last}
+
+
+#: ``format_lsn`` remembered for the last few LSNs: every record of a transaction has the
+#: same end and commit LSN.
+_lsn_text = functools.lru_cache(maxsize=16)(format_lsn)
 
 
 def key_text(relation: Relation, key: tuple[str, ...], row: tuple[str | None, ...]
@@ -122,8 +137,8 @@ class IncrementalRunner:
 
     # --- the stream ---------------------------------------------------------------------------
     def process(self, transaction: Transaction, records: list[Record]) -> list[Record]:
-        """The records to queue for ``transaction`` (module docstring). Raises
-        ``IncrementalSnapshotError``."""
+        """The records to queue for ``transaction`` (module docstring); ``records`` are the
+        builder's, positioned by ``position_json``. Raises ``IncrementalSnapshotError``."""
         core, xid = self.core, transaction.xid
         before = core.state
         core.on_transaction(xid)
@@ -153,11 +168,14 @@ class IncrementalRunner:
         if not out and core.state != before:
             out = [Record.heartbeat({})]  # (the position follows)
         state = self.state_json()
+        if state is None and len(out) == len(records) and all(
+                mine is given for mine, given in zip(out, records)):
+            return out  # the transaction's own records: the builder's positions stand
         positioned = []
         for seq, record in enumerate(out):
             position: dict[str, Any] = {
-                "end_lsn": format_lsn(transaction.end_lsn),
-                "commit_lsn": format_lsn(transaction.commit_lsn), "seq": seq,
+                "end_lsn": _lsn_text(transaction.end_lsn),
+                "commit_lsn": _lsn_text(transaction.commit_lsn), "seq": seq,
                 "last": seq == len(out) - 1}
             if state is not None:
                 position["incremental"] = state

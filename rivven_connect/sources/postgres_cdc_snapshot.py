@@ -5,7 +5,8 @@ Theory of operation
 ``SnapshotRun`` (blocking methods: run them in a worker thread) creates the slot exporting
 its snapshot, imports it on a reader connection, and walks the configured tables by
 primary-key keyset chunks with one row of look-ahead, so the snapshot's last row is known
-when it is emitted; each row comes with its ``SnapshotPosition``.
+when it is emitted; each row comes with its ``SnapshotPosition`` (a table's name and its key
+columns' indexes are found once, when it opens, not per row).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class SnapshotRun:
         self.reader = SnapshotReader(slot.config)
         self.consistent_lsn = 0
         self.relations: list[Relation] = []
+        self.table_names: list[str] = []         # per table: "schema.table"
+        self.key_indexes: list[tuple[int, ...]] = []  # per table: its key columns' indexes
         self.table_index = 0            # the table being read
         self.read_after: tuple[str, ...] | None = None  # its last key read
         self.rows = 0                   # rows handed out
@@ -47,6 +50,9 @@ class SnapshotRun:
         self.reader.open(name)
         self.relations = [self.reader.describe(table, self.key_columns[table])
                           for table in self.slot.tables]
+        self.table_names = [f"{r.schema}.{r.name}" for r in self.relations]
+        self.key_indexes = [_key_indexes(r, self.key_columns[(r.schema, r.name)])
+                            for r in self.relations]
 
     def next_rows(self, wanted: int, chunk_rows: int
                   ) -> list[tuple[Relation, tuple[ColumnValue, ...], SnapshotPosition]]:
@@ -61,16 +67,16 @@ class SnapshotRun:
             else:
                 self.read_after = key_text(relation, key, rows[-1])
         out = []
+        null = ColumnValue("n")
         while self.ahead and len(out) < wanted:
             index, row = self.ahead.popleft()
             relation = self.relations[index]
-            key = self.key_columns[(relation.schema, relation.name)]
             self.rows += 1
             done = not self.ahead and self.table_index == len(self.relations)
-            position = SnapshotPosition(self.consistent_lsn, index,
-                                        f"{relation.schema}.{relation.name}",
-                                        key_text(relation, key, row), self.rows, done)
-            out.append((relation, tuple(ColumnValue("n") if value is None else ColumnValue(
+            position = SnapshotPosition(self.consistent_lsn, index, self.table_names[index],
+                                        tuple(row[at] for at in self.key_indexes[index]),
+                                        self.rows, done)
+            out.append((relation, tuple(null if value is None else ColumnValue(
                 "t", value.encode()) for value in row), position))
         self.exhausted = not self.ahead and self.table_index == len(self.relations)
         return out
@@ -78,4 +84,9 @@ class SnapshotRun:
     def close(self) -> None:
         self.reader.close()
         self.export.close()
+
+
+def _key_indexes(relation: Relation, key: tuple[str, ...]) -> tuple[int, ...]:
+    names = [column.name for column in relation.columns]
+    return tuple(names.index(column) for column in key)
 

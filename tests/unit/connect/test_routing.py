@@ -83,3 +83,18 @@ def test_an_illegal_column_value_is_rejected_not_created():
     verdict = router.dispatch(record, 1, 0)
     assert (verdict.action, verdict.reason, verdict.retriable) == (
         Action.ERROR, "invalid_topic", False)
+
+
+def test_with_destination_keeps_every_other_field():
+    import attrs as _attrs
+
+    from rivven_connect.core.records import Destination as _Destination, Record as _Record
+
+    record = _Record({"v": 1}, key={"id": 1}, headers=(("h", b"x"),), timestamp_ms=5,
+                     table="t", schema="s", op="c", position={"p": 1})
+    moved = record.with_destination(_Destination("topic", key=b"k", partition=2))
+    assert moved == _attrs.evolve(record, destination=_Destination("topic", key=b"k",
+                                                                   partition=2))
+    assert [f.name for f in _attrs.fields(_Record)] == [
+        "value", "key", "headers", "timestamp_ms", "destination", "table", "schema", "op",
+        "position", "position_only"]  # a new field must be added to with_destination

@@ -215,3 +215,45 @@ async def test_no_heartbeat_when_switched_off():
         await source._maybe_heartbeat()
         clock[0] += 1000
     assert slot.emitted == 0
+
+
+class TrickleSlot(FakeSlot):
+    """One transaction readable per read; every ``wait_s`` asked for is kept."""
+
+    def __init__(self, clock: list[int], transactions: int) -> None:
+        super().__init__(clock)
+        self.waits: list[float] = []
+        self.pending = [_transaction_frames(n) for n in range(transactions)]
+
+    async def read_frames(self, max_frames, wait_s):
+        await trio.lowlevel.checkpoint()
+        self.waits.append(wait_s)
+        if wait_s == 0 or not self.pending:  # a transaction arrives only while we wait
+            return []
+        return self.pending.pop(0)
+
+
+def _transaction_frames(n: int) -> list[tuple[int, bytes]]:
+    from rivven_connect.pg.pgoutput import Begin, Column, ColumnValue, Commit, Insert, Relation
+
+    from tests.unit.connect.pg.encoder import encode
+
+    relation = Relation(16384, "public", "orders", "d", (Column("id", 23, -1, True),))
+    lsn = 0x2000 + 0x100 * n
+    messages = [Begin(lsn + 0x10, 0, 700 + n), relation,
+                Insert(16384, (ColumnValue("t", str(n).encode()),)),
+                Commit(0, lsn + 0x10, lsn + 0x40, 0)]
+    return [(lsn, encode(message)) for message in messages]
+
+
+async def test_a_poll_returns_queued_transactions_without_waiting_for_a_full_batch():
+    clock = [0]
+    slot = TrickleSlot(clock, transactions=3)
+    source = _streaming(slot, clock, 0)
+    source.builder = EnvelopeBuilder(db="shop", key_columns={("public", "orders"): ("id",)},
+                                     emit_messages=False)
+    records = await source.poll(100)
+    # One transaction was read while waiting; the next read took only what was there.
+    assert [record.key["id"] for record in records] == [0]
+    assert slot.waits[-1] == 0 and slot.waits[0] > 0
+    assert [r.key["id"] for r in await source.poll(100)] == [1]

@@ -11,7 +11,9 @@ from rivven_connect.pg.pgoutput import Column, ColumnValue, Insert, LogicalMessa
 from rivven_connect.pg.slot import SIGNAL_MESSAGE_PREFIX
 from rivven_connect.pg.snapshot_reader import WATERMARK_MESSAGE_PREFIX
 from rivven_connect.pg.transactions import Change, Transaction
-from rivven_connect.sources.postgres_cdc_incremental import IncrementalRunner, signal_message
+from rivven_connect.sources.postgres_cdc_incremental import (
+    IncrementalRunner, position_json, signal_message,
+)
 
 ORDERS = Relation(1, "public", "orders", "d", (Column("id", 23, -1, True),
                                                 Column("status", 25, -1, False)))
@@ -50,7 +52,7 @@ def _runner():
 
 
 def _process(runner, builder, txn):
-    return runner.process(txn, builder.records(txn, 0))
+    return runner.process(txn, builder.records(txn, 0, position_json))
 
 
 def test_signals_watermarks_and_positions():
@@ -100,3 +102,29 @@ def test_signal_messages_bad_signals_and_other_slots():
     [record] = _process(runner, builder, _txn(4, 0x400, _message(
         SIGNAL_MESSAGE_PREFIX, '{"type": "stop-snapshot"}')))  # no slot named: for every one
     assert record.position_only and "incremental" not in record.position
+
+
+def test_positions_without_a_snapshot_running():
+    runner, builder = _runner()
+    two = _txn(10, 0x100, (Insert(1, _text(1, "a")), ORDERS), (Insert(1, _text(2, "b")), ORDERS))
+    given = builder.records(two, 0, position_json)
+    out = runner.process(two, given)
+    assert out == given  # the builder's positions stand
+    assert [r.position for r in out] == [
+        {"end_lsn": "0/108", "commit_lsn": "0/100", "seq": 0, "last": False},
+        {"end_lsn": "0/108", "commit_lsn": "0/100", "seq": 1, "last": True}]
+    # A signal row consumed: the rest renumbered, the last one last.
+    mixed = _txn(11, 0x200, (Insert(1, _text(3, "c")), ORDERS),
+                 (Insert(2, _text("s9", "stop-snapshot", None)), SIGNALS))
+    [record] = _process(runner, builder, mixed)
+    assert record.key == {"id": 3} and record.position == {
+        "end_lsn": "0/208", "commit_lsn": "0/200", "seq": 0, "last": True}
+    # A snapshot started and stopped: a record in the stopping transaction carries no state.
+    start = signal_message("rivven_slot", "execute-snapshot", {"data-collections": ["orders"]})
+    [started] = _process(runner, builder, _txn(12, 0x300, _message(SIGNAL_MESSAGE_PREFIX, start)))
+    assert "incremental" in started.position
+    stop = _txn(13, 0x400, (Insert(1, _text(4, "d")), ORDERS),
+                _message(SIGNAL_MESSAGE_PREFIX, '{"type": "stop-snapshot"}'))
+    [stopped] = _process(runner, builder, stop)
+    assert stopped.position == {"end_lsn": "0/408", "commit_lsn": "0/400", "seq": 0,
+                                "last": True}

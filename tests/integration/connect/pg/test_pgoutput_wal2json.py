@@ -42,13 +42,13 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 
+from rivven_broker.bench.postgres import PG_BIN
 from rivven_connect.pg.envelope import (
     HEADER_PK_CHANGE_NEW_KEY, HEADER_PK_CHANGE_OLD_KEY, HEADER_UNAVAILABLE_COLUMNS,
     UNAVAILABLE_VALUE, EnvelopeBuilder,
 )
 from rivven_connect.pg.pgoutput import decode_message, format_lsn, parse_lsn
 from rivven_connect.pg.transactions import Transaction, TransactionAssembler
-from tests.integration.connect.pg.conftest import PG_BIN
 
 #: Bounded so the test takes ~20-30 s on the 2-core CI machine, derandomized (the same
 #: examples every run), no example database. ``RIVVEN_DIFF_EXAMPLES=N`` runs more,

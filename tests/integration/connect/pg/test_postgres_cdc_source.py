@@ -271,6 +271,9 @@ def test_kill_9_mid_stream_delivers_every_row_exactly_once(postgres_server, pg_d
         writer.join()
         _wait(lambda: len(_records(bootstrap)) >= ROWS, f"{ROWS} records", runtime=runtime,
               timeout_s=120)
+        # The last runtime may have started a moment ago: SIGTERM before its handler is
+        # installed kills it (-15). Once its slot is active it is streaming.
+        _wait(lambda: _slot(dsn)[1], "the slot to be active", runtime=runtime)
         time.sleep(1)
         assert runtime.stop() == 0, runtime.stderr()
     finally:
