@@ -16,8 +16,11 @@ $(STAMP): pyproject.toml
 # Spark's Python workers (tests/spark) must run this venv's interpreter, on loopback.
 test: export PYSPARK_PYTHON = $(abspath $(PY))
 test: export SPARK_LOCAL_IP = 127.0.0.1
+# Two worker processes, each taking whole files (--dist loadfile: a module's fixtures, e.g.
+# the simulator's sweep pool, are set up once): most of the suite waits on subprocesses,
+# sockets, disks and timers, so two processes finish in about two thirds of the time.
 test: $(STAMP) java postgres
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 # The Spark tests need a JVM; they fail (not skip) without one. Debian's headless JRE.
 java:
