@@ -22,9 +22,10 @@ record arrives it waits ``--warmup`` seconds, then counts for ``--duration`` sec
 Then the runtime gets SIGTERM (its batch in flight commits), the consumer reads to the end,
 and every ``seq`` up to the runtime's final position must have been read exactly once
 (``lost`` / ``duplicated``; exit 1 otherwise). CPU seconds per million records of the
-runtime and the broker (``/proc``) and of the reader (this process) say where the time goes. No CPU pinning: the broker, the
-runtime and the reader share the machine. The layering keeps ``rivven_broker`` from
-importing ``rivven_connect``: the runtime is only ever a subprocess here.
+runtime and the broker (``/proc``) and of the reader (this process) say where the time goes.
+No CPU pinning: the broker, the runtime and the reader share the machine. The layering
+keeps ``rivven_broker`` from importing ``rivven_connect``: the runtime is only ever a
+subprocess here.
 """
 
 from __future__ import annotations
