@@ -27,6 +27,13 @@ in progress is cancelled for it (the cycle halts at once; the uncommitted batch 
 after a restart); a transaction or side effect in flight finishes first, then the cycle
 halts ``stopped``.
 
+A batch's records are queued back to back (``send_nowait``; ``enqueue`` only when the
+producer must wait for metadata or buffer space; a checkpoint every
+``enqueue_checkpoint_records``): the producer's sender then sees all of the batch's partitions
+at once and adds them to the transaction in one AddPartitionsToTxn (a next one only to retry
+CONCURRENT_TRANSACTIONS), and steps once, not once per record (with 50 destinations: about one
+AddPartitionsToTxn round per transaction and ~10 us of runtime CPU per record less).
+
 Admission is fed by the broker: each runner creates the allowlist's literal topics (and the
 DLQ) at start and every new destination inside the batch's transaction, before its first
 send, with ``routing.topic_defaults`` (``_ensure_topics``), and hands partition counts
@@ -99,6 +106,11 @@ producer_max_block_ms = 30_000
 #: expire while a batch is queued; a full batch, or a full buffer, is sent at once anyway.
 producer_linger_ms = 1_000
 admin_connect_attempts_max = 3
+#: A transaction's records are queued back to back (``send_nowait``), so the producer's sender
+#: runs once they are all queued: one AddPartitionsToTxn for every partition of the batch and
+#: one sender step, instead of a round per partition arriving while the last is in flight and
+#: a step per record. A checkpoint after this many records bounds the time other tasks wait.
+enqueue_checkpoint_records = 1_000
 
 _FATAL_ERRORS = (ProducerFencedError, InvalidTxnStateError)
 #: Partitions of a topic created on first admission without ``topic_defaults.partitions``
@@ -174,8 +186,6 @@ def encode(value: Any) -> bytes | None:
 
 #: ``json.dumps`` with these options builds an encoder per call (~1 us; twice a record).
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
-#: A batch's records are queued without waiting; one checkpoint every this many.
-sends_per_checkpoint = 512
 
 
 async def ensure_offsets_topic(bootstrap: str) -> None:
@@ -393,8 +403,8 @@ class SourceRunner:
                 break
             topic = send.record.destination.topic  # type: ignore[union-attr]
             try:
-                if index % sends_per_checkpoint == sends_per_checkpoint - 1:
-                    await trio.lowlevel.checkpoint()  # (queueing is otherwise no checkpoint)
+                if index % enqueue_checkpoint_records == enqueue_checkpoint_records - 1:
+                    await trio.lowlevel.checkpoint()
                 deliveries.append((topic, await self._send(producer, send.record)))
             except (RivvenError, trio.TooSlowError) as error:
                 failure = error
@@ -438,19 +448,18 @@ class SourceRunner:
 
     @staticmethod
     async def _send(producer: Any, record: Record) -> Any:
-        """Queue ``record``; its ``Delivery``. Without a wait (and without a checkpoint)
-        when the producer has room and the topic's metadata: ``enqueue``, a checkpoint per
-        record, cost a pass of trio's scheduler each (~8 % of the CDC source's CPU)."""
+        """Queue ``record``; its ``Delivery``. Without a checkpoint unless the producer must
+        wait (the topic's metadata or buffer space): ``_transact`` queues a batch back to back,
+        so the sender sees every partition of it at once."""
         destination = record.destination
         assert destination is not None
         key = destination.key if destination.key is not None else encode(record.key)
-        value, headers = encode(record.value), list(record.headers)
+        arguments = (destination.topic, encode(record.value), key, list(record.headers),
+                     destination.partition, record.timestamp_ms)
         try:
-            return producer.send_nowait(destination.topic, value, key, headers,
-                                        destination.partition, record.timestamp_ms)
-        except trio.WouldBlock:  # no room, or the topic's metadata is not known yet
-            return await producer.enqueue(destination.topic, value, key, headers,
-                                          destination.partition, record.timestamp_ms)
+            return producer.send_nowait(*arguments)
+        except trio.WouldBlock:
+            return await producer.enqueue(*arguments)
 
     async def _abort(self, producer: Any) -> None:
         try:

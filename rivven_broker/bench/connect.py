@@ -22,9 +22,10 @@ record arrives it waits ``--warmup`` seconds, then counts for ``--duration`` sec
 Then the runtime gets SIGTERM (its batch in flight commits), the consumer reads to the end,
 and every ``seq`` up to the runtime's final position must have been read exactly once
 (``lost`` / ``duplicated``; exit 1 otherwise). CPU seconds per million records of the
-runtime and the broker (``/proc``) say where the time goes. No CPU pinning: the broker, the
-runtime and the reader share the machine. The layering keeps ``rivven_broker`` from
-importing ``rivven_connect``: the runtime is only ever a subprocess here.
+runtime and the broker (``/proc``) and of the reader (this process) say where the time goes.
+No CPU pinning: the broker, the runtime and the reader share the machine. The layering
+keeps ``rivven_broker`` from importing ``rivven_connect``: the runtime is only ever a
+subprocess here.
 """
 
 from __future__ import annotations
@@ -181,13 +182,16 @@ def run_connect_bench(args: argparse.Namespace) -> dict[str, Any]:
         counted = 0
         cpu_runtime = [0.0, 0.0]
         cpu_broker = [0.0, 0.0]
+        cpu_reader = [0.0, 0.0]
         while time.time() < window[1]:
             if not cpu_runtime[0] and time.time() >= start_s:
                 cpu_runtime[0] = _process_cpu_s(runtime.pid) or 0.0
                 cpu_broker[0] = broker.cpu_seconds()
+                cpu_reader[0] = time.process_time()
             counted += reader.poll(window)
         cpu_runtime[1] = _process_cpu_s(runtime.pid) or 0.0
         cpu_broker[1] = broker.cpu_seconds()
+        cpu_reader[1] = time.process_time()
         runtime.send_signal(signal.SIGTERM)
         _, stderr = runtime.communicate(timeout=_STOP_TIMEOUT_S)
         final = _FINAL.search(stderr)
@@ -220,6 +224,7 @@ def run_connect_bench(args: argparse.Namespace) -> dict[str, Any]:
         "value_bytes_mean": round(reader.value_bytes / counted, 1) if counted else None,
         "runtime_cpu_s_per_million": round((cpu_runtime[1] - cpu_runtime[0]) * per_million, 2),
         "broker_cpu_s_per_million": round((cpu_broker[1] - cpu_broker[0]) * per_million, 2),
+        "reader_cpu_s_per_million": round((cpu_reader[1] - cpu_reader[0]) * per_million, 2),
         "records_committed": last_seq + 1,
         "lost": lost,
         "duplicated": duplicated,
@@ -242,6 +247,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"{result['records_per_s']:>10,} rec/s  p50 {latency['p50']:.1f} p99 "
               f"{latency['p99']:.1f} max {latency['max']:.1f} ms (end to end)  "
               f"cpu runtime {result['runtime_cpu_s_per_million']} s/M broker "
-              f"{result['broker_cpu_s_per_million']} s/M  value {result['value_bytes_mean']} B  "
+              f"{result['broker_cpu_s_per_million']} s/M reader "
+              f"{result['reader_cpu_s_per_million']} s/M  value {result['value_bytes_mean']} B  "
               f"lost {result['lost']} dup {result['duplicated']} unknown {result['unknown']}")
     return 1 if result["lost"] or result["duplicated"] or result["unknown"] else 0

@@ -25,14 +25,12 @@ import attrs
 from rivven_broker.coordinator.txn_log_codec import PendingOffset, TxnMetadata, TxnState
 from rivven_broker.protocol import limits
 from rivven_broker.protocol.errors import ErrorCode
+from rivven_broker.protocol.fast_txn_codec import add_partitions_response_of
 from rivven_broker.protocol.message_base import Response
 from rivven_broker.protocol.txn_messages import (
     AddOffsetsToTxn,
     AddOffsetsToTxnResponse,
     AddPartitionsToTxn,
-    AddPartitionsToTxnPartitionResponse,
-    AddPartitionsToTxnResponse,
-    AddPartitionsToTxnTopicResponse,
     EndTxn,
     EndTxnResponse,
     InitProducerId,
@@ -50,16 +48,8 @@ _AnyRequest = Union[InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, TxnOffs
 
 def error_response(request: _AnyRequest, code: ErrorCode) -> Response:
     """The response to ``request`` carrying ``code`` (for every partition it names)."""
-    if isinstance(request, AddPartitionsToTxn):
-        return AddPartitionsToTxnResponse(
-            topics=tuple(
-                AddPartitionsToTxnTopicResponse(
-                    topic.name,
-                    tuple(AddPartitionsToTxnPartitionResponse(p, code) for p in topic.partitions),
-                )
-                for topic in request.topics
-            )
-        )
+    if isinstance(request, AddPartitionsToTxn):  # per partition: built without validators
+        return add_partitions_response_of(request, code)
     if isinstance(request, TxnOffsetCommit):
         return TxnOffsetCommitResponse(
             topics=tuple(

@@ -28,8 +28,10 @@ Decoding is total: every malformed payload raises ``RemoteProtocolError`` and no
 Unpacking is bounded by ``limits`` (string, bin, array and map sizes; ext types refused), so
 a hostile payload cannot make the unpacker allocate more than its own size suggests.
 
-Speed. ``fast_codec`` decodes ``Produce`` and encodes ``ProduceResponse`` without the field
-walk, falling back to it for anything not plainly valid (so errors are the generic ones).
+Speed. ``fast_codec`` decodes ``Produce`` and ``ProduceResponse`` and encodes
+``ProduceResponse`` without the field walk, ``fast_txn_codec`` decodes ``AddPartitionsToTxn``
+and its answer, each falling back to the walk for anything not plainly valid (so errors are
+the generic ones).
 Produce requests and Fetch responses carry MiBs of record bytes. Decoding uses
 msgpack's C unpacker, which copies each bin once into its ``bytes`` object and touches nothing
 per record. Encoding messages that carry records (``CARRIES_RECORDS``) returns *parts*: the
@@ -43,13 +45,13 @@ from __future__ import annotations
 
 import functools
 import struct
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import attrs
 import msgpack
 
 from rivven_broker.file_region import FileRegion
-from rivven_broker.protocol import fast_codec, limits
+from rivven_broker.protocol import fast_codec, fast_txn_codec, limits
 from rivven_broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from rivven_broker.protocol.message_base import Message, Request, Response, Struct, field_kind
 from rivven_broker.protocol.messages import (
@@ -58,6 +60,7 @@ from rivven_broker.protocol.messages import (
     Produce,
     ProduceResponse,
 )
+from rivven_broker.protocol.txn_messages import AddPartitionsToTxn, AddPartitionsToTxnResponse
 
 __all__ = [
     "encode_request",
@@ -273,6 +276,13 @@ def _pack_parts(tree: object) -> list[Part]:
 
 # --- decoding --------------------------------------------------------------------------------
 
+_FAST_DECODERS: dict[type, Callable[[object, int], Any]] = {
+    Produce: fast_codec.decode_produce,
+    ProduceResponse: fast_codec.decode_produce_response,
+    AddPartitionsToTxn: fast_txn_codec.decode_add_partitions,
+    AddPartitionsToTxnResponse: fast_txn_codec.decode_add_partitions_response,
+}
+
 
 def _decode(payload: bytes, types: Mapping[int, type[Message]], what: str) -> tuple[Any, int]:
     try:
@@ -295,8 +305,9 @@ def _decode(payload: bytes, types: Mapping[int, type[Message]], what: str) -> tu
             ErrorCode.UNSUPPORTED_VERSION,
         )
     message: Any = None
-    if cls is Produce:  # the hot path; None sends anything not plainly valid the generic way
-        message = fast_codec.decode_produce(body, version)
+    fast = _FAST_DECODERS.get(cls)
+    if fast is not None:  # a hot path; None sends anything not plainly valid the generic way
+        message = fast(body, version)
     if message is None:
         try:
             message = struct_from_wire(cls, body, version)

@@ -4,7 +4,9 @@ Theory of operation
 -------------------
 The generic codec (``codec.py``) walks each class's declared fields and builds every part
 through its validating attrs constructor. That is right for every message, and costs a large
-share of the broker's CPU for the one it sees most: ``Produce`` (and its ``ProduceResponse``).
+share of the broker's CPU for the one it sees most: ``Produce`` (and its ``ProduceResponse``),
+and of the producer's for the answer it decodes (``decode_produce_response``: ~10 us per
+partition answered the generic way, a transaction over 50 topics has 51).
 
 The fast paths here never decide anything the generic path would decide differently. Each
 checks that its input is *plainly good* (exact types, bounds, ASCII names, the fields each
@@ -50,6 +52,8 @@ from rivven_broker.protocol.messages import (
 
 __all__ = [
     "decode_produce",
+    "decode_produce_response",
+    "error_code_of",
     "produce_answer_payload",
     "produce_response_to_wire",
     "produce_partition_appended",
@@ -57,6 +61,7 @@ __all__ = [
 ]
 
 _new = object.__new__
+_NO_ERROR = ErrorCode.NONE
 _set = object.__setattr__
 
 
@@ -93,6 +98,21 @@ _PARTITION = _kinds(ProducePartition)
 _PARTITION_LO, _PARTITION_HI = _PARTITION["partition"].lo, _PARTITION["partition"].hi
 assert _PRODUCE["transactional_id"].nullable and not _TOPIC["name"].nullable
 assert _PARTITION["records"].tag == "bin"
+_RESPONSE = _kinds(ProduceResponse)
+_THROTTLE_LO, _THROTTLE_HI = _RESPONSE["throttle_time_ms"].lo, _RESPONSE["throttle_time_ms"].hi
+_RESPONSE_TOPICS_MAX = _RESPONSE["topics"].length_max
+_TOPIC_RESPONSE = _kinds(ProduceTopicResponse)
+_RESPONSE_NAME_BYTES_MAX = _TOPIC_RESPONSE["name"].bytes_max
+_RESPONSE_PARTITIONS_MAX = _TOPIC_RESPONSE["partitions"].length_max
+_ANSWER = _kinds(ProducePartitionResponse)
+_ANSWER_INTS = tuple((name, _ANSWER[name].lo, _ANSWER[name].hi) for name in (
+    "partition", "base_offset", "log_append_time_ms", "log_start_offset"))
+_MESSAGE_BYTES_MAX = _ANSWER["error_message"].bytes_max
+assert _ANSWER["error_message"].nullable and _ANSWER["duplicate"].tag == "bool"
+assert _ANSWER["error_code"].tag == "error_code" and not _ANSWER_INTS[0][1] < -(2**31)
+assert attrs.fields(ProducePartitionResponse).duplicate.metadata["since"] == 1
+assert all(attribute.metadata["since"] == 0 for cls in (ProduceResponse, ProduceTopicResponse)
+           for attribute in attrs.fields(cls))
 
 
 def _plain_name(value: object, bytes_max: int) -> bool:
@@ -167,6 +187,75 @@ def decode_produce(body: object, version: int) -> Produce | None:
     _set(result, "timeout_ms", timeout_ms)
     _set(result, "topics", tuple(built))
     _set(result, "transactional_id", transactional_id)
+    return result
+
+
+def error_code_of(value: object) -> ErrorCode | None:
+    """The ``ErrorCode`` the generic converter makes of a wire int (unknown numbers are
+    UNKNOWN_SERVER_ERROR), or None for anything that is not a plain 32-bit int."""
+    if type(value) is not int or not -(2**31) <= value < 2**31:
+        return None
+    return _NO_ERROR if value == 0 else ErrorCode.from_wire(value)
+
+
+def _answer(body: object, version: int) -> ProducePartitionResponse | None:
+    if type(body) is not dict:
+        return None
+    result = _new(ProducePartitionResponse)
+    for name, lo, hi in _ANSWER_INTS:
+        value = body.get(name)
+        if type(value) is not int or not lo <= value <= hi:
+            return None
+        _set(result, name, value)
+    code = error_code_of(body.get("error_code"))
+    message = body.get("error_message", 0)  # 0: missing (None is a value)
+    if code is None or (message is not None and not _plain_name(message, _MESSAGE_BYTES_MAX)):
+        return None
+    duplicate = body.get("duplicate") if version >= 1 else False
+    if type(duplicate) is not bool:
+        return None
+    _set(result, "error_code", code)
+    _set(result, "error_message", message)
+    _set(result, "duplicate", duplicate)
+    return result
+
+
+def decode_produce_response(body: object, version: int) -> ProduceResponse | None:
+    """The ``ProduceResponse`` of a decoded body at a supported ``version``, or None when the
+    body is anything but plainly valid (the caller then decodes it the generic way). Pure;
+    never raises for any input.
+    """
+    if type(body) is not dict:
+        return None
+    topics = body.get("topics")
+    throttle_time_ms = body.get("throttle_time_ms")
+    if type(throttle_time_ms) is not int or not _THROTTLE_LO <= throttle_time_ms <= _THROTTLE_HI:
+        return None
+    if type(topics) is not tuple or len(topics) > _RESPONSE_TOPICS_MAX:
+        return None
+    built = []
+    for item in topics:
+        if type(item) is not dict:
+            return None
+        name = item.get("name")
+        partitions = item.get("partitions")
+        if not _plain_name(name, _RESPONSE_NAME_BYTES_MAX):
+            return None
+        if type(partitions) is not tuple or len(partitions) > _RESPONSE_PARTITIONS_MAX:
+            return None
+        answers = []
+        for part in partitions:
+            answer = _answer(part, version)
+            if answer is None:
+                return None
+            answers.append(answer)
+        topic = _new(ProduceTopicResponse)
+        _set(topic, "name", name)
+        _set(topic, "partitions", tuple(answers))
+        built.append(topic)
+    result = _new(ProduceResponse)
+    _set(result, "topics", tuple(built))
+    _set(result, "throttle_time_ms", throttle_time_ms)
     return result
 
 

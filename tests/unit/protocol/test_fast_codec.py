@@ -198,3 +198,104 @@ def test_the_unvalidated_produce_answers_equal_the_validated_ones(partitions, na
         assert codec.encode_response(fast, version) == codec.encode_response(
             ProduceResponse((ProduceTopicResponse(name, tuple(checked)),)), version
         )
+
+
+def _response_body(response: ProduceResponse, version: int) -> object:
+    payload = codec.encode_response(response, version)
+    return msgpack.unpackb(payload, raw=False, use_list=False, strict_map_key=False)[2]
+
+
+@settings(max_examples=150)
+@given(response=struct_strategy(ProduceResponse), version=st.sampled_from([0, 1]))
+def test_fast_produce_response_decoding_equals_the_generic_one(
+    response: ProduceResponse, version: int
+) -> None:
+    try:
+        body = _response_body(response, version)
+    except LocalProtocolError:
+        return  # a v1 field set at v0: not sendable, nothing to decode
+    fast = fast_codec.decode_produce_response(body, version)
+    generic = codec.struct_from_wire(ProduceResponse, body, version)
+    plain = all(topic.name.isascii() and all(
+        p.error_message is None or p.error_message.isascii() for p in topic.partitions)
+        for topic in response.topics)
+    if plain:
+        assert fast == generic
+        assert all(type(p.error_code) is ErrorCode for t in fast.topics for p in t.partitions)
+    else:
+        assert fast is None or fast == generic
+    assert codec.decode_response(codec.encode_response(response, version)) == generic
+
+
+def _good_response_body() -> dict[str, object]:
+    return {"topics": ({"name": "t", "partitions": ({
+        "partition": 0, "error_code": 0, "base_offset": 5, "log_append_time_ms": -1,
+        "log_start_offset": 0, "error_message": None, "duplicate": False},)},),
+        "throttle_time_ms": 0}
+
+
+BAD_RESPONSE_BODIES = [
+    (("throttle_time_ms",), -1),
+    (("throttle_time_ms",), _MISSING),
+    (("topics",), [1]),
+    (("topics", 0), "topic"),
+    (("topics", 0, "name"), None),
+    (("topics", 0, "name"), "n" * 10_000),
+    (("topics", 0, "partitions"), ()),  # valid: the fast path must accept it
+    (("topics", 0, "partitions", 0), 3),
+    (("topics", 0, "partitions", 0, "partition"), 2**31),
+    (("topics", 0, "partitions", 0, "partition"), True),
+    (("topics", 0, "partitions", 0, "base_offset"), 2**63),
+    (("topics", 0, "partitions", 0, "base_offset"), _MISSING),
+    (("topics", 0, "partitions", 0, "error_code"), 2**31),
+    (("topics", 0, "partitions", 0, "error_code"), 9999),  # valid: UNKNOWN_SERVER_ERROR
+    (("topics", 0, "partitions", 0, "error_code"), 1.0),
+    (("topics", 0, "partitions", 0, "error_message"), 7),
+    (("topics", 0, "partitions", 0, "error_message"), _MISSING),
+    (("topics", 0, "partitions", 0, "error_message"), "e" * 100_000),
+    (("topics", 0, "partitions", 0, "duplicate"), 1),
+    (("topics", 0, "partitions", 0, "duplicate"), _MISSING),
+]
+
+
+def _response_with(path: tuple[object, ...], value: object) -> dict[str, object]:
+    def rebuild(node: object, rest: tuple[object, ...]) -> object:
+        if not rest:
+            return value
+        head, tail = rest[0], rest[1:]
+        if isinstance(node, dict):
+            copy = dict(node)
+            if tail or value is not _MISSING:
+                copy[head] = rebuild(node[head], tail)
+            else:
+                del copy[head]
+            return copy
+        items = list(node)  # type: ignore[call-overload]
+        items[head] = rebuild(items[head], tail)  # type: ignore[index]
+        return tuple(items)
+
+    result = rebuild(_good_response_body(), path)
+    assert isinstance(result, dict)
+    return result
+
+
+@pytest.mark.parametrize(("path", "value"), BAD_RESPONSE_BODIES)
+@pytest.mark.parametrize("version", [0, 1])
+def test_bad_response_bodies_go_the_generic_way(path, value, version) -> None:
+    body = _response_with(path, value)
+    fast = fast_codec.decode_produce_response(body, version)
+    try:
+        generic = codec.struct_from_wire(ProduceResponse, body, version)
+    except RemoteProtocolError:
+        assert fast is None
+        return
+    assert fast == generic  # a valid body takes the fast path (at v0, "duplicate" is ignored)
+
+
+def test_a_good_response_body_takes_the_fast_path() -> None:
+    fast = fast_codec.decode_produce_response(_good_response_body(), 1)
+    assert fast == ProduceResponse((ProduceTopicResponse("t", (ProducePartitionResponse(
+        0, ErrorCode.NONE, 5, -1, 0),)),))
+    failed = _response_with(("topics", 0, "partitions", 0, "error_code"), 9999)
+    answer = fast_codec.decode_produce_response(failed, 1).topics[0].partitions[0]
+    assert answer.error_code is ErrorCode.UNKNOWN_SERVER_ERROR
