@@ -54,6 +54,8 @@ __all__ = [
     "decode_produce",
     "decode_produce_response",
     "error_code_of",
+    "field_kinds",
+    "plain_name",
     "produce_answer_payload",
     "produce_response_to_wire",
     "produce_partition_appended",
@@ -65,7 +67,8 @@ _NO_ERROR = ErrorCode.NONE
 _set = object.__setattr__
 
 
-def _kinds(cls: type) -> dict[str, Any]:
+def field_kinds(cls: type) -> dict[str, Any]:
+    """Each field's ``FieldKind`` by name (what the validators check)."""
     return {attribute.name: field_kind(attribute) for attribute in attrs.fields(cls)}
 
 
@@ -86,25 +89,25 @@ assert _names(ProducePartitionResponse) == (
 assert all(attribute.metadata["since"] == 0 for cls in (Produce, ProduceTopic, ProducePartition)
            for attribute in attrs.fields(cls))
 
-_PRODUCE = _kinds(Produce)
+_PRODUCE = field_kinds(Produce)
 _ACKS = _PRODUCE["acks"].choices
 _TIMEOUT_LO, _TIMEOUT_HI = _PRODUCE["timeout_ms"].lo, _PRODUCE["timeout_ms"].hi
 _TOPICS_MAX = _PRODUCE["topics"].length_max
 _TXN_ID_BYTES_MAX = _PRODUCE["transactional_id"].bytes_max
-_TOPIC = _kinds(ProduceTopic)
+_TOPIC = field_kinds(ProduceTopic)
 _NAME_BYTES_MAX = _TOPIC["name"].bytes_max
 _PARTITIONS_MAX = _TOPIC["partitions"].length_max
-_PARTITION = _kinds(ProducePartition)
+_PARTITION = field_kinds(ProducePartition)
 _PARTITION_LO, _PARTITION_HI = _PARTITION["partition"].lo, _PARTITION["partition"].hi
 assert _PRODUCE["transactional_id"].nullable and not _TOPIC["name"].nullable
 assert _PARTITION["records"].tag == "bin"
-_RESPONSE = _kinds(ProduceResponse)
+_RESPONSE = field_kinds(ProduceResponse)
 _THROTTLE_LO, _THROTTLE_HI = _RESPONSE["throttle_time_ms"].lo, _RESPONSE["throttle_time_ms"].hi
 _RESPONSE_TOPICS_MAX = _RESPONSE["topics"].length_max
-_TOPIC_RESPONSE = _kinds(ProduceTopicResponse)
+_TOPIC_RESPONSE = field_kinds(ProduceTopicResponse)
 _RESPONSE_NAME_BYTES_MAX = _TOPIC_RESPONSE["name"].bytes_max
 _RESPONSE_PARTITIONS_MAX = _TOPIC_RESPONSE["partitions"].length_max
-_ANSWER = _kinds(ProducePartitionResponse)
+_ANSWER = field_kinds(ProducePartitionResponse)
 _ANSWER_INTS = tuple((name, _ANSWER[name].lo, _ANSWER[name].hi) for name in (
     "partition", "base_offset", "log_append_time_ms", "log_start_offset"))
 _MESSAGE_BYTES_MAX = _ANSWER["error_message"].bytes_max
@@ -115,7 +118,7 @@ assert all(attribute.metadata["since"] == 0 for cls in (ProduceResponse, Produce
            for attribute in attrs.fields(cls))
 
 
-def _plain_name(value: object, bytes_max: int) -> bool:
+def plain_name(value: object, bytes_max: int) -> bool:
     """An ASCII str within ``bytes_max`` (anything else goes the generic way)."""
     return type(value) is str and len(value) <= bytes_max and value.isascii()
 
@@ -140,7 +143,7 @@ def _topic(body: object) -> ProduceTopic | None:
         return None
     name = body.get("name")
     partitions = body.get("partitions")
-    if not _plain_name(name, _NAME_BYTES_MAX):
+    if not plain_name(name, _NAME_BYTES_MAX):
         return None
     if type(partitions) is not tuple or len(partitions) > _PARTITIONS_MAX:
         return None
@@ -172,7 +175,7 @@ def decode_produce(body: object, version: int) -> Produce | None:
         return None
     if type(timeout_ms) is not int or not _TIMEOUT_LO <= timeout_ms <= _TIMEOUT_HI:
         return None
-    if transactional_id is not None and not _plain_name(transactional_id, _TXN_ID_BYTES_MAX):
+    if transactional_id is not None and not plain_name(transactional_id, _TXN_ID_BYTES_MAX):
         return None
     if type(topics) is not tuple or len(topics) > _TOPICS_MAX:
         return None
@@ -209,7 +212,7 @@ def _answer(body: object, version: int) -> ProducePartitionResponse | None:
         _set(result, name, value)
     code = error_code_of(body.get("error_code"))
     message = body.get("error_message", 0)  # 0: missing (None is a value)
-    if code is None or (message is not None and not _plain_name(message, _MESSAGE_BYTES_MAX)):
+    if code is None or (message is not None and not plain_name(message, _MESSAGE_BYTES_MAX)):
         return None
     duplicate = body.get("duplicate") if version >= 1 else False
     if type(duplicate) is not bool:
@@ -239,7 +242,7 @@ def decode_produce_response(body: object, version: int) -> ProduceResponse | Non
             return None
         name = item.get("name")
         partitions = item.get("partitions")
-        if not _plain_name(name, _RESPONSE_NAME_BYTES_MAX):
+        if not plain_name(name, _RESPONSE_NAME_BYTES_MAX):
             return None
         if type(partitions) is not tuple or len(partitions) > _RESPONSE_PARTITIONS_MAX:
             return None

@@ -25,8 +25,7 @@ from __future__ import annotations
 import attrs
 
 from rivven_broker.protocol.errors import ErrorCode
-from rivven_broker.protocol.fast_codec import error_code_of
-from rivven_broker.protocol.message_base import field_kind
+from rivven_broker.protocol.fast_codec import error_code_of, field_kinds, plain_name
 from rivven_broker.protocol.txn_messages import (
     AddPartitionsToTxn,
     AddPartitionsToTxnPartitionResponse,
@@ -40,10 +39,6 @@ __all__ = ["decode_add_partitions", "decode_add_partitions_response",
 
 _new = object.__new__
 _set = object.__setattr__
-
-
-def _kinds(cls: type) -> dict:
-    return {attribute.name: field_kind(attribute) for attribute in attrs.fields(cls)}
 
 
 # The fast paths below know these exact field lists; a change to the classes must revisit them.
@@ -60,29 +55,24 @@ assert all(attribute.metadata["since"] == 0 for cls in (
     AddPartitionsToTxnTopicResponse, AddPartitionsToTxnPartitionResponse)
     for attribute in attrs.fields(cls))
 
-_REQUEST = _kinds(AddPartitionsToTxn)
+_REQUEST = field_kinds(AddPartitionsToTxn)
 _ID_BYTES_MAX = _REQUEST["transactional_id"].bytes_max
 _PRODUCER_ID_LO, _PRODUCER_ID_HI = _REQUEST["producer_id"].lo, _REQUEST["producer_id"].hi
 _EPOCH_LO, _EPOCH_HI = _REQUEST["producer_epoch"].lo, _REQUEST["producer_epoch"].hi
 _TOPICS_MAX = _REQUEST["topics"].length_max
-_TOPIC = _kinds(AddPartitionsToTxnTopic)
+_TOPIC = field_kinds(AddPartitionsToTxnTopic)
 _NAME_BYTES_MAX = _TOPIC["name"].bytes_max
 _PARTITIONS_MAX = _TOPIC["partitions"].length_max
 _PARTITION_LO, _PARTITION_HI = _TOPIC["partitions"].lo, _TOPIC["partitions"].hi
-_RESPONSE_TOPICS_MAX = _kinds(AddPartitionsToTxnResponse)["topics"].length_max
-_TOPIC_RESPONSE = _kinds(AddPartitionsToTxnTopicResponse)
+_RESPONSE_TOPICS_MAX = field_kinds(AddPartitionsToTxnResponse)["topics"].length_max
+_TOPIC_RESPONSE = field_kinds(AddPartitionsToTxnTopicResponse)
 _RESPONSE_NAME_BYTES_MAX = _TOPIC_RESPONSE["name"].bytes_max
 _RESPONSE_PARTITIONS_MAX = _TOPIC_RESPONSE["partitions"].length_max
-_ANSWER = _kinds(AddPartitionsToTxnPartitionResponse)
+_ANSWER = field_kinds(AddPartitionsToTxnPartitionResponse)
 _ANSWER_LO, _ANSWER_HI = _ANSWER["partition"].lo, _ANSWER["partition"].hi
 assert not _REQUEST["producer_id"].choices and not _REQUEST["producer_epoch"].choices
 assert _TOPIC["partitions"].tag == "ints" and _ANSWER["error_code"].tag == "error_code"
 assert not _REQUEST["transactional_id"].nullable and not _TOPIC["name"].nullable
-
-
-def _plain_name(value: object, bytes_max: int) -> bool:
-    """An ASCII str within ``bytes_max`` (anything else goes the generic way)."""
-    return type(value) is str and len(value) <= bytes_max and value.isascii()
 
 
 def _plain_int(value: object, lo: int, hi: int) -> bool:
@@ -94,7 +84,7 @@ def _topic(body: object) -> AddPartitionsToTxnTopic | None:
         return None
     name = body.get("name")
     partitions = body.get("partitions")
-    if not _plain_name(name, _NAME_BYTES_MAX):
+    if not plain_name(name, _NAME_BYTES_MAX):
         return None
     if type(partitions) is not tuple or len(partitions) > _PARTITIONS_MAX:
         return None
@@ -117,7 +107,7 @@ def decode_add_partitions(body: object, version: int) -> AddPartitionsToTxn | No
     producer_id = body.get("producer_id")
     producer_epoch = body.get("producer_epoch")
     topics = body.get("topics")
-    if not _plain_name(transactional_id, _ID_BYTES_MAX):
+    if not plain_name(transactional_id, _ID_BYTES_MAX):
         return None
     if not _plain_int(producer_id, _PRODUCER_ID_LO, _PRODUCER_ID_HI) or not _plain_int(
             producer_epoch, _EPOCH_LO, _EPOCH_HI):
@@ -167,7 +157,7 @@ def decode_add_partitions_response(body: object, version: int
             return None
         name = item.get("name")
         partitions = item.get("partitions")
-        if not _plain_name(name, _RESPONSE_NAME_BYTES_MAX):
+        if not plain_name(name, _RESPONSE_NAME_BYTES_MAX):
             return None
         if type(partitions) is not tuple or len(partitions) > _RESPONSE_PARTITIONS_MAX:
             return None
