@@ -53,8 +53,10 @@ answers already owed are still written, then the connection closes.
 
 The produce lane
 ----------------
-With a ``ProduceLane`` (``produce_lane.py``), a reader with nothing buffered does not wait
-for bytes itself: it hands its stream to the lane (``adopt``) and parks. The lane reads every
+With a ``ProduceLane`` (``produce_lane.py``), a reader with nothing buffered whose last
+request was a produce (``produces``; a consumer's connection stays out: its fetches would only
+be handed back, each costing a wake-up and an epoll registration) does not wait for bytes
+itself: it hands its stream to the lane (``adopt``) and parks. The lane reads every
 ready connection in one task, takes the Produce requests it can (``begin`` and ``place``,
 the same calls the reader makes), and, when the writer is parked with nothing owed
 (``writer_idle``), answers them itself (``lane_answering``): the reader and writer tasks of a
@@ -90,12 +92,14 @@ from rivven_broker.protocol.errors import ErrorCode, LocalProtocolError
 from rivven_broker.protocol.framing import FORMAT_MSGPACK, FramePieces, encode_frame
 from rivven_broker.protocol.message_base import Request, Response
 from rivven_broker.protocol.messages import (
+    ACKS_NONE,
     DeleteRecordsResponse,
     ErrorResponse,
     FetchResponse,
     Handshake,
     ListOffsetsResponse,
     MetadataResponse,
+    Produce,
     ProduceResponse,
 )
 from rivven_broker.server.context import Pending, RequestContext
@@ -180,6 +184,7 @@ class _Connection:
         self.reserved_bytes = 0  # this connection's reservation for its partial frame
         # The produce lane (see "The produce lane" in the module docstring).
         self.lane = lane
+        self.produces = False  # the last request the reader handled was a produce (acks 1|all)
         self.in_lane = False  # the lane watches the stream; the reader is parked
         self.lane_answering = False  # the lane writes the answers; the writer stays parked
         self.lane_returned = trio.Event()
@@ -295,7 +300,7 @@ class _Connection:
         """Wait for bytes in the produce lane (or, without one, here); then go on with what
         the lane handed back. Returns why reading ends, or None."""
         lane = self.lane
-        if lane is None or not lane.adopt(self):
+        if lane is None or not self.produces or not lane.adopt(self):
             return await self._receive()
         self.receiving = True
         try:
@@ -361,6 +366,9 @@ class _Connection:
         return None
 
     async def _handle(self, correlation_id: int, request: Request, nursery: trio.Nursery) -> None:
+        # A connection rests in the lane only after a produce it could have taken: a
+        # consumer's fetches would each cost a hand-back and an epoll registration there.
+        self.produces = type(request) is Produce and request.acks != ACKS_NONE
         gate = self.handlers.gate(request)
         while gate is not None:
             await gate.wait()

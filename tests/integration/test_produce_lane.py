@@ -254,3 +254,25 @@ async def test_a_produce_not_durable_by_its_deadline_is_answered_timed_out(
     assert partition.error_code == ErrorCode.REQUEST_TIMED_OUT
     assert running.broker.lane.statistics().requests == requests_before + 1  # the lane took it
     assert base_offset(await client.call(produce(b"next"))) == 2  # the late one stays appended
+
+
+async def test_a_connection_that_only_fetches_stays_out_of_the_lane(broker, connect):
+    producer = await connect(broker.port)
+    await producer.call(CreateTopic("t", 1))
+    for index in range(5):
+        await producer.call(produce(b"%d" % index))
+    consumer = await connect(broker.port)
+    requests, handbacks = lane_counts(broker)
+    for offset in range(5):
+        response = await consumer.call(fetch(offset))
+        assert isinstance(response, FetchResponse)
+    assert lane_counts(broker) == (requests, handbacks)  # never handed back: never adopted
+    # The producer's connection rests in the lane; a fetch on it is handed back, and after
+    # it the connection reads in its own task until it produces again.
+    await producer.call(fetch(0))
+    assert lane_counts(broker)[1] == handbacks + 1
+    await producer.call(fetch(0))
+    assert lane_counts(broker)[1] == handbacks + 1
+    await producer.call(produce(b"again"))  # read by its task; then it rests in the lane
+    await producer.call(produce(b"and again"))
+    assert lane_counts(broker)[0] == requests + 1
