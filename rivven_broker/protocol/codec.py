@@ -240,38 +240,43 @@ def _bin_header(size: int) -> bytes:
 
 
 def _pack_parts(tree: object) -> list[Part]:
-    """msgpack of ``tree`` in pieces: large bins by reference, everything else packed."""
+    """msgpack of ``tree`` in pieces: large bins by reference, everything else packed.
+
+    The walk is a module function, not a closure: a recursive closure is a reference cycle
+    (the function holds the cell that holds it), and one holding ``parts`` would keep every
+    answer's record bytes (MiB per fetch) alive until the cyclic collector ran.
+    """
     packer = msgpack.Packer(autoreset=False)
     parts: list[Part] = []
-
-    def walk(value: object) -> None:
-        kind = type(value)
-        if kind is dict:
-            assert isinstance(value, dict)
-            packer.pack_map_header(len(value))
-            for key, item in value.items():
-                packer.pack(key)
-                walk(item)
-        elif kind is list or kind is tuple:
-            assert isinstance(value, (list, tuple))
-            packer.pack_array_header(len(value))
-            for item in value:
-                walk(item)
-        elif kind is FileRegion or (
-            (kind is bytes or kind is bytearray or kind is memoryview)
-            and len(value) >= _INLINE_BIN_BYTES_MAX  # type: ignore[arg-type]
-        ):  # by reference (a FileRegion whatever its size: its bytes are not in memory)
-            assert isinstance(value, (bytes, bytearray, memoryview, FileRegion))
-            parts.append(packer.bytes())
-            packer.reset()
-            parts.append(_bin_header(len(value)))
-            parts.append(value)
-        else:
-            packer.pack(value)
-
-    walk(tree)
+    _walk(tree, packer, parts)
     parts.append(packer.bytes())
     return parts
+
+
+def _walk(value: object, packer: msgpack.Packer, parts: list[Part]) -> None:
+    kind = type(value)
+    if kind is dict:
+        assert isinstance(value, dict)
+        packer.pack_map_header(len(value))
+        for key, item in value.items():
+            packer.pack(key)
+            _walk(item, packer, parts)
+    elif kind is list or kind is tuple:
+        assert isinstance(value, (list, tuple))
+        packer.pack_array_header(len(value))
+        for item in value:
+            _walk(item, packer, parts)
+    elif kind is FileRegion or (
+        (kind is bytes or kind is bytearray or kind is memoryview)
+        and len(value) >= _INLINE_BIN_BYTES_MAX  # type: ignore[arg-type]
+    ):  # by reference (a FileRegion whatever its size: its bytes are not in memory)
+        assert isinstance(value, (bytes, bytearray, memoryview, FileRegion))
+        parts.append(packer.bytes())
+        packer.reset()
+        parts.append(_bin_header(len(value)))
+        parts.append(value)
+    else:
+        packer.pack(value)
 
 
 # --- decoding --------------------------------------------------------------------------------
