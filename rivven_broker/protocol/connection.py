@@ -99,11 +99,22 @@ class _Pending:
 
 
 class ServerConnection:
-    """The broker's side of one client connection. Pure: never blocks, never does I/O."""
+    """The broker's side of one client connection. Pure: never blocks, never does I/O.
 
-    __slots__ = ("_decoder", "_pending", "_failed")
+    With ``reference_bytes_min``, answers keep payload pieces of that many bytes or more (a
+    fetch answer's record bytes) by reference, as ``memoryview``s among ``FramePieces``,
+    instead of copying them into the frame (``framing.encode_frame_parts``); the writer then
+    sends them from their own buffers. Without it an answer is bytes unless it holds a
+    ``FileRegion``.
+    """
 
-    def __init__(self, *, frame_bytes_max: int = limits.frame_bytes_max) -> None:
+    __slots__ = ("_decoder", "_pending", "_failed", "_reference_bytes_min")
+
+    def __init__(
+        self, *, frame_bytes_max: int = limits.frame_bytes_max,
+        reference_bytes_min: int | None = None,
+    ) -> None:
+        self._reference_bytes_min = reference_bytes_min
         self._decoder = FrameDecoder(frame_bytes_max)
         self._pending: deque[_Pending] = deque()
         self._failed = False
@@ -164,7 +175,8 @@ class ServerConnection:
     def send_response(self, correlation_id: int, response: Response) -> bytes | FramePieces:
         """The frame answering the oldest pending request, which must be ``correlation_id``:
         bytes, or ``FramePieces`` when the response holds a ``FileRegion`` (a fetch answer
-        naming record bytes in a segment file; see ``framing.encode_frame_parts``).
+        naming record bytes in a segment file) or, with ``reference_bytes_min``, a piece
+        kept by reference (see the class docstring and ``framing.encode_frame_parts``).
 
         ``response`` must be of the request's api (encoded at the request's version) or an
         ``ErrorResponse``. After a fatal error, an ``ErrorResponse`` in correlation id 0 is
@@ -209,7 +221,8 @@ class ServerConnection:
             raise LocalProtocolError(f"{type(response).__name__} is not a response")
         parts = codec.encode_parts(response, version)
         return encode_frame_parts(
-            FORMAT_MSGPACK, correlation_id, parts, frame_bytes_max=limits.response_bytes_max
+            FORMAT_MSGPACK, correlation_id, parts, frame_bytes_max=limits.response_bytes_max,
+            reference_bytes_min=self._reference_bytes_min,
         )
 
 

@@ -45,6 +45,7 @@ from rivven_broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteP
 
 __all__ = [
     "DIRECT_BODY_BYTES_MIN",
+    "REFERENCE_BYTES_MIN",
     "FORMAT_POSTCARD",
     "FORMAT_PROTOBUF",
     "FORMAT_MSGPACK",
@@ -67,14 +68,19 @@ KNOWN_FORMATS = {
     FORMAT_MSGPACK: "msgpack",
 }
 
-#: A frame as bytes and ``FileRegion``s, in order (see ``encode_frame_parts``).
-FramePieces = list[bytes | FileRegion]
+#: A frame as bytes, large pieces kept by reference (``memoryview``) and ``FileRegion``s, in
+#: order (see ``encode_frame_parts``).
+FramePieces = list[bytes | memoryview | FileRegion]
+#: A payload piece of at least this many bytes may be kept by reference instead of joined
+#: (``encode_frame_parts``'s ``reference_bytes_min``; the broker's answers use it).
+REFERENCE_BYTES_MIN = 64 * 1024
 
 _PREFIX = struct.Struct(">I")
 _HEADER = struct.Struct(">IBI")  # length, format, correlation id
 _HEADER_BYTES = _HEADER.size
 _LENGTH_MIN = _HEADER_BYTES - _PREFIX.size  # format + correlation id
 _U32_MAX = 0xFFFF_FFFF
+_NEVER = 1 << 62  # no reference_bytes_min: every buffer piece is joined
 #: Missing body bytes from which ``FrameDecoder.receive_buffer`` offers the body's own buffer.
 DIRECT_BODY_BYTES_MIN = 64 * 1024
 
@@ -131,15 +137,20 @@ def encode_frame_parts(
     parts: Sequence[bytes | bytearray | memoryview | FileRegion],
     *,
     frame_bytes_max: int = limits.frame_bytes_max,
+    reference_bytes_min: int | None = None,
 ) -> bytes | FramePieces:
     """Like ``encode_frame`` for a payload given as pieces, joined with a single copy.
 
     The codec hands record-carrying payloads over in pieces (the record bytes by reference),
-    so a multi-MiB fetch response is copied exactly once, here. Pieces must be byte buffers
+    so a multi-MiB fetch response is copied at most once, here. Pieces must be byte buffers
     (memoryviews of item size 1) or ``FileRegion``s. With a region among them the frame is
     returned as ``FramePieces``: the bytes before, between and after the regions joined, the
     regions in their places, for the writer to send in order (the region's bytes never enter
-    the process). Raises as ``encode_frame``.
+    the process). With ``reference_bytes_min``, a buffer piece of at least that many bytes is
+    kept the same way, as a ``memoryview`` in its place, and never copied: a fetch answer's
+    record bytes read into memory then go to the socket from the read's own buffer (no
+    second multi-MiB allocation per answer, which is also what keeps its pages from being
+    fresh ones each time). Raises as ``encode_frame``.
     """
     _check_header(format, correlation_id)
     payload_bytes = 0
@@ -152,13 +163,17 @@ def encode_frame_parts(
             ErrorCode.MESSAGE_TOO_LARGE,
         )
     header = _HEADER.pack(length, format, correlation_id)
-    if not any(type(part) is FileRegion for part in parts):
+    reference_min = _NEVER if reference_bytes_min is None else reference_bytes_min
+    if not any(type(part) is FileRegion or len(part) >= reference_min for part in parts):
         return b"".join([header, *parts])
     pieces: FramePieces = []
     run: list[bytes | bytearray | memoryview] = [header]
     for part in parts:
         if type(part) is FileRegion:
             pieces += [b"".join(run), part]
+            run = []
+        elif len(part) >= reference_min:
+            pieces += [b"".join(run), memoryview(part)]  # type: ignore[arg-type]
             run = []
         else:
             run.append(part)  # type: ignore[arg-type]

@@ -89,7 +89,12 @@ from rivven_broker.protocol.connection import (
     ServerConnection,
 )
 from rivven_broker.protocol.errors import ErrorCode, LocalProtocolError
-from rivven_broker.protocol.framing import FORMAT_MSGPACK, FramePieces, encode_frame
+from rivven_broker.protocol.framing import (
+    FORMAT_MSGPACK,
+    REFERENCE_BYTES_MIN,
+    FramePieces,
+    encode_frame,
+)
 from rivven_broker.protocol.message_base import Request, Response
 from rivven_broker.protocol.messages import (
     ACKS_NONE,
@@ -166,7 +171,7 @@ class _Connection:
         self.settings = settings
         self.clock = clock
         self.metrics = metrics
-        self.core = ServerConnection()
+        self.core = ServerConnection(reference_bytes_min=REFERENCE_BYTES_MIN)
         self.slots: deque[_Slot] = deque()
         self.writer_wakeup = trio.Event()  # a slot filled, or reading ended
         self.reader_wakeup = trio.Event()  # answers went out (room), or stop_reading
@@ -535,25 +540,30 @@ class _Connection:
 
     async def _send(self, frames: FramePieces) -> None:
         """Send frames in order: each run of bytes joined into one ``send_all``, each
-        ``FileRegion`` (record bytes of a fetch answer, in a segment file) sent by the kernel
-        (``send_file``) or, on a stream without it, read in and sent. Closes the regions."""
+        ``memoryview`` (record bytes of a fetch answer, kept by reference) sent from its own
+        buffer, each ``FileRegion`` (record bytes of a fetch answer, in a segment file) sent
+        by the kernel (``send_file``) or, on a stream without it, read in and sent. Closes
+        the regions."""
         run: list[bytes] = []
         try:
             for piece in [*frames, None]:  # None: the end, flushing the last run
-                if type(piece) is bytes:
-                    run.append(piece)
+                kind = type(piece)
+                if kind is bytes:
+                    run.append(piece)  # type: ignore[arg-type]
                     continue
                 if run:
                     await self._send_bytes(b"".join(run))  # one piece: joined without a copy
                     run = []
-                if piece is not None:
+                if kind is memoryview:
+                    await self._send_bytes(piece)  # type: ignore[arg-type]
+                elif piece is not None:
                     await self._send_region(piece)  # type: ignore[arg-type]
         finally:
             for piece in frames:
                 if type(piece) is FileRegion:
                     piece.close()
 
-    async def _send_bytes(self, data: bytes) -> None:
+    async def _send_bytes(self, data: bytes | memoryview) -> None:
         await self.stream.send_all(data)
         self.metrics.bytes_out(len(data))
 

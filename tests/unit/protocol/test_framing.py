@@ -290,3 +290,21 @@ def test_a_frame_with_a_file_region_comes_in_pieces_that_join_to_the_same_bytes(
         encode_frame_parts(FORMAT_MSGPACK, 7, parts, frame_bytes_max=5000)
     first.close()
     second.close()
+
+
+def test_large_pieces_are_kept_by_reference_when_asked():
+    records = bytes(range(256)) * 256  # 64 KiB: at the threshold
+    small = b"x" * 100
+    parts = [b"head", records, b"mid", memoryview(small), memoryview(records)[1:], b"tail"]
+    plain = encode_frame_parts(FORMAT_MSGPACK, 9, parts)
+    assert type(plain) is bytes  # without the option every piece is joined, as before
+    pieces = encode_frame_parts(FORMAT_MSGPACK, 9, parts, reference_bytes_min=len(records))
+    assert [type(p) for p in pieces] == [bytes, memoryview, bytes]  # 64 KiB - 1 is joined
+    assert pieces[1].obj is records  # the record bytes themselves: not copied
+    assert b"".join(pieces) == plain
+    kept = encode_frame_parts(FORMAT_MSGPACK, 9, [small], reference_bytes_min=64)
+    assert [type(p) for p in kept] == [bytes, memoryview]  # the header, then the piece
+    assert b"".join(kept) == encode_frame_parts(FORMAT_MSGPACK, 9, [small])
+    with pytest.raises(LocalProtocolError):  # a kept piece counts towards the frame limit
+        encode_frame_parts(FORMAT_MSGPACK, 9, parts, frame_bytes_max=len(records),
+                           reference_bytes_min=len(records))
