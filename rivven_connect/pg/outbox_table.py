@@ -17,9 +17,10 @@ so the rows stay locked (another poller skips them) until ``finish(ids)`` delete
 (``DELETE ... WHERE id = ANY(ids)``) or marks them (``UPDATE ... SET processed = true``) and
 commits — after the broker commit. With no rows the transaction is committed at once.
 ``finish`` is idempotent. A failed statement closes the connection (an open poll's locks go
-with it) and raises ``OutboxTableError`` with the SQL error's text; the next call
-reconnects, so a retried ``finish`` deletes by the same ids in a new transaction: the ids
-decide, not the locks.
+with it) and raises ``OutboxTableError`` with the SQL error's text — ``OutboxConnectionError``
+when the connection was lost or could not be made (``slot.connection_lost``: the source
+retries those with backoff) —; the next call reconnects, so a retried ``finish`` deletes by
+the same ids in a new transaction: the ids decide, not the locks.
 """
 
 from __future__ import annotations
@@ -31,15 +32,21 @@ import psycopg2.extensions
 from psycopg2 import sql
 
 from .outbox_poll import OutboxTableShape
-from .slot import PgConnectConfig, SlotError, statement_timeout_ms
+from .slot import (
+    PgConnectConfig, SlotConnectionError, SlotError, connection_lost, statement_timeout_ms,
+)
 
-__all__ = ["OutboxTable", "OutboxTableError"]
+__all__ = ["OutboxTable", "OutboxTableError", "OutboxConnectionError"]
 
 BOOL_OID = 16
 
 
 class OutboxTableError(Exception):
     """The outbox table is unusable (missing, no unique id) or a statement on it failed."""
+
+
+class OutboxConnectionError(OutboxTableError):
+    """The connection to Postgres was lost or could not be made (worth another attempt)."""
 
 
 class OutboxTable:
@@ -60,6 +67,8 @@ class OutboxTable:
                 connection = self.config.connect(
                     options=f"-c DateStyle=ISO,MDY -c extra_float_digits=3 "
                             f"-c statement_timeout={statement_timeout_ms}")
+            except SlotConnectionError as error:
+                raise OutboxConnectionError(str(error)) from error
             except SlotError as error:
                 raise OutboxTableError(str(error)) from error
             self._connection = connection
@@ -76,7 +85,8 @@ class OutboxTable:
     def _fail(self, what: str, error: psycopg2.Error) -> OutboxTableError:
         self.close()  # the next call reconnects; an open transaction (and its locks) is gone
         schema, name = self.table
-        return OutboxTableError(f"{what} on {schema}.{name} failed: {str(error).strip()}")
+        kind = OutboxConnectionError if connection_lost(error) else OutboxTableError
+        return kind(f"{what} on {schema}.{name} failed: {str(error).strip()}")
 
     def describe(self) -> OutboxTableShape:
         """Check the table (module docstring) and return its shape. Raises

@@ -159,10 +159,18 @@ def slot_error(message: str, error: Exception) -> SlotError:
     if isinstance(error, psycopg2.errors.ObjectInUse) or getattr(
             error, "pgcode", None) == "55006":  # object_in_use: the slot is active
         return SlotActiveError(text)
-    if isinstance(error, (psycopg2.OperationalError, psycopg2.InterfaceError)) and not \
-            isinstance(error, (QueryCanceledError, TransactionRollbackError)):
+    if connection_lost(error):
         return SlotConnectionError(text)
     return SlotError(text)
+
+
+def connection_lost(error: Exception) -> bool:
+    """Whether psycopg2's ``error`` means the connection is gone or could not be made (worth
+    reconnecting), not that a statement failed on a live one. A statement timeout or a
+    rolled-back transaction is an ``OperationalError`` to psycopg2 but says nothing about
+    the connection."""
+    return isinstance(error, (psycopg2.OperationalError, psycopg2.InterfaceError)) and not \
+        isinstance(error, (QueryCanceledError, TransactionRollbackError))
 
 
 def parse_table_name(text: str) -> tuple[str, str] | None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
+import time
 
 import pytest
 import trio
@@ -198,3 +200,52 @@ def test_kill_9_at_a_crash_point_then_a_restart_delivers_exactly_once(
         raw = sum(len(trio.run(read_committed, bootstrap, t, "read_uncommitted"))
                   for t in (ORDER, CUSTOMER))
         assert raw > total
+
+
+def _poller_backends(dsn: str, database: str) -> list[int]:
+    return [row[0] for row in _sql(dsn, "SELECT pid FROM pg_stat_activity WHERE application_name "
+                                        f"= 'rivven-connect' AND datname = '{database}'")]
+
+
+def test_terminated_backends_and_a_postgres_restart_do_not_stop_it_nor_lose_an_event(
+        postgres_server, pg_database, broker_process, tmp_path):
+    """The same process throughout: its connection terminated three times while events
+    arrive, then Postgres restarted; every event once, in order per aggregate."""
+    dsn = postgres_server.dsn(pg_database)
+    _sql(dsn, SETUP)
+    bootstrap = broker_process().address
+    config = tmp_path / "connect.yaml"
+    _write_config(config, pg_database, bootstrap, "delete")
+    runtime = Runtime(config, postgres_server.port, tmp_path / "connect.log")
+    rng = random.Random(3)
+    total, outages = 0, 4
+    try:
+        pids = _wait(lambda: _poller_backends(dsn, pg_database), "the poller's connection",
+                     runtime=runtime)
+        for outage in range(outages + 1):
+            _insert(dsn, range(total, total + 60))
+            total += 60
+            if outage == outages:  # after the last outage: these need the new connection
+                _wait(lambda: _pending(dsn, "delete") == 0, f"events up to {total}",
+                      runtime=runtime)
+                break
+            time.sleep(rng.uniform(0.0, 0.3))  # while it polls and deletes
+            if outage < outages - 1:
+                for pid in pids:
+                    _sql(dsn, f"SELECT pg_terminate_backend({pid})")
+            else:
+                postgres_server.stop()
+                time.sleep(1.0)  # its attempts fail meanwhile
+                postgres_server.start()
+            # The next outage only once this one was noticed: a new connection.
+            pids = _wait(lambda: [p for p in _poller_backends(dsn, pg_database)
+                                  if p not in pids], "a new connection", runtime=runtime)
+        assert runtime.popen.poll() is None  # never stopped
+        assert runtime.stop() == 0, runtime.stderr()
+    finally:
+        if runtime.popen.poll() is None:
+            runtime.kill()
+    _check_exactly_once(bootstrap, total, spam=None)
+    stderr = runtime.stderr()
+    assert stderr.count("the connection was lost") == outages, stderr
+    assert stderr.count("reconnected after") == outages, stderr
