@@ -17,10 +17,12 @@ A reader with nothing buffered hands its connection to the lane (``adopt``) and 
    ``frames_per_pass_max`` requests in all, and for each reads what is there now into the
    connection's sans-I/O core; an end of stream or an error hands the connection back;
 2. takes the complete requests in order: a Produce that expects an answer is begun
-   (``_Connection.begin``: validated and appended, in request order, exactly as the reader
-   would) and its answer left in its slot (``place``); anything else — another api, acks=0,
-   a gated topic — and a partial frame or the in-flight limit hand the connection back to its
-   reader, with what the lane took;
+   (``_Connection.begin``: validated and staged, in request order, exactly as the reader
+   would append it) and its answer left in its slot (``place``); anything else — another
+   api, acks=0, a gated topic — and a partial frame or the in-flight limit hand the
+   connection back to its reader, with what the lane took; then every partition writes
+   what the pass staged with one ``pwritev`` (``AppendPass.close``,
+   ``storage/staged_appends.py``), before anything is answered;
 3. answers, for every connection it answers, every slot from the head that is ready
    (``settle_ready``: the produce's ``Pending.ready``, so the group commit or the high
    watermark decides, never the lane), encoded in order and written with one non-blocking
@@ -37,7 +39,8 @@ The lane answers a connection only while its writer is parked with nothing owed
 otherwise the writer answers what the lane queued, in order, as it would the reader's. So one
 of the two writes at a time and answers stay in request order.
 
-Appends happen in the lane, one request after another; the fsyncs are the sync worker's
+Appends are staged in the lane, one request after another, and written per partition at the
+end of the pass's reads; the fsyncs are the sync worker's
 (``storage/sync_worker.py``): one group commit covers everything appended before it ran, and
 when fsyncs are slow it runs them off the loop for the whole group (``sync_thread.py``), never
 one request's. Limits hold as in the reader: the request budget and the request timeout apply
@@ -58,6 +61,7 @@ import trio
 
 from rivven_broker.protocol.connection import BadRequest, RequestReceived
 from rivven_broker.protocol.messages import ACKS_NONE, Produce
+from rivven_broker.storage.staged_appends import AppendPass
 
 if TYPE_CHECKING:
     from rivven_broker.server.connection import Begun, _Connection
@@ -82,11 +86,13 @@ class LaneStatistics:
 class ProduceLane:
     """One task serving the produce requests of idle connections. See the module docstring."""
 
-    def __init__(self, readiness: Readiness, metrics: BrokerMetrics, *,
+    def __init__(self, readiness: Readiness, metrics: BrokerMetrics,
+                 staging: AppendPass | None = None, *,
                  frames_per_pass_max: int = frames_per_pass_default,
                  answer_early: bool = False) -> None:
         assert frames_per_pass_max > 0
         self._readiness = readiness
+        self._staging = staging if staging is not None else AppendPass()
         self._metrics = metrics
         self._frames_per_pass_max = frames_per_pass_max
         self._answer_early = answer_early
@@ -134,14 +140,18 @@ class ProduceLane:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve passes until cancelled; then every connection goes back to its reader."""
-        readiness = self._readiness
+        readiness, staging = self._readiness, self._staging
         self._running = True
         task_status.started()
         try:
             while True:
                 streams = readiness.ready()
                 if streams:
-                    self._read(streams)
+                    staging.open()
+                    try:
+                        self._read(streams)
+                    finally:
+                        staging.close()  # every append staged is written before any answer
                 if streams or self._progressed:
                     self._progressed = False
                     self._passes += 1
