@@ -240,6 +240,8 @@ class DataPath:
             """A staged append whose write failed answers its error, as ``append`` would
             have (``storage/staged_appends.py``); its wait goes."""
             nonlocal waits
+            if not staged:  # (after the first answer's look)
+                return
             assert all(write.done for _, write in staged), "an answer before its write"
             failed = {key: write.error for key, write in staged if write.error is not None}
             staged.clear()

@@ -23,10 +23,11 @@ A reader with nothing buffered hands its connection to the lane (``adopt``) and 
    connection back to its reader, with what the lane took; then every partition writes
    what the pass staged with one ``pwritev`` (``AppendPass.close``,
    ``storage/staged_appends.py``), before anything is answered;
-3. answers, for every connection it answers, every slot from the head that is ready
-   (``settle_ready``: the produce's ``Pending.ready``, so the group commit or the high
-   watermark decides, never the lane), encoded in order and written with one non-blocking
-   ``send_now``; what the socket does not take goes to the writer (``unsent``) with the
+3. answers, for every connection it answers (after progress; else only those that took
+   requests in the pass: nothing else can have become ready), every slot from the head that
+   is ready (``settle_ready``: the produce's ``Pending.ready``, so the group commit or the
+   high watermark decides, never the lane), encoded in order and written with one
+   non-blocking ``send_now``; what the socket does not take goes to the writer (``unsent``) with the
    connection's answering;
 4. checkpoints once when it read anything (the group commit's worker and every other task
    run), else sleeps in ``readiness.wait()`` until a stream is ready, a partition reports
@@ -98,6 +99,7 @@ class ProduceLane:
         self._answer_early = answer_early
         self._members: dict[trio.abc.Stream, _Connection] = {}
         self._answering: dict[_Connection, None] = {}  # insertion-ordered: deterministic
+        self._took: dict[_Connection, None] = {}  # took requests in this pass
         self._wait_scope: trio.CancelScope | None = None
         self._progressed = False
         self._running = False
@@ -153,9 +155,12 @@ class ProduceLane:
                     finally:
                         staging.close()  # every append staged is written before any answer
                 if streams or self._progressed:
-                    self._progressed = False
+                    # Without progress only the connections that took requests can have an
+                    # answer ready (a commit, a failure or a change of leader is progress).
+                    everyone, self._progressed = self._progressed, False
                     self._passes += 1
-                    self._answer()
+                    self._answer(self._answering if everyone else self._took)
+                    self._took = {}
                 deadline = self._expire()  # every pass: a busy lane still times answers out
                 if streams:
                     await trio.lowlevel.checkpoint()
@@ -203,6 +208,8 @@ class ProduceLane:
             self._metrics.bytes_in(len(data))
             connection.core.receive_data(data)
             taken = self._take_requests(connection)
+            if taken:
+                self._took[connection] = None
             self._requests += taken
             budget -= taken
             if budget <= 0:
@@ -248,10 +255,12 @@ class ProduceLane:
                 slot.ready = True
         return taken
 
-    def _answer(self) -> None:
-        """Step 3 of a pass (module docstring)."""
+    def _answer(self, connections: dict[_Connection, None]) -> None:
+        """Step 3 of a pass (module docstring), for ``connections``."""
         readiness = self._readiness
-        for connection in list(self._answering):
+        for connection in list(connections):
+            if not connection.lane_answering:
+                continue
             connection.settle_ready()
             slots = connection.slots
             if not (slots and slots[0].ready):
