@@ -33,7 +33,9 @@ A reader with nothing buffered hands its connection to the lane (``adopt``) and 
    run), else sleeps in ``readiness.wait()`` until a stream is ready, a partition reports
    progress (``progressed``: a commit, a failure or a change of leader wakes the waits of the
    answers owed), or the earliest deadline of an answer owed passes (that connection goes back
-   to its writer, whose ``Pending.wait`` answers the time-out).
+   to its writer, whose ``Pending.wait`` answers the time-out). The lane keeps a time at or
+   before every deadline of an answer it owes (``_expire_at``, lowered as it takes
+   requests) and looks at the connections only when that time has come.
 
 The lane answers a connection only while its writer is parked with nothing owed
 (``writer_idle``) and takes over from the first slot it queues then (``lane_answering``);
@@ -100,6 +102,8 @@ class ProduceLane:
         self._members: dict[trio.abc.Stream, _Connection] = {}
         self._answering: dict[_Connection, None] = {}  # insertion-ordered: deterministic
         self._took: dict[_Connection, None] = {}  # took requests in this pass
+        #: At or before the deadline of every answer the lane owes (``_expire`` looks then).
+        self._expire_at = math.inf
         self._wait_scope: trio.CancelScope | None = None
         self._progressed = False
         self._running = False
@@ -161,7 +165,9 @@ class ProduceLane:
                     self._passes += 1
                     self._answer(self._answering if everyone else self._took)
                     self._took = {}
-                deadline = self._expire()  # every pass: a busy lane still times answers out
+                deadline = self._expire_at  # no answer owed is due before it
+                if deadline <= trio.current_time():  # a busy lane still times answers out
+                    deadline = self._expire()
                 if streams:
                     await trio.lowlevel.checkpoint()
                     continue
@@ -248,6 +254,9 @@ class ProduceLane:
                 break
             slot = begun[0]
             pending = slot.pending
+            if pending is not None and pending.deadline < self._expire_at \
+                    and connection.lane_answering:
+                self._expire_at = pending.deadline
             if self._answer_early and connection.lane_answering and pending is not None \
                     and pending.provisional is not None:  # the deliberate bug (docstring)
                 slot.pending = None
@@ -285,18 +294,21 @@ class ProduceLane:
 
     def _expire(self) -> float:
         """Give every connection whose oldest answer owed reached its deadline back to its
-        writer (its ``Pending.wait`` answers the time-out); the next such deadline."""
+        writer (its ``Pending.wait`` answers the time-out); the earliest deadline of the
+        answers still owed (every slot's, not only the heads': the next look is then)."""
         now = trio.current_time()
         next_deadline = math.inf
         for connection in list(self._answering):
-            head = connection.slots[0] if connection.slots else None
-            pending = head.pending if head is not None else None
-            if pending is None:
-                continue
-            if pending.deadline <= now:
+            slots = connection.slots
+            head = slots[0].pending if slots else None
+            if head is not None and head.deadline <= now:
                 self._stop_answering(connection)
-            else:
-                next_deadline = min(next_deadline, pending.deadline)
+                continue
+            for slot in slots:
+                pending = slot.pending
+                if pending is not None and pending.deadline < next_deadline:
+                    next_deadline = pending.deadline
+        self._expire_at = next_deadline
         return next_deadline
 
     def _stop_answering(self, connection: _Connection) -> None:
