@@ -170,6 +170,7 @@ class DataPath:
         outcome: dict[tuple[str, int], ProducePartitionResponse] = {}
         staged: list[tuple[tuple[str, int], StagedWrite]] = []  # written at the pass's end
         records_in = 0
+        fresh_only = True  # every wait is of batches appended now: only progress settles them
         cluster = context.cluster
         replicas = context.replicas
         replicated = replicas is not None and request.acks == ACKS_ALL
@@ -222,6 +223,7 @@ class DataPath:
                         plog.log_start_offset, duplicate=True,
                     )
                     waits.append((key, state, state.rule, original.last_offset))
+                    fresh_only = False  # its original may be covered already
                     continue
                 count = info.last_offset - info.base_offset + 1
                 records_in += count
@@ -307,7 +309,8 @@ class DataPath:
             return _produce_response(request, outcome)
 
         return Pending(wait, ready=ready, deadline=deadline,
-                       provisional=lambda: _produce_response(request, outcome))
+                       provisional=lambda: _produce_response(request, outcome),
+                       after_progress=fresh_only)
 
     def _verify_then_produce(self, request: Produce,
                              unverified: list[tuple[str, int, int, int]]) -> Pending:

@@ -26,8 +26,8 @@ A reader with nothing buffered hands its connection to the lane (``adopt``) and 
 3. answers, for every connection it answers (after progress; else only those that took
    requests in the pass: nothing else can have become ready), every slot from the head that
    is ready (``settle_ready``: the produce's ``Pending.ready``, so the group commit or the
-   high watermark decides, never the lane), encoded in order and written with one
-   non-blocking ``send_now``; what the socket does not take goes to the writer (``unsent``) with the
+   high watermark decides, never the lane; without progress a ``Pending.after_progress``
+   is not asked), encoded in order and written with one non-blocking ``send_now``; what the socket does not take goes to the writer (``unsent``) with the
    connection's answering;
 4. checkpoints once when it read anything (the group commit's worker and every other task
    run), else sleeps in ``readiness.wait()`` until a stream is ready, a partition reports
@@ -163,7 +163,7 @@ class ProduceLane:
                     # answer ready (a commit, a failure or a change of leader is progress).
                     everyone, self._progressed = self._progressed, False
                     self._passes += 1
-                    self._answer(self._answering if everyone else self._took)
+                    self._answer(self._answering if everyone else self._took, everyone)
                     self._took = {}
                 deadline = self._expire_at  # no answer owed is due before it
                 if deadline <= trio.current_time():  # a busy lane still times answers out
@@ -264,13 +264,15 @@ class ProduceLane:
                 slot.ready = True
         return taken
 
-    def _answer(self, connections: dict[_Connection, None]) -> None:
-        """Step 3 of a pass (module docstring), for ``connections``."""
+    def _answer(self, connections: dict[_Connection, None], progressed: bool) -> None:
+        """Step 3 of a pass (module docstring), for ``connections``; ``progressed``: a
+        partition progressed since the last pass (every connection answering is asked then,
+        so without it a pending that waits for progress has nothing new to say)."""
         readiness = self._readiness
         for connection in list(connections):
             if not connection.lane_answering:
                 continue
-            connection.settle_ready()
+            connection.settle_ready(progressed)
             slots = connection.slots
             if not (slots and slots[0].ready):
                 continue

@@ -446,6 +446,7 @@ class Partition:
             self.state.undo()
             staged.error = exc
             staged.done = True
+            self._wake()  # a failure is progress: the requests staged answer it now
             return
         staged.done = True
         self.state.release()

@@ -24,7 +24,7 @@ from rivven_broker.records import BatchBuilder
 from rivven_broker.storage.errors import StorageError
 from rivven_broker.storage.log_config import LogConfig
 from rivven_broker.storage.memory_store import MemoryFileStore
-from rivven_broker.storage.partition import Partition, ProduceOutcome
+from rivven_broker.storage.partition import Partition, PartitionEvents, ProduceOutcome
 from rivven_broker.storage.partition_log import PartitionLog
 from rivven_broker.storage.staged_appends import AppendPass
 from rivven_broker.records.header import BatchError
@@ -37,12 +37,13 @@ def allow(header):
     return ErrorCode.NONE
 
 
-def open_partition(staging: AppendPass | None) -> tuple[Partition, MemoryFileStore]:
+def open_partition(staging: AppendPass | None, events: PartitionEvents = PartitionEvents()
+                   ) -> tuple[Partition, MemoryFileStore]:
     store = MemoryFileStore()
     store.makedirs(DIRECTORY)
     store.fsync_dir("")
     plog, _ = PartitionLog.open(store, DIRECTORY, CONFIG, 0)
-    partition, _ = Partition.open(plog, staging=staging)
+    partition, _ = Partition.open(plog, events=events, staging=staging)
     return partition, store
 
 
@@ -141,8 +142,8 @@ def test_nothing_staged_is_visible_before_the_pass_closes() -> None:
 
 
 def test_a_failed_write_fails_every_staged_request_and_undoes_the_state() -> None:
-    staging = AppendPass()
-    partition, store = open_partition(staging)
+    staging, progressed = AppendPass(), []
+    partition, store = open_partition(staging, PartitionEvents(progressed=progressed.append))
     partition.append_as_leader(batch(pid=5, seq=0), 0, allow)
     before, end = partition.state.producers(), partition.log.log_end_offset
 
@@ -154,12 +155,14 @@ def test_a_failed_write_fails_every_staged_request_and_undoes_the_state() -> Non
     outcomes = [partition.append_as_leader(records, 0, allow) for records in (
         batch(), batch(pid=5, seq=1), batch(pid=5, seq=1), batch(pid=6, seq=0))]
     store.fault_hook = full_disk
+    progressed.clear()
     staging.close()
     store.fault_hook = None
     written = outcomes[0].staged
     assert written is not None and written.done and isinstance(written.error, StorageError)
     assert all(outcome.staged is written for outcome in outcomes)
     assert outcomes[2].duplicate is not None  # a retry within the pass shares the fate
+    assert progressed  # a failure is progress: the produce lane asks the waits again
     assert partition.state.producers() == before
     assert partition.log.log_end_offset == end and not partition.log.failed
     partition.check_invariants()
