@@ -79,6 +79,7 @@ from rivven_broker.server.http import json_body, render_dashboard, serve_http_co
 from rivven_broker.server.log_cleaner import LogCleaner
 from rivven_broker.server.metrics import CONTENT_TYPE, BrokerMetrics, PartitionSnapshot
 from rivven_broker.server.produce_lane import ProduceLane
+from rivven_broker.storage.staged_appends import AppendPass
 from rivven_broker.storage.partition import PartitionEvents, Partitions
 from rivven_broker.server.request_budget import RequestBudget
 from rivven_broker.server.scrubber import Scrubber
@@ -206,15 +207,16 @@ class Broker:
         sync_worker = SyncWorker(policy, env.run_fsync, getattr(env, "fsync_each", None))
         self.metrics.track_sync(sync_worker.statistics)
         readiness = getattr(env.net, "readiness", None)  # (a test's Net may have none)
+        staging = AppendPass()  # the lane's passes stage appends (storage/staged_appends.py)
         lane = self.lane = ProduceLane(
-            readiness(), self.metrics, answer_early=self.lane_answer_early,
+            readiness(), self.metrics, staging, answer_early=self.lane_answer_early,
         ) if config.produce_lane and readiness is not None else None
         if lane is not None:
             self.metrics.track_lane(lane.statistics)
         committed, appended = PartitionWaker(), PartitionWaker()
         states = await self._open_partitions(logs, Partitions(sync_worker, PartitionEvents(
             appended=appended.poke, high_watermark_moved=committed.poke,
-            progressed=lane.progressed if lane is not None else _nobody)))
+            progressed=lane.progressed if lane is not None else _nobody), staging))
         self.context = ServerContext(
             env, config, logs, sync_worker, self.metrics, _advertised_host(config.listen.host), 0,
             waker=committed, appends=appended, partitions=states,

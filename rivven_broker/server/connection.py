@@ -516,13 +516,17 @@ class _Connection:
         slot.response = response
         slot.ready = True
 
-    def settle_ready(self) -> None:
-        """Answer, in order from the head, every produce that is durable now. Never blocks."""
+    def settle_ready(self, progressed: bool = True) -> None:
+        """Answer, in order from the head, every produce that is durable now. Never blocks.
+        ``progressed=False``: no partition progressed since every pending here was made or
+        last asked (the lane knows), so one that is ``after_progress`` is not asked."""
         for slot in self.slots:
             if slot.ready:
                 continue
             pending = slot.pending
             if pending is None or pending.ready is None:
+                return
+            if not progressed and pending.after_progress:
                 return
             response = _guarded(slot.api, pending.ready)
             if response is None:

@@ -85,6 +85,9 @@ class Pending:
     ``wait`` be called (the produce lane hands such a request to its connection's task).
     ``provisional`` is the answer as if the wait had succeeded at once: only the simulator's
     deliberate lane bug (an answer before durability, ``[test] lane_answer_early``) uses it.
+    ``after_progress``: ``ready`` answers None until a partition reports progress
+    (``PartitionEvents.progressed``: a commit, a failure, a change of leader) after the
+    pending was made, so the produce lane need not ask before then.
     """
 
     wait: Callable[[], Awaitable[Response]]
@@ -92,6 +95,7 @@ class Pending:
     ready: Callable[[], Response | None] | None = None
     deadline: float = math.inf
     provisional: Callable[[], Response] | None = None
+    after_progress: bool = False
 
 
 class PartitionWaker:

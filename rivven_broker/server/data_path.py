@@ -15,7 +15,10 @@ transaction coordinator): a retried batch is answered with its original offsets 
 durable), a refused one with its code (``OUT_OF_ORDER_SEQUENCE``, ``PRODUCER_FENCED``,
 ``UNKNOWN_PRODUCER_ID``, ``INVALID_TXN_STATE`` ...). The partition marks its log dirty for
 the sync worker. Because appends happen in the reader, a producer's pipelined requests land
-in the log in the order it sent them. acks=0 ends here with no answer. The second half waits
+in the log in the order it sent them. In the produce lane's pass the partition stages
+instead (``storage/staged_appends.py``) and the pass writes each partition once before it
+answers: every answer of a staged produce first takes the write's fate (``unwritten``: a
+failed write answers its error, as a failed append does). acks=0 ends here with no answer. The second half waits
 on the partitions, within the request's ``timeout_ms``: ``acks=all`` on a replicated leader
 until the high watermark covers every appended batch (``Partition.wait_committed``: on disk
 on every ISR member) — a leader deposed meanwhile answers ``NOT_LEADER`` —, otherwise (a
@@ -110,6 +113,7 @@ from rivven_broker.storage.errors import (
 from rivven_broker.server.context import Pending, ServerContext
 from rivven_broker.server.group_driver import is_internal_topic
 from rivven_broker.storage.partition import CommitRule, Partition, TxnCheck
+from rivven_broker.storage.staged_appends import StagedWrite
 
 if TYPE_CHECKING:
     from rivven_broker.storage.partition_log import PartitionLog
@@ -164,7 +168,9 @@ class DataPath:
                 return self._verify_then_produce(request, unverified)
         waits: list[tuple[tuple[str, int], Partition, CommitRule | None, int]] = []
         outcome: dict[tuple[str, int], ProducePartitionResponse] = {}
+        staged: list[tuple[tuple[str, int], StagedWrite]] = []  # written at the pass's end
         records_in = 0
+        fresh_only = True  # every wait is of batches appended now: only progress settles them
         cluster = context.cluster
         replicas = context.replicas
         replicated = replicas is not None and request.acks == ACKS_ALL
@@ -203,6 +209,8 @@ class DataPath:
                 except (StorageError, BatchError, OSError) as exc:
                     outcome[key] = _produce_error(part.partition, error_of(exc))
                     continue
+                if appended.staged is not None:
+                    staged.append((key, appended.staged))
                 info = appended.info
                 if info is None:
                     original = appended.duplicate
@@ -215,6 +223,7 @@ class DataPath:
                         plog.log_start_offset, duplicate=True,
                     )
                     waits.append((key, state, state.rule, original.last_offset))
+                    fresh_only = False  # its original may be covered already
                     continue
                 count = info.last_offset - info.base_offset + 1
                 records_in += count
@@ -228,8 +237,34 @@ class DataPath:
             context.metrics.records_in(records_in)
         if request.acks == ACKS_NONE:
             return None
+
+        def unwritten() -> None:
+            """A staged append whose write failed answers its error, as ``append`` would
+            have (``storage/staged_appends.py``); its wait goes."""
+            nonlocal waits
+            if not staged:  # (after the first answer's look)
+                return
+            assert all(write.done for _, write in staged), "an answer before its write"
+            failed = {key: write.error for key, write in staged if write.error is not None}
+            staged.clear()
+            if failed:
+                for key, exc in failed.items():
+                    outcome[key] = _produce_error(key[1], error_of(exc))
+                waits = [entry for entry in waits if entry[0] not in failed]
+
         if not waits or (context.policy.mode != "always" and not replicated):
-            return _produce_response(request, outcome)
+            if not staged:
+                return _produce_response(request, outcome)
+
+            def answer_written() -> ProduceResponse:
+                unwritten()
+                return _produce_response(request, outcome)
+
+            async def wait_written() -> ProduceResponse:
+                return answer_written()
+
+            return Pending(wait_written, ready=answer_written,
+                           provisional=lambda: _produce_response(request, outcome))
 
         # The deadline runs from now, not from when the wait starts: the connection may
         # complete a run of pipelined produces one after another in a single task.
@@ -243,6 +278,7 @@ class DataPath:
             return partition.local_durable_end > last_offset
 
         async def wait() -> ProduceResponse:
+            unwritten()
             with trio.CancelScope(deadline=deadline):  # move_on_at without contextlib
                 for _, partition, rule, last_offset in waits:
                     if replicated:
@@ -261,6 +297,7 @@ class DataPath:
                 or (replicated and partition.rule is not rule)
 
         def ready() -> ProduceResponse | None:
+            unwritten()
             for _, partition, rule, last_offset in waits:
                 if not settled(partition, rule, last_offset):
                     return None
@@ -272,7 +309,8 @@ class DataPath:
             return _produce_response(request, outcome)
 
         return Pending(wait, ready=ready, deadline=deadline,
-                       provisional=lambda: _produce_response(request, outcome))
+                       provisional=lambda: _produce_response(request, outcome),
+                       after_progress=fresh_only)
 
     def _verify_then_produce(self, request: Produce,
                              unverified: list[tuple[str, int, int, int]]) -> Pending:

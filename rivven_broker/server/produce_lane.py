@@ -17,27 +17,33 @@ A reader with nothing buffered hands its connection to the lane (``adopt``) and 
    ``frames_per_pass_max`` requests in all, and for each reads what is there now into the
    connection's sans-I/O core; an end of stream or an error hands the connection back;
 2. takes the complete requests in order: a Produce that expects an answer is begun
-   (``_Connection.begin``: validated and appended, in request order, exactly as the reader
-   would) and its answer left in its slot (``place``); anything else — another api, acks=0,
-   a gated topic — and a partial frame or the in-flight limit hand the connection back to its
-   reader, with what the lane took;
-3. answers, for every connection it answers, every slot from the head that is ready
-   (``settle_ready``: the produce's ``Pending.ready``, so the group commit or the high
-   watermark decides, never the lane), encoded in order and written with one non-blocking
-   ``send_now``; what the socket does not take goes to the writer (``unsent``) with the
+   (``_Connection.begin``: validated and staged, in request order, exactly as the reader
+   would append it) and its answer left in its slot (``place``); anything else — another
+   api, acks=0, a gated topic — and a partial frame or the in-flight limit hand the
+   connection back to its reader, with what the lane took; then every partition writes
+   what the pass staged with one ``pwritev`` (``AppendPass.close``,
+   ``storage/staged_appends.py``), before anything is answered;
+3. answers, for every connection it answers (after progress; else only those that took
+   requests in the pass: nothing else can have become ready), every slot from the head that
+   is ready (``settle_ready``: the produce's ``Pending.ready``, so the group commit or the
+   high watermark decides, never the lane; without progress a ``Pending.after_progress``
+   is not asked), encoded in order and written with one non-blocking ``send_now``; what the socket does not take goes to the writer (``unsent``) with the
    connection's answering;
 4. checkpoints once when it read anything (the group commit's worker and every other task
    run), else sleeps in ``readiness.wait()`` until a stream is ready, a partition reports
    progress (``progressed``: a commit, a failure or a change of leader wakes the waits of the
    answers owed), or the earliest deadline of an answer owed passes (that connection goes back
-   to its writer, whose ``Pending.wait`` answers the time-out).
+   to its writer, whose ``Pending.wait`` answers the time-out). The lane keeps a time at or
+   before every deadline of an answer it owes (``_expire_at``, lowered as it takes
+   requests) and looks at the connections only when that time has come.
 
 The lane answers a connection only while its writer is parked with nothing owed
 (``writer_idle``) and takes over from the first slot it queues then (``lane_answering``);
 otherwise the writer answers what the lane queued, in order, as it would the reader's. So one
 of the two writes at a time and answers stay in request order.
 
-Appends happen in the lane, one request after another; the fsyncs are the sync worker's
+Appends are staged in the lane, one request after another, and written per partition at the
+end of the pass's reads; the fsyncs are the sync worker's
 (``storage/sync_worker.py``): one group commit covers everything appended before it ran, and
 when fsyncs are slow it runs them off the loop for the whole group (``sync_thread.py``), never
 one request's. Limits hold as in the reader: the request budget and the request timeout apply
@@ -58,6 +64,7 @@ import trio
 
 from rivven_broker.protocol.connection import BadRequest, RequestReceived
 from rivven_broker.protocol.messages import ACKS_NONE, Produce
+from rivven_broker.storage.staged_appends import AppendPass
 
 if TYPE_CHECKING:
     from rivven_broker.server.connection import Begun, _Connection
@@ -82,16 +89,21 @@ class LaneStatistics:
 class ProduceLane:
     """One task serving the produce requests of idle connections. See the module docstring."""
 
-    def __init__(self, readiness: Readiness, metrics: BrokerMetrics, *,
+    def __init__(self, readiness: Readiness, metrics: BrokerMetrics,
+                 staging: AppendPass | None = None, *,
                  frames_per_pass_max: int = frames_per_pass_default,
                  answer_early: bool = False) -> None:
         assert frames_per_pass_max > 0
         self._readiness = readiness
+        self._staging = staging if staging is not None else AppendPass()
         self._metrics = metrics
         self._frames_per_pass_max = frames_per_pass_max
         self._answer_early = answer_early
         self._members: dict[trio.abc.Stream, _Connection] = {}
         self._answering: dict[_Connection, None] = {}  # insertion-ordered: deterministic
+        self._took: dict[_Connection, None] = {}  # took requests in this pass
+        #: At or before the deadline of every answer the lane owes (``_expire`` looks then).
+        self._expire_at = math.inf
         self._wait_scope: trio.CancelScope | None = None
         self._progressed = False
         self._running = False
@@ -134,19 +146,28 @@ class ProduceLane:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve passes until cancelled; then every connection goes back to its reader."""
-        readiness = self._readiness
+        readiness, staging = self._readiness, self._staging
         self._running = True
         task_status.started()
         try:
             while True:
                 streams = readiness.ready()
                 if streams:
-                    self._read(streams)
+                    staging.open()
+                    try:
+                        self._read(streams)
+                    finally:
+                        staging.close()  # every append staged is written before any answer
                 if streams or self._progressed:
-                    self._progressed = False
+                    # Without progress only the connections that took requests can have an
+                    # answer ready (a commit, a failure or a change of leader is progress).
+                    everyone, self._progressed = self._progressed, False
                     self._passes += 1
-                    self._answer()
-                deadline = self._expire()  # every pass: a busy lane still times answers out
+                    self._answer(self._answering if everyone else self._took, everyone)
+                    self._took = {}
+                deadline = self._expire_at  # no answer owed is due before it
+                if deadline <= trio.current_time():  # a busy lane still times answers out
+                    deadline = self._expire()
                 if streams:
                     await trio.lowlevel.checkpoint()
                     continue
@@ -193,6 +214,8 @@ class ProduceLane:
             self._metrics.bytes_in(len(data))
             connection.core.receive_data(data)
             taken = self._take_requests(connection)
+            if taken:
+                self._took[connection] = None
             self._requests += taken
             budget -= taken
             if budget <= 0:
@@ -231,6 +254,9 @@ class ProduceLane:
                 break
             slot = begun[0]
             pending = slot.pending
+            if pending is not None and pending.deadline < self._expire_at \
+                    and connection.lane_answering:
+                self._expire_at = pending.deadline
             if self._answer_early and connection.lane_answering and pending is not None \
                     and pending.provisional is not None:  # the deliberate bug (docstring)
                 slot.pending = None
@@ -238,11 +264,15 @@ class ProduceLane:
                 slot.ready = True
         return taken
 
-    def _answer(self) -> None:
-        """Step 3 of a pass (module docstring)."""
+    def _answer(self, connections: dict[_Connection, None], progressed: bool) -> None:
+        """Step 3 of a pass (module docstring), for ``connections``; ``progressed``: a
+        partition progressed since the last pass (every connection answering is asked then,
+        so without it a pending that waits for progress has nothing new to say)."""
         readiness = self._readiness
-        for connection in list(self._answering):
-            connection.settle_ready()
+        for connection in list(connections):
+            if not connection.lane_answering:
+                continue
+            connection.settle_ready(progressed)
             slots = connection.slots
             if not (slots and slots[0].ready):
                 continue
@@ -266,18 +296,21 @@ class ProduceLane:
 
     def _expire(self) -> float:
         """Give every connection whose oldest answer owed reached its deadline back to its
-        writer (its ``Pending.wait`` answers the time-out); the next such deadline."""
+        writer (its ``Pending.wait`` answers the time-out); the earliest deadline of the
+        answers still owed (every slot's, not only the heads': the next look is then)."""
         now = trio.current_time()
         next_deadline = math.inf
         for connection in list(self._answering):
-            head = connection.slots[0] if connection.slots else None
-            pending = head.pending if head is not None else None
-            if pending is None:
-                continue
-            if pending.deadline <= now:
+            slots = connection.slots
+            head = slots[0].pending if slots else None
+            if head is not None and head.deadline <= now:
                 self._stop_answering(connection)
-            else:
-                next_deadline = min(next_deadline, pending.deadline)
+                continue
+            for slot in slots:
+                pending = slot.pending
+                if pending is not None and pending.deadline < next_deadline:
+                    next_deadline = pending.deadline
+        self._expire_at = next_deadline
         return next_deadline
 
     def _stop_answering(self, connection: _Connection) -> None:

@@ -64,7 +64,7 @@ class LogStatistics:
     recovery_point: int
     size_bytes: int
     segments: int
-    appends: int
+    appends: int  # writes: ``append`` calls and ``write_staged`` groups
     appended_batches: int
     appended_bytes: int
     rolls: int

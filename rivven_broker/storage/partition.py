@@ -16,7 +16,10 @@ so the manager's ``end_offset`` always equals the log end offset:
   hold exactly one batch (as in Kafka); a transactional batch is first checked against the
   transaction coordinator (``txn_check``), then ``check`` decides: a duplicate is answered with
   the original offsets and nothing is written, a refusal is answered with its code and
-  nothing is written, anything else is appended and ``update``\\ d.
+  nothing is written, anything else is appended and ``update``\\ d. While an ``AppendPass`` is
+  open (the produce lane's pass) the partition stages instead of appending
+  (``PartitionLog.stage``, the producer state ``hold``\\ ing its updates) and writes once
+  when the pass closes (``write_staged``: ``storage/staged_appends.py``).
 - ``append_as_follower`` keeps the leader's offsets and epochs and rebuilds the producer
   state from the copied headers, as recovery does: a follower answers a retried batch with its
   original offsets once it leads.
@@ -97,7 +100,9 @@ from rivven_broker.records.header import (
     validate,
 )
 from rivven_broker.storage.file_store import FileStore
+from rivven_broker.storage.errors import StorageError, SyncFailedError
 from rivven_broker.storage.partition_log import AppendInfo, PartitionLog
+from rivven_broker.storage.staged_appends import AppendPass, StagedWrite
 from rivven_broker.storage.sync_worker import SyncWorker
 from rivven_broker.storage.txn_index import (
     TXN_INDEX_FILE,
@@ -173,12 +178,16 @@ def _parse_snapshot_name(name: str) -> int | None:
 
 class ProduceOutcome(NamedTuple):
     """What ``append`` did: appended (``info``), a duplicate (``duplicate``: the original
-    batch), or refused (``error_code`` and ``message``; nothing written)."""
+    batch), or refused (``error_code`` and ``message``; nothing written). ``staged``: the
+    batches (or, for a duplicate, the original) are staged in an ``AppendPass``, not yet
+    written; when its ``error`` is set after the pass, the write failed and the request
+    answers that error as if ``append`` had raised it."""
 
     info: AppendInfo | None = None
     duplicate: BatchMetadata | None = None
     error_code: ErrorCode = ErrorCode.NONE
     message: str = ""
+    staged: StagedWrite | None = None
 
 
 class StateLoadReport(NamedTuple):
@@ -195,10 +204,12 @@ class Partition:
 
     def __init__(
         self, key: Key, plog: PartitionLog, loaded: _Loaded, sync: SyncWorker | None,
-        events: PartitionEvents,
+        events: PartitionEvents, staging: AppendPass | None = None,
     ) -> None:
         self.key = key
         self.log = plog
+        self._staging = staging
+        self._staged: StagedWrite | None = None  # what this pass staged here
         self._take(loaded)
         self._sync = sync
         self._events = events
@@ -224,7 +235,8 @@ class Partition:
 
     @classmethod
     def open(cls, plog: PartitionLog, key: Key = ("", 0), sync: SyncWorker | None = None,
-             events: PartitionEvents = PartitionEvents()) -> tuple[Partition, StateLoadReport]:
+             events: PartitionEvents = PartitionEvents(), staging: AppendPass | None = None,
+             ) -> tuple[Partition, StateLoadReport]:
         """Rebuild the state of ``plog`` from its snapshots, index and log (module
         docstring). Without a sync worker (tests, tools) the log end counts as durable.
 
@@ -235,7 +247,7 @@ class Partition:
             OSError: the snapshot or index files could not be read or written.
         """
         loaded = _load(plog)
-        return cls(key, plog, loaded, sync, events), loaded.report
+        return cls(key, plog, loaded, sync, events, staging), loaded.report
 
     # --- the high watermark ------------------------------------------------------------------
 
@@ -356,17 +368,16 @@ class Partition:
 
     def append_as_leader(self, records: bytes, now_ms: int,
                          txn_check: TxnCheck) -> ProduceOutcome:
-        """Check and append one partition's records (module docstring). Never awaits.
+        """Check and append one partition's records (module docstring); while an
+        ``AppendPass`` is open, stage them instead (``storage/staged_appends.py``). Never
+        awaits.
 
         Raises what ``PartitionLog.append`` raises (nothing was appended then).
         """
         header = parse_header(records) if len(records) >= HEADER_BYTES else None
         if header is not None and header.batch_length + LOG_OVERHEAD_BYTES == len(records):
             if header.producer_id < 0 and not header.attributes & _SPECIAL_BITS:
-                info = self.log.append(records, now_ms)  # the common case: one plain batch
-                self.state.update(header, info.base_offset)
-                self._after_append()
-                return ProduceOutcome(info)
+                return self._append(records, now_ms, (header,))  # the common case
         else:  # several batches (or a malformed request, which the log refuses)
             headers = [h for _, h in iter_batches(records)]
             if any(h.producer_id >= 0 or h.attributes & _SPECIAL_BITS for h in headers):
@@ -374,27 +385,75 @@ class Partition:
                     error_code=ErrorCode.INVALID_REQUEST,
                     message="an idempotent or transactional batch must travel alone",
                 )
-            info = self.log.append(records, now_ms)
-            base_offset = info.base_offset
-            for plain in headers:
-                self.state.update(plain, base_offset)
-                base_offset += plain.last_offset_delta + 1
-            self._after_append()
-            return ProduceOutcome(info)
+            return self._append(records, now_ms, headers)
         if header.is_transactional and not header.is_control and header.producer_id >= 0:
             code = txn_check(header)
             if code != ErrorCode.NONE:
                 return ProduceOutcome(error_code=code, message=code.description)
         verdict = self.state.check(header)
-        if verdict.duplicate is not None:
+        original = verdict.duplicate
+        if original is not None:
             validate(records)  # never answer "already written" for a damaged batch
-            return ProduceOutcome(duplicate=verdict.duplicate)
+            # A duplicate of a batch staged in this pass shares its fate.
+            staged = self._staged if original.last_offset >= self.log.log_end_offset else None
+            assert staged is not None or original.last_offset < self.log.log_end_offset
+            return ProduceOutcome(duplicate=original, staged=staged)
         if verdict.error_code != ErrorCode.NONE:
             return ProduceOutcome(error_code=verdict.error_code, message=verdict.message)
-        info = self.log.append(records, now_ms)
-        self.state.update(header, info.base_offset)
-        self._after_append()
-        return ProduceOutcome(info)
+        return self._append(records, now_ms, (header,))
+
+    def _append(self, records: bytes, now_ms: int,
+                headers: Iterable[BatchHeader]) -> ProduceOutcome:
+        """Append (or, in an open pass, stage) checked batches and record their headers."""
+        staging = self._staging
+        if staging is None or not staging.is_open:
+            info = self.log.append(records, now_ms)
+            self._record(headers, info.base_offset)
+            self._after_append()
+            return ProduceOutcome(info)
+        staged_info = self.log.stage(records, now_ms)
+        if staged_info is None:  # a roll is due: what is staged goes first
+            self.write_staged()
+            staged_info = self.log.stage(records, now_ms)
+            assert staged_info is not None
+        staged = self._staged
+        if staged is None:  # the first staged here in this pass
+            staged = self._staged = StagedWrite()
+            self.state.hold()
+            staging.enrol(self)
+        self._record(headers, staged_info.base_offset)
+        return ProduceOutcome(staged_info, staged=staged)
+
+    def _record(self, headers: Iterable[BatchHeader], base_offset: int) -> None:
+        state = self.state
+        for header in headers:
+            state.update(header, base_offset)
+            base_offset += header.last_offset_delta + 1
+
+    def write_staged(self) -> None:
+        """Write what this partition staged in the pass (``AppendPass.close``): one
+        ``pwritev``. When the write fails, the producer state returns to where the pass found
+        it and the ``StagedWrite`` every staged request holds gets the error. Blocks on the
+        write; never raises an operating error."""
+        staged, self._staged = self._staged, None
+        if staged is None:
+            return
+        try:
+            self.log.write_staged()
+        except SyncFailedError:
+            raise
+        except (StorageError, OSError) as exc:
+            self.state.undo()
+            staged.error = exc
+            staged.done = True
+            self._wake()  # a failure is progress: the requests staged answer it now
+            return
+        staged.done = True
+        self.state.release()
+        try:
+            self._after_append()
+        except OSError as exc:  # the roll's snapshot: answered as ``append_as_leader`` would
+            staged.error = exc
 
     def append_as_follower(self, records: bytes, now_ms: int) -> AppendInfo:
         """Append batches copied from the leader (their offsets and epochs kept) and record
@@ -531,7 +590,9 @@ class Partition:
             self._wake()
 
     def check_invariants(self) -> None:
-        """Assert that the state tracks its log (tests and the simulator)."""
+        """Assert that the state tracks its log (tests and the simulator), and that nothing
+        staged outlived its pass."""
+        assert self._staged is None and not self.log.staged, "staged appends are unwritten"
         assert self._closed or self.state.end_offset == self.log.log_end_offset
         self.state.check_invariants()
         self.index.index.check_invariants()
@@ -662,9 +723,11 @@ class Partitions:
     """One ``Partition`` per partition of a ``LogManager``. Not thread-safe."""
 
     def __init__(self, sync: SyncWorker | None = None,
-                 events: PartitionEvents = PartitionEvents()) -> None:
+                 events: PartitionEvents = PartitionEvents(),
+                 staging: AppendPass | None = None) -> None:
         self._sync = sync
         self._events = events
+        self._staging = staging
         self._partitions: dict[Key, Partition] = {}
 
     def load_all(self, logs: Iterable[tuple[Key, PartitionLog]]) -> dict[Key, StateLoadReport]:
@@ -676,7 +739,7 @@ class Partitions:
         reports = {}
         for key, plog in logs:
             self._partitions[key], reports[key] = Partition.open(
-                plog, key, self._sync, self._events)
+                plog, key, self._sync, self._events, self._staging)
         return reports
 
     def get(self, topic: str, partition: int, plog: PartitionLog) -> Partition:
@@ -690,7 +753,7 @@ class Partitions:
             return current
         if current is not None:  # the topic was deleted and created again
             current.close(snapshot=False)
-        current, report = Partition.open(plog, key, self._sync, self._events)
+        current, report = Partition.open(plog, key, self._sync, self._events, self._staging)
         if report.batches_replayed or report.snapshots_dropped:
             log.info("producer state of %s-%d rebuilt: %s", topic, partition, report)
         self._partitions[key] = current

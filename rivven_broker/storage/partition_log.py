@@ -13,7 +13,10 @@ Appending: every batch of the request is validated first (size, magic, counts, C
 batch rejects the whole request. The log then rolls if the active segment is full
 (``segment.bytes``) or old (``segment.ms`` since its first batch), assigns offsets, and writes
 ``(stamp, batch[16:])`` buffer pairs with one ``pwritev``: only the 16-byte stamp (base offset,
-length, leader epoch, all outside the CRC) is new; the batch bytes are not copied.
+length, leader epoch, all outside the CRC) is new; the batch bytes are not copied. ``stage``
+does the same up to the write and keeps the pairs (``StagedBatches``), so that
+``write_staged`` writes many requests' batches with one ``pwritev``
+(``storage/staged_appends.py``); until then the log end offset does not move.
 
 Reading: bisect the segment by base offset, bisect the sparse offset index, scan batch headers
 forward to the batch holding the offset, then return whole batches (never a partial one, at
@@ -107,6 +110,7 @@ from rivven_broker.storage.log_config import LogConfig
 from rivven_broker.storage.log_results import AppendInfo, LogStatistics, ReadResult, SyncTicket
 from rivven_broker.storage.recovery import RecoveryReport, recover
 from rivven_broker.storage.segment import DELETED_SUFFIX, Segment, disk_full
+from rivven_broker.storage.staged_appends import StagedBatches
 
 __all__ = ["PartitionLog", "AppendInfo", "ReadResult", "SyncTicket", "LogStatistics",
            "SegmentRemoval", "REGION_BATCH_BYTES_MIN"]
@@ -199,6 +203,8 @@ class PartitionLog:
         self.epochs = LeaderEpochCache(None, directory)
         #: The epoch ``append`` stamps on batches (``become_leader`` sets it).
         self.leader_epoch = 0
+        #: Batches staged for one write (``stage``; ``storage/staged_appends.py``).
+        self._staged_batches: StagedBatches | None = None
 
     @classmethod
     def open(
@@ -303,6 +309,7 @@ class PartitionLog:
             LogFailedError: the store failed after the log changed, now or earlier.
         """
         self._check_writable()
+        assert self._staged_batches is None, "write what is staged first"
         if leader_epoch is None:
             leader_epoch = self.leader_epoch
         view = memoryview(records)
@@ -312,16 +319,62 @@ class PartitionLog:
         if self._should_roll(total, span, now_ms):
             self.roll(now_ms)
         active = self._segments[-1]
-        offset = base_offset = active.next_offset
         parts: list[bytes | memoryview] = []
         placed: list[tuple[int, int, int]] = []
-        for position, size, header in batches:
-            parts.append(stamp(offset, header.batch_length, leader_epoch))
-            parts.append(view[position + _STAMP_BYTES : position + size])
-            placed.append((offset, size, header.max_timestamp))
-            offset += header.last_offset_delta + 1
+        base_offset = active.next_offset
+        offset = _place(view, batches, base_offset, leader_epoch, parts, placed)
         self._write(active, parts, placed, offset, total, now_ms)
         return AppendInfo(base_offset, offset - 1, now_ms, len(batches), total)
+
+    def stage(self, records: bytes | bytearray | memoryview, now_ms: int) -> AppendInfo | None:
+        """Validate and stage batches as ``append`` would append them, for ``write_staged``
+        to write together with the others staged (``storage/staged_appends.py``): offsets are
+        assigned now, after what is staged; nothing is visible (the log end offset does not
+        move) until written. ``records`` must not change until then. Returns None, staging
+        nothing, when a roll is due while batches are staged: write those first.
+
+        Blocks on a roll's file I/O only.
+
+        Raises:
+            what ``append`` raises before writing (nothing is staged then).
+        """
+        self._check_writable()
+        view = memoryview(records)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        batches, total, span = self._validate(view)
+        staged = self._staged_batches
+        if staged is None:
+            if self._should_roll(total, span, now_ms):
+                self.roll(now_ms)
+            staged = StagedBatches(self._segments[-1].next_offset, now_ms)
+        elif self._should_roll(total, span, now_ms, staged):
+            return None
+        base_offset = staged.next_offset
+        staged.next_offset = _place(view, batches, base_offset, self.leader_epoch,
+                                    staged.parts, staged.placed)
+        staged.total += total
+        staged.span += span
+        self._staged_batches = staged
+        return AppendInfo(base_offset, staged.next_offset - 1, now_ms, len(batches), total)
+
+    @property
+    def staged(self) -> bool:
+        """Batches are staged, not yet written."""
+        return self._staged_batches is not None
+
+    def write_staged(self) -> None:
+        """Write every staged batch with one ``pwritev`` (as one ``append``). Blocks on it.
+
+        Raises:
+            StorageError: the write failed (nothing is written; nothing stays staged).
+            LogFailedError: the store failed after the log changed, now or earlier.
+        """
+        staged, self._staged_batches = self._staged_batches, None
+        assert staged is not None
+        self._check_writable()
+        self._write(self._segments[-1], staged.parts, staged.placed, staged.next_offset,
+                    staged.total, staged.first_now_ms)
 
     def append_as_follower(
         self, records: bytes | bytearray | memoryview, now_ms: int
@@ -339,6 +392,7 @@ class PartitionLog:
             StorageError, LogFailedError: as ``append``.
         """
         self._check_writable()
+        assert self._staged_batches is None, "write what is staged first"
         view = memoryview(records)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
@@ -414,17 +468,27 @@ class PartitionLog:
             raise InvalidBatchError("no record batch to append")
         return batches, total, span
 
-    def _should_roll(self, total: int, span: int, now_ms: int) -> bool:
+    def _should_roll(self, total: int, span: int, now_ms: int,
+                     staged: StagedBatches | None = None) -> bool:
+        """Must the active segment roll before ``total`` bytes spanning ``span`` offsets are
+        added (after what is ``staged``, counted as written)?"""
         active = self._segments[-1]
-        if active.size == 0:
+        size, first_append_ms, next_offset = active.size, active.first_append_ms, \
+            active.next_offset
+        if staged is not None:
+            size += staged.total
+            next_offset = staged.next_offset
+            if first_append_ms is None:
+                first_append_ms = staged.first_now_ms
+        if size == 0:
             assert span <= _RELATIVE_MAX
             return False
-        assert active.first_append_ms is not None
+        assert first_append_ms is not None
         return (
-            active.size + total > self.config.segment_bytes
-            or now_ms - active.first_append_ms >= self.config.segment_ms
-            or active.next_offset + span - active.base_offset > _RELATIVE_MAX
-            or active.size + total > _RELATIVE_MAX
+            size + total > self.config.segment_bytes
+            or now_ms - first_append_ms >= self.config.segment_ms
+            or next_offset + span - active.base_offset > _RELATIVE_MAX
+            or size + total > _RELATIVE_MAX
         )
 
     def roll(self, now_ms: int) -> None:
@@ -821,6 +885,7 @@ class PartitionLog:
             LogFailedError: the store failed.
         """
         self._check_writable()
+        assert self._staged_batches is None, "write what is staged first"
         assert offset >= 0
         if offset >= self.log_end_offset:
             return
@@ -861,6 +926,7 @@ class PartitionLog:
             LogFailedError: the store failed.
         """
         self._check_writable()
+        assert self._staged_batches is None, "write what is staged first"
         assert start >= 0
         self._truncate_fully(start)
 
@@ -1191,3 +1257,14 @@ class PartitionLog:
         for segment in segments:
             segment.check_invariants(deep=deep)
 
+
+def _place(view: memoryview, batches: list[tuple[int, int, BatchHeader]], offset: int,
+           leader_epoch: int, parts: list[bytes | memoryview],
+           placed: list[tuple[int, int, int]]) -> int:
+    """Stamp ``batches`` from ``offset`` on into ``parts``/``placed``; the next offset."""
+    for position, size, header in batches:
+        parts.append(stamp(offset, header.batch_length, leader_epoch))
+        parts.append(view[position + _STAMP_BYTES : position + size])
+        placed.append((offset, size, header.max_timestamp))
+        offset += header.last_offset_delta + 1
+    return offset

@@ -35,6 +35,11 @@ serialised, and another batch of the same producer must not slip between check a
   DUPLICATE_SEQUENCE (it was written, its offsets are forgotten; Kafka's clients treat this as
   success without offsets), anything else OUT_OF_ORDER_SEQUENCE.
 
+Held updates: the produce lane stages a pass's appends before writing them
+(``storage/staged_appends.py``), recording each batch here at once so the next batch of the
+same producer is checked against it; ``hold`` remembers the state first, ``undo`` returns to
+it when the write fails, ``release`` keeps the updates.
+
 Sequences are i32 and wrap from 2^31-1 to 0 as in Kafka: the sequence of record ``i`` of a
 batch is ``(base_sequence + i) mod 2^31``.
 
@@ -194,6 +199,14 @@ class _Producer:
                 return batch
         return None
 
+    def copy(self) -> _Producer:
+        twin = _Producer(self.epoch, self.batches.maxlen or 1)
+        twin.batches.extend(self.batches)
+        twin.txn_first_offset = self.txn_first_offset
+        twin.last_offset = self.last_offset
+        twin.last_timestamp_ms = self.last_timestamp_ms
+        return twin
+
     def info(self) -> ProducerInfo:
         return ProducerInfo(
             self.epoch,
@@ -202,6 +215,13 @@ class _Producer:
             self.last_offset,
             self.last_timestamp_ms,
         )
+
+
+class _Held(NamedTuple):
+    end_offset: int
+    #: producer id -> (its entry before the first held update, or None when it was new;
+    #: the first offset of its open transaction then, or None)
+    producers: dict[int, tuple[_Producer | None, int | None]]
 
 
 def _require_ints(*values: object) -> None:
@@ -227,6 +247,7 @@ class ProducerStateManager:
         self._producers: dict[int, _Producer] = {}
         self._ongoing: dict[int, int] = {}  # producer id -> first offset of its open txn
         self._end_offset = end_offset
+        self._held: _Held | None = None  # how to undo the updates since ``hold``
 
     # --- queries -------------------------------------------------------------------------
 
@@ -371,6 +392,10 @@ class ProducerStateManager:
         if producer_id < 0:
             return None
         entry = self._producers.get(producer_id)
+        held = self._held
+        if held is not None and producer_id not in held.producers:
+            held.producers[producer_id] = (
+                None if entry is None else entry.copy(), self._ongoing.get(producer_id))
         if entry is None:
             entry = self._producers[producer_id] = _Producer(
                 header.producer_epoch, self._batches_retained
@@ -409,6 +434,35 @@ class ProducerStateManager:
             last_stable_offset=stable,
             had_data=first != NO_OFFSET,
         )
+
+    # --- held updates (staged appends: storage/staged_appends.py) ------------------------
+
+    def hold(self) -> None:
+        """Remember the state as it is, so that ``undo`` can return to it (the updates that
+        follow are of batches not written yet); ``release`` forgets it. Costs a copy of each
+        producer the held updates touch. Never blocks."""
+        assert self._held is None
+        self._held = _Held(self._end_offset, {})
+
+    def release(self) -> None:
+        """The held updates stand (their batches were written)."""
+        assert self._held is not None
+        self._held = None
+
+    def undo(self) -> None:
+        """Return to the state ``hold`` remembered (the batches were not written)."""
+        held, self._held = self._held, None
+        assert held is not None
+        for producer_id, (entry, txn_first_offset) in held.producers.items():
+            if entry is None:
+                del self._producers[producer_id]
+            else:
+                self._producers[producer_id] = entry
+            if txn_first_offset is None:
+                self._ongoing.pop(producer_id, None)
+            else:
+                self._ongoing[producer_id] = txn_first_offset
+        self._end_offset = held.end_offset
 
     def advance_end_offset(self, end_offset: int) -> None:
         """The log goes on at ``end_offset`` with no batch in between (the log's own end when

@@ -276,3 +276,41 @@ async def test_a_connection_that_only_fetches_stays_out_of_the_lane(broker, conn
     await producer.call(produce(b"again"))  # read by its task; then it rests in the lane
     await producer.call(produce(b"and again"))
     assert lane_counts(broker)[0] == requests + 1
+
+
+def idempotent(sequence: int, value: bytes, timeout_ms: int = 10_000) -> Produce:
+    builder = BatchBuilder(batch_bytes_max=1 << 20, producer_id=7, producer_epoch=0,
+                           base_sequence=sequence)
+    assert builder.append(1_000, None, value)
+    return Produce(acks=-1, timeout_ms=timeout_ms,
+                   topics=(ProduceTopic("t", (ProducePartition(0, builder.build()),)),))
+
+
+async def test_retries_in_the_lane_are_answered_as_duplicates_without_waiting(broker, connect):
+    """A retry of a batch already durable needs no commit: the lane must answer it without
+    waiting for progress (a wait that only progress settles would hold it to its timeout,
+    here far beyond the test's guard). Retries pipelined with their original in one pass
+    share its offsets (staged appends: a duplicate within the pass)."""
+    setup = await connect(broker.port)
+    await setup.call(CreateTopic("t", 1))
+    client = await connect(broker.port)
+    first = (await client.call(idempotent(0, b"a"))).topics[0].partitions[0]
+    assert first.error_code == 0 and not first.duplicate
+    with trio.fail_after(20):  # a hang guard: the retry's own timeout is ten minutes
+        again = (await client.call(idempotent(0, b"a", 600_000))).topics[0].partitions[0]
+    assert again.duplicate and again.base_offset == first.base_offset
+    requests_before, _ = lane_counts(broker)
+    data = b""
+    for request in (idempotent(1, b"b"), idempotent(1, b"b"), idempotent(2, b"c")) * 2:
+        data += client.core.send_request(request)[1]
+    await client.send_raw(data)  # one write: the lane takes them in one pass, or a few
+    with trio.fail_after(20):
+        answers = [(await client.receive()).response.topics[0].partitions[0]
+                   for _ in range(6)]
+    offsets = [(answer.error_code, answer.base_offset, answer.duplicate) for answer in answers]
+    b, c = offsets[0][1], offsets[2][1]
+    assert offsets == [(0, b, False), (0, b, True), (0, c, False),
+                       (0, b, True), (0, b, True), (0, c, True)]
+    assert c == b + 1 == first.base_offset + 2
+    assert await everything_in(setup) == [b"a", b"b", b"c"]
+    assert lane_counts(broker)[0] > requests_before
