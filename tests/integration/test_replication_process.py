@@ -233,6 +233,10 @@ def test_acks_all_refused_below_min_insync(broker_process, tmp_path) -> None:
                            config={"min.insync.replicas": "3"})
     info = _wait(lambda: _partition(processes[1]), "the topic's metadata")
     _wait(lambda: len(_partition(processes[1]).isr) == 3, "a full ISR")
+    # The internal topics too, before a broker dies: created later, with two brokers left,
+    # they could not get their three replicas and the gauges below would never be compared.
+    _wait(lambda: all(p is not None and len(p.isr) == 3 for p in _internals(processes[1])),
+          "the internal topics, fully in sync")
     follower = next(r for r in info.replicas if r != info.leader)
     processes[follower].popen.send_signal(signal.SIGKILL)
     processes[follower].popen.wait()
@@ -240,8 +244,7 @@ def test_acks_all_refused_below_min_insync(broker_process, tmp_path) -> None:
     _wait(lambda: len(_partition(leader).isr) == 2, "the dead follower out of the ISR")
 
     def led_and_under() -> tuple[float, float]:  # the topic's and the internal topics' (RF 3)
-        parts = [_partition(leader)] + [_internal(leader, p, topic) for p in range(4)
-                                        for topic in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC)]
+        parts = [_partition(leader), *_internals(leader)]
         if None in parts:
             return -1.0, -1.0  # (an internal topic is not created yet)
         led = [p for p in parts if p.leader == info.leader]
@@ -334,6 +337,12 @@ def _one_coordinator(processes, key: str, key_type: int = 0) -> int:
         named = {_coordinator_of(p, key, key_type) for p in processes.values()}
         return named.pop() if len(named) == 1 and -1 not in named else None
     return _wait(agreed, f"one coordinator for {key!r}, named by every broker")
+
+
+def _internals(process) -> list:
+    """Every partition of the two internal topics (RF 3), None where not known yet."""
+    return [_internal(process, p, topic) for p in range(4)
+            for topic in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC)]
 
 
 def _internal(process, partition: int, topic: str = OFFSETS_TOPIC):
