@@ -80,7 +80,7 @@ value), the replication lag (WAL bytes between the end of the last transaction r
 last one confirmed), the changes read per table and op (``table`` is one of the
 configured tables: a bounded label), the reconnects and failed attempts
 (``ReplicationLink``), and, once streaming, the incremental chunks emitted or read again,
-the chunk rows superseded and the signals accepted or refused.
+the chunk rows superseded and the signals accepted or refused (``postgres_cdc_metrics``).
 
 The ``config`` block is checked by ``postgres_cdc_config.parse_config``.
 
@@ -128,6 +128,7 @@ from rivven_connect.sources.postgres_cdc_incremental import (
     IncrementalRunner, position_json, signal_message,
 )
 from rivven_connect.sources.postgres_cdc_link import ReplicationLink
+from rivven_connect.sources.postgres_cdc_metrics import cdc_metrics, count_events
 from rivven_connect.sources.postgres_cdc_snapshot import SnapshotRun
 
 __all__ = ["PostgresCdcSource", "changes_per_transaction_max"]
@@ -330,7 +331,7 @@ class PostgresCdcSource:
                 records = incremental.process(
                     result, builder.records(result, self.clock_ms(), position_json))
                 self.received_end_lsn = result.end_lsn
-                self._count(records)
+                count_events(self.events, records)
                 if records:
                     self._transactions.append(records)
                     self._queued += len(records)
@@ -501,7 +502,7 @@ class PostgresCdcSource:
             relation, row, run.consistent_lsn, position.rows - 1,
             "last" if position.done else "true", position.to_json(), now_ms)
             for relation, row, position in rows]
-        self._count(records)
+        count_events(self.events, records)
         if run.exhausted:
             self.snapshot = None
             run.close()  # every row is read: the exported snapshot may go
@@ -527,11 +528,6 @@ class PostgresCdcSource:
             raise SourceError(str(error)) from error
 
     # --- metrics ------------------------------------------------------------------------------
-    def _count(self, records: list[Record]) -> None:
-        for record in records:
-            if record.value is not None and record.table is not None and record.op:
-                self.events[(f"{record.schema}.{record.table}", record.op)] += 1
-
     async def _read_slot_stats(self) -> None:
         """Read the slot's retained WAL if the last read is ``slot_stats_interval_ms``
         old. A failure is logged (the gauge keeps its last value): a metric never stops
@@ -551,42 +547,11 @@ class PostgresCdcSource:
                 self.link.let_go_if_shutting_down(error)
 
     def metrics(self) -> list[Metric]:
-        """The CDC gauges and counters (module docstring "Metrics"). Never blocks."""
-        out = []
-        if self.retained_wal_bytes is not None:
-            out.append(Metric("cdc_retained_wal_bytes", "gauge",
-                              "WAL Postgres keeps for the slot (pg_current_wal_lsn() - "
-                              "restart_lsn), read every few seconds.", self.retained_wal_bytes))
-        confirmed = self.link.confirmed_lsn
-        confirmed_end = None if confirmed is None else confirmed + 1
-        lag = 0
-        if self.received_end_lsn is not None:
-            lag = max(0, self.received_end_lsn - max(confirmed_end or 0, self.stream_from))
-        out.append(Metric("cdc_replication_lag_bytes", "gauge",
-                          "WAL bytes between the end of the last transaction read and the "
-                          "last one confirmed to the slot (committed to the broker).", lag))
-        out.extend(self.link.metrics())
-        if self.incremental is not None:
-            core = self.incremental.core
-            for outcome, count in (("emitted", core.chunks_emitted),
-                                   ("read_again", core.chunks_retried)):
-                out.append(Metric("cdc_incremental_chunks", "counter",
-                                  "Incremental snapshot chunks emitted at their high watermark, "
-                                  "or dropped and read again (a race with a committing "
-                                  "transaction).", count, (("outcome", outcome),)))
-            out.append(Metric("cdc_incremental_rows_superseded", "counter",
-                              "Chunk rows not emitted because a streamed change of the key "
-                              "fell in the chunk's window.", core.rows_dropped))
-            for outcome in ("accepted", "refused"):
-                out.append(Metric("cdc_signals", "counter", "Snapshot signals read from the "
-                                  "stream (refused ones are logged).",
-                                  self.incremental.signals[outcome], (("outcome", outcome),)))
-        for (table, op), count in sorted(self.events.items()):
-            out.append(Metric("cdc_events", "counter",
-                              "Changes read from Postgres, by table (one of the configured "
-                              "tables) and op (c, u, d, t, r).", count,
-                              (("table", table), ("op", op))))
-        return out
+        """The CDC gauges and counters (``postgres_cdc_metrics``). Never blocks."""
+        return cdc_metrics(
+            retained_wal_bytes=self.retained_wal_bytes, confirmed_lsn=self.link.confirmed_lsn,
+            received_end_lsn=self.received_end_lsn, stream_from=self.stream_from,
+            link_metrics=self.link.metrics(), incremental=self.incremental, events=self.events)
 
     def position_key(self, position: Any) -> tuple[int, int, int]:
         """``(lsn, phase, n)``: snapshot rows (phase 0) by count under their consistent
