@@ -79,7 +79,7 @@ PURE_PACKAGES = (
 CLIENT_DRIVERS = {
     "rivven_broker.client": "the package's front: re-exports the blocking driver's classes",
     "rivven_broker.client.blocking": "the blocking driver's front module",
-    "rivven_broker.client.trio": "the trio driver's front module",
+    "rivven_broker.client.trio": "the async driver's front module under its trio names",
     "rivven_broker.client._admin": "blocking Admin: sleeps between coordinator searches",
     "rivven_broker.client._cluster": "blocking: metadata over the NetworkClient, a lock",
     "rivven_broker.client._collector": "pauses the process's garbage collector around decodes",
@@ -88,11 +88,12 @@ CLIENT_DRIVERS = {
     "rivven_broker.client._network": "blocking sockets, selectors and the monotonic clock",
     "rivven_broker.client._producer": "blocking Producer: a sender thread, futures",
     "rivven_broker.client._sync": "blocking request/response on the caller's thread",
-    "rivven_broker.client._trio_admin": "trio Admin",
-    "rivven_broker.client._trio_consumer": "trio Consumer: fetch tasks",
-    "rivven_broker.client._trio_group": "trio group member: a heartbeat task",
-    "rivven_broker.client._trio_net": "trio streams, trio's clock",
-    "rivven_broker.client._trio_producer": "trio Producer: a sender task",
+    "rivven_broker.client.aio": "the async driver's front module (trio and asyncio)",
+    "rivven_broker.client._aio_admin": "async Admin (AnyIO)",
+    "rivven_broker.client._aio_consumer": "async Consumer: fetch tasks (AnyIO)",
+    "rivven_broker.client._aio_group": "async group member: a heartbeat task (AnyIO)",
+    "rivven_broker.client._aio_net": "sockets and the event loop's clock (AnyIO)",
+    "rivven_broker.client._aio_producer": "async Producer: a sender task (AnyIO)",
 }
 PURE_EXEMPT = {
     "rivven_broker.storage.file_store": "the real FileStore: the one storage module doing os I/O",

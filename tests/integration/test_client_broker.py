@@ -5,22 +5,23 @@ Goal: what issue 3 asks of the client, end to end.
   ``Consumer`` with exact contents, per-partition order and each key in its murmur2 partition.
 - A producer keeps its records through a broker restart: sends made while the broker is down
   are retried and land once it is back (the real ``rivven-broker`` as a subprocess).
-- The trio client does a round trip against a broker running in the test's own trio run.
+- The async client does a round trip, under trio and under asyncio (``on_each_loop``).
 Method: the blocking clients talk to a ``broker_process`` (a subprocess, so the test's threads
-and the broker do not share an event loop); the trio client uses the in-process ``broker``
-fixture. Futures, flushes and polls with timeouts are the only waits.
+and the broker do not share an event loop); the async client uses ``threaded_broker`` (an
+in-process broker on a trio thread of its own). Futures, flushes and polls with timeouts are the only waits.
 """
 
 from __future__ import annotations
 
 import collections
 
+import anyio
 import pytest
-import trio
 
 from rivven_broker.client import Admin, Consumer, Producer, TopicPartition
-from rivven_broker.client.trio import open_admin, open_consumer, open_producer
+from rivven_broker.client.aio import open_admin, open_consumer, open_producer
 from rivven_broker.records import partition_for_key
+from tests.loops import on_each_loop
 
 PARTITIONS = 3
 
@@ -97,8 +98,10 @@ def test_producer_retries_across_a_broker_restart(broker_process):
     assert sorted(r.value for r in records[1:]) == sorted(b"during-%d" % i for i in range(50))
 
 
-async def test_trio_client_round_trip(broker):
-    with trio.fail_after(60):
+@on_each_loop
+async def test_async_client_round_trip(threaded_broker):
+    broker = threaded_broker()
+    with anyio.fail_after(60):
         async with open_admin(broker.address) as admin:
             await admin.create_topic("trio", partitions=PARTITIONS)
             description = await admin.describe_topic("trio")
@@ -122,11 +125,13 @@ async def test_trio_client_round_trip(broker):
         assert found[(meta.partition, meta.offset)] == b"w%d" % i
 
 
-async def test_offsets_for_times_in_both_clients(broker):
+@on_each_loop
+async def test_offsets_for_times_in_both_clients(threaded_broker):
     """kafka-python's offsets_for_times: the first offset at or after a time per partition;
-    None when no record is that late. Blocking and trio alike."""
+    None when no record is that late. Blocking and async (trio, asyncio) alike."""
+    broker = threaded_broker()
     tp = TopicPartition("times", 0)
-    with trio.fail_after(60):
+    with anyio.fail_after(60):
         async with open_admin(broker.address) as admin:
             await admin.create_topic("times", partitions=1)
         async with open_producer(broker.address) as producer:
@@ -154,7 +159,7 @@ async def test_offsets_for_times_in_both_clients(broker):
             assert consumer.offsets_for_times({tp: 4_000})[tp].offset == 3
             assert consumer.offsets_for_times({tp: 4_001}) == {tp: None}
 
-    await trio.to_thread.run_sync(blocking)
+    await anyio.to_thread.run_sync(blocking)
 
 
 def test_offsets_for_times_find_the_record_inside_a_batch(broker_process):

@@ -1,16 +1,17 @@
 """Exactly-once end to end with the real clients: retries under faults, fencing, isolation.
 
 Goal: the guarantees of docs/exactly-once.md as an application sees them. Method: an
-in-process broker on loopback and real files, the trio clients, and, for the retry test, a
-fault-injecting proxy (``faulty_proxy.py``) between producer and broker that duplicates
-requests and cuts connections before and after the broker handled a request. Every check
-reads the partitions back with a consumer and compares with what was sent.
+in-process broker on loopback and real files (on a trio thread of its own), the async clients
+under trio and under asyncio (``on_each_loop``), and, for the retry test, a fault-injecting
+proxy (``faulty_proxy.py``, on the broker's thread) between producer and broker that
+duplicates requests and cuts connections before and after the broker handled a request. Every
+check reads the partitions back with a consumer and compares with what was sent.
 """
 
 from __future__ import annotations
 
+import anyio
 import pytest
-import trio
 
 from tests.integration.faulty_proxy import FaultyProxy
 from rivven_broker.client.config import ProducerConfig
@@ -19,8 +20,9 @@ from rivven_broker.client.errors import (
     ProducerFencedError,
     RivvenError,
 )
-from rivven_broker.client.trio import open_admin, open_consumer, open_producer
+from rivven_broker.client.aio import open_admin, open_consumer, open_producer
 from rivven_broker.client.types import TopicPartition
+from tests.loops import on_each_loop
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -33,7 +35,7 @@ async def read_all(bootstrap: str, topic: str, partitions: int, isolation: str) 
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
         ends = await consumer.end_offsets(tps)
-        with trio.fail_after(60):
+        with anyio.fail_after(60):
             for tp in tps:
                 while await consumer.position(tp) < ends[tp]:
                     for record in await consumer.poll(timeout_ms=200, max_records=10_000):
@@ -42,15 +44,16 @@ async def read_all(bootstrap: str, topic: str, partitions: int, isolation: str) 
 
 
 @pytest.mark.slow
+@on_each_loop
 async def test_100k_idempotent_records_through_duplicates_and_dropped_connections(
-    start_broker, nursery
+    threaded_broker, trio_thread
 ):
     """No duplicates and per-partition order kept, while the proxy duplicates requests and
     cuts connections before and after the broker handled them."""
-    running = await start_broker()
+    running = threaded_broker()
     proxy = FaultyProxy(running.port, seed=7, duplicate_p=0.02, drop_after_p=0.02,
                         drop_before_p=0.01, faults_max=150)
-    await nursery.start(proxy.serve)
+    trio_thread.start(proxy.serve)
     running.broker.context.advertised_port = proxy.port  # Metadata leads clients to the proxy
     async with open_admin(running.address) as admin:
         await admin.create_topic("eos", partitions=4)
@@ -78,8 +81,9 @@ async def test_100k_idempotent_records_through_duplicates_and_dropped_connection
             last[record.key] = value
 
 
-async def test_a_zombie_is_fenced_and_its_open_transaction_aborted(start_broker):
-    running = await start_broker()
+@on_each_loop
+async def test_a_zombie_is_fenced_and_its_open_transaction_aborted(threaded_broker):
+    running = threaded_broker()
     bootstrap = running.address
     async with open_admin(bootstrap) as admin:
         await admin.create_topic("out", partitions=2)
@@ -109,8 +113,9 @@ async def test_a_zombie_is_fenced_and_its_open_transaction_aborted(start_broker)
     assert sum(r.value.startswith(b"zombie") for rs in everything.values() for r in rs) == 20
 
 
-async def test_an_open_transaction_is_invisible_to_read_committed_only(start_broker):
-    running = await start_broker()
+@on_each_loop
+async def test_an_open_transaction_is_invisible_to_read_committed_only(threaded_broker):
+    running = threaded_broker()
     bootstrap = running.address
     async with open_admin(bootstrap) as admin:
         await admin.create_topic("iso", partitions=1)
@@ -137,8 +142,9 @@ async def test_an_open_transaction_is_invisible_to_read_committed_only(start_bro
         assert len(uncommitted[0]) == 6
 
 
-async def test_the_default_producer_is_idempotent_and_a_plain_one_still_works(start_broker):
-    running = await start_broker()
+@on_each_loop
+async def test_the_default_producer_is_idempotent_and_a_plain_one_still_works(threaded_broker):
+    running = threaded_broker()
     async with open_producer(running.address) as producer:
         meta = await producer.send("plain", value=b"x", partition=0)
         assert producer._core.txn is not None and producer._core.txn.producer_id >= 1

@@ -140,13 +140,13 @@ async def test_an_answer_arriving_after_the_connection_failed_is_dropped_not_a_c
     was already on the way: the read loop drops those bytes and ends instead of pairing them
     with a waiter that is gone. The failing connection's nursery is closed here, so the
     stream is not closed under the reader and the late bytes certainly arrive."""
-    from rivven_broker.client._trio_net import TrioConnection, _Waiter
+    from rivven_broker.client._aio_net import Connection, _Waiter
     from rivven_broker.client.errors import RequestTimedOutError
 
     client_end, server_end = trio.testing.memory_stream_pair()
     async with trio.open_nursery() as gone:
         pass
-    connection = TrioConnection(("memory", 1), client_end, 8, gone)
+    connection = Connection(("memory", 1), client_end, 8, gone)
     _, request_bytes = connection.core.send_request(m.Ping())
     waiter = _Waiter()
     connection.waiters.append(waiter)

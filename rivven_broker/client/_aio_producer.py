@@ -1,4 +1,4 @@
-"""The trio ``Producer``: the same core as the blocking one, driven by tasks.
+"""The async ``Producer`` (AnyIO: trio or asyncio): the ``ProducerCore`` driven by tasks.
 
 Theory of operation
 -------------------
@@ -14,7 +14,9 @@ coordinator request the core asks for (``InitProducerId`` and the transaction ap
 time, to any broker) and feeds the answer back; the transactional methods wait on the
 ``TxnResult`` the core returns, woken by the progress signal.
 
-Time is ``env.clock`` (trio's clock by default, a virtual one in the simulator).
+Time is ``env.clock`` (the event loop's clock by default, a virtual one in the simulator).
+A ``Delivery`` makes its event only when awaited before it resolved: most are resolved first
+(``enqueue`` callers await many at once, or none), and an event per record costs.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
-import trio
+import anyio
+import anyio.lowlevel
 
-from rivven_broker.client._trio_net import ClientEnv, Signal, TrioCluster, env_rng
+from rivven_broker.client._aio_net import Cluster, ClientEnv, Signal, env_rng
 from rivven_broker.client.accumulator import ProducePlan
 from rivven_broker.client.config import (
     ConnectionConfig,
@@ -57,7 +60,7 @@ from rivven_broker.client.transaction_manager import (
 from rivven_broker.client.types import RecordMetadata
 from rivven_broker.records.batch import RecordTooLargeError
 
-__all__ = ["Delivery", "TrioProducer", "open_producer"]
+__all__ = ["AsyncProducer", "Delivery", "open_producer"]
 
 _IDLE_WAIT_MS = 1000
 
@@ -65,19 +68,25 @@ _IDLE_WAIT_MS = 1000
 class Delivery:
     """The pending outcome of one record: ``await delivery`` -> ``RecordMetadata``."""
 
-    __slots__ = ("_event", "_result", "_error")
+    __slots__ = ("_event", "_done", "_result", "_error")
 
     def __init__(self) -> None:
-        self._event = trio.Event()
+        self._event: anyio.Event | None = None  # made by the first wait before the outcome
+        self._done = False
         self._result: RecordMetadata | None = None
         self._error: RivvenError | None = None
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     async def wait(self) -> RecordMetadata:
         """The record's metadata once acknowledged. Raises the delivery error."""
-        await self._event.wait()
+        if not self._done:
+            if self._event is None:
+                self._event = anyio.Event()
+            await self._event.wait()
+        else:
+            await anyio.lowlevel.checkpoint()
         if self._error is not None:
             raise self._error
         assert self._result is not None
@@ -88,13 +97,15 @@ class Delivery:
 
     def _resolve(self, result: RecordMetadata | None, error: RivvenError | None) -> None:
         self._result, self._error = result, error
-        self._event.set()
+        self._done = True
+        if self._event is not None:
+            self._event.set()
 
 
-class TrioProducer:
-    """Use through ``open_producer``. Methods are called from tasks of one trio run."""
+class AsyncProducer:
+    """Use through ``open_producer``. Methods are called from tasks of one event loop."""
 
-    def __init__(self, bootstrap: str, env: Any, nursery: trio.Nursery, **options: Any) -> None:
+    def __init__(self, bootstrap: str, env: Any, nursery: Any, **options: Any) -> None:
         if "acks" in options:
             options["acks"] = normalise_acks(options["acks"])
         self._config, conn_config = build_configs(options, ProducerConfig, ConnectionConfig)
@@ -103,7 +114,7 @@ class TrioProducer:
         self._env = env
         self._clock = env.clock
         self._nursery = nursery
-        self._cluster = TrioCluster(
+        self._cluster = Cluster(
             bootstrap, conn_config, env, nursery,
             in_flight_max=self._config.max_in_flight_requests_per_connection + 2,
             allow_auto_topic_creation=self._config.allow_auto_topic_creation,
@@ -148,16 +159,16 @@ class TrioProducer:
         while True:
             try:
                 delivery = self.send_nowait(topic, value, key, headers, partition, timestamp_ms)
-            except trio.WouldBlock:
+            except anyio.WouldBlock:
                 await self._wait_for_capacity(topic, deadline)
                 continue
-            await trio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
             return delivery
 
     def send_nowait(self, topic: str, value: bytes | None = None, key: bytes | None = None,
                     headers: Any = None, partition: int | None = None,
                     timestamp_ms: int | None = None) -> Delivery:
-        """Queue one record without waiting. Raises ``trio.WouldBlock`` when the topic's
+        """Queue one record without waiting. Raises ``anyio.WouldBlock`` when the topic's
         metadata is not known yet or the buffer is full (``enqueue`` waits instead)."""
         if self._closed:
             raise ClosedError("send after the producer closed")
@@ -170,13 +181,13 @@ class TrioProducer:
                 raise error_for(code, f"topic {topic!r}")
             if self._metadata.add_topics([topic]):
                 self._wake.fire()
-            raise trio.WouldBlock
+            raise anyio.WouldBlock
         if partition is not None and not 0 <= partition < count:
             raise UnknownTopicOrPartitionError(
                 f"partition {partition} of {topic!r} does not exist ({count} partitions)"
             )
         if not self._acc.has_room():
-            raise trio.WouldBlock
+            raise anyio.WouldBlock
         if self._serializing:
             key, value = serialize(self._config, key, value)
         delivery = Delivery()
@@ -217,7 +228,7 @@ class TrioProducer:
         self._acc.flushes_in_progress += 1
         try:
             self._wake.fire()
-            with trio.move_on_after(float("inf") if timeout_ms is None else timeout_ms / 1000):
+            with anyio.move_on_after(float("inf") if timeout_ms is None else timeout_ms / 1000):
                 while any(not batch.done for batch in pending):
                     await self._progress.wait()
                 return
@@ -237,7 +248,7 @@ class TrioProducer:
     async def begin_transaction(self) -> None:
         """Start a transaction (local). Raises ``InvalidTxnStateError`` or the fatal error."""
         self._transactions().begin_transaction()
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
 
     async def send_offsets_to_transaction(
         self, offsets: Any, group_id: Any, timeout_ms: int | None = None
@@ -254,16 +265,20 @@ class TrioProducer:
         await self._await(self._transactions().begin_commit(), timeout_ms)
 
     async def abort_transaction(self, timeout_ms: int | None = None) -> None:
-        """Abort the open transaction (queued records fail with TransactionAbortedError)."""
+        """Abort the open transaction (queued records fail with TransactionAbortedError).
+        Raises ClientTimeoutError when that takes longer than ``timeout_ms``."""
         txn = self._transactions()
+        finished = False
         error = TransactionAbortedError("the transaction was aborted before this was sent")
-        with trio.fail_after(self._timeout_ms(timeout_ms) / 1000):
+        with anyio.move_on_after(self._timeout_ms(timeout_ms) / 1000):
             while True:
                 outcomes, finished = self._core.abort_transaction_records(error)
                 self._finish(outcomes)
                 if finished:
                     break
                 await self._progress.wait(_IDLE_WAIT_MS)
+        if not finished:
+            raise ClientTimeoutError("the transaction's records were not settled in time")
         await self._await(txn.begin_abort(), timeout_ms)
 
     def _transactions(self) -> TransactionManager:
@@ -277,7 +292,7 @@ class TrioProducer:
 
     async def _await(self, result: TxnResult, timeout_ms: int | None) -> None:
         self._wake.fire()
-        with trio.move_on_after(self._timeout_ms(timeout_ms) / 1000):
+        with anyio.move_on_after(self._timeout_ms(timeout_ms) / 1000):
             while not result.done:
                 await self._progress.wait(_IDLE_WAIT_MS)
         if not result.done:
@@ -394,16 +409,16 @@ class TrioProducer:
 @asynccontextmanager
 async def open_producer(
     bootstrap: str | None = None, *, env: Any = None, **options: Any
-) -> AsyncIterator[TrioProducer]:
-    """A trio ``Producer`` for the body of an ``async with``; options as the blocking one.
+) -> AsyncIterator[AsyncProducer]:
+    """An async ``Producer`` for the body of an ``async with``; options as the blocking one.
 
     On a normal exit it flushes (bounded by ``delivery_timeout_ms``), then closes; on an
     exception it closes at once, failing pending records with ``ClosedError``.
     """
     bootstrap, _ = bootstrap_and_topics(() if bootstrap is None else (bootstrap,), None,
                                         options, takes_topics=False)
-    async with trio.open_nursery() as nursery:
-        producer = TrioProducer(bootstrap, env or ClientEnv(), nursery, **options)
+    async with anyio.create_task_group() as nursery:
+        producer = AsyncProducer(bootstrap, env or ClientEnv(), nursery, **options)
         nursery.start_soon(producer._run_sender)
         try:
             yield producer

@@ -1,18 +1,18 @@
-"""The trio client driver over real loopback sockets, against the fault-injecting fake broker.
+"""The async client driver over real loopback sockets, against the fault-injecting fake broker.
 
-Method: the fake broker (tests/unit/client/fake_broker.py) runs on its own threads; the trio
-clients run in the test's trio run. Each test checks one behaviour of the trio driver: round
-trip and key partitioning, retries after injected errors and dropped connections, non-retriable
-failures, fast failure when nothing listens, consumer positions. Waits are bounded with
-``trio.fail_after``; nothing sleeps.
+Method: the fake broker (tests/unit/client/fake_broker.py) runs on its own threads; each test
+body runs under trio and under asyncio (``on_each_loop``: one driver, one code path). Each
+test checks one behaviour of the async driver: round trip and key partitioning, retries after
+injected errors and dropped connections, non-retriable failures, fast failure when nothing
+listens, consumer positions. Waits are bounded with ``anyio.fail_after``; nothing sleeps.
 """
 
 from __future__ import annotations
 
 import socket
 
+import anyio
 import pytest
-import trio
 
 from rivven_broker.client import (
     ConnectionFailedError,
@@ -21,12 +21,14 @@ from rivven_broker.client import (
     TopicAlreadyExistsError,
     TopicPartition,
 )
-from rivven_broker.client._trio_net import ClientEnv, TrioCluster
+from rivven_broker.client._aio_net import ClientEnv, Cluster, SocketStream, open_socket_stream
 from rivven_broker.client.config import ConnectionConfig
 from rivven_broker.client.requests import metadata_request
-from rivven_broker.client.trio import open_admin, open_consumer, open_producer
+from rivven_broker.client.aio import open_admin, open_consumer, open_producer
+from rivven_broker.protocol import messages as m
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.records import partition_for_key
+from tests.loops import on_each_loop
 from tests.unit.client.fake_broker import FakeBroker, drop_connection, produce_error
 
 FAST = dict(retry_backoff_ms=5, retry_backoff_max_ms=20, reconnect_backoff_ms=5,
@@ -40,13 +42,14 @@ def fake():
     broker.stop()
 
 
+@on_each_loop
 async def test_round_trip(fake):
     async with open_admin(fake.bootstrap) as admin:
         await admin.create_topic("t", partitions=3)
         with pytest.raises(TopicAlreadyExistsError):
             await admin.create_topic("t")
         assert [t.name for t in await admin.list_topics()] == ["t"]
-    with trio.fail_after(20):
+    with anyio.fail_after(20):
         async with open_producer(fake.bootstrap, linger_ms=1) as producer:
             first = await producer.send("t", value=b"first", key=b"k")
             handles = [await producer.enqueue("t", value=b"%d" % i, key=b"k%d" % (i % 5))
@@ -70,31 +73,34 @@ async def test_round_trip(fake):
         assert (record.partition, record.offset) == (meta.partition, meta.offset)
 
 
+@on_each_loop
 async def test_retries_after_errors_and_dropped_connections(fake):
     fake.create_topic("t", 1)
     fake.inject("Produce", produce_error(ErrorCode.NOT_LEADER))
     fake.inject("Produce", drop_connection)
-    with trio.fail_after(20):
+    with anyio.fail_after(20):
         async with open_producer(fake.bootstrap, **FAST) as producer:
             meta = await producer.send("t", value=b"x")
     assert meta.offset == 0 and fake.requests.count("Produce") == 3
 
 
+@on_each_loop
 async def test_non_retriable_error_is_raised(fake):
     fake.create_topic("t", 1)
     fake.inject("Produce", produce_error(ErrorCode.INVALID_TOPIC_NAME))
-    with trio.fail_after(20):
+    with anyio.fail_after(20):
         async with open_producer(fake.bootstrap, **FAST) as producer:
             with pytest.raises(InvalidTopicNameError):
                 await producer.send("t", value=b"x")
     assert fake.requests.count("Produce") == 1
 
 
+@on_each_loop
 async def test_nothing_listening():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{sock.getsockname()[1]}"
-    with trio.fail_after(20):
+    with anyio.fail_after(20):
         async with open_admin(address, **FAST) as admin:
             with pytest.raises(ConnectionFailedError):
                 await admin.list_topics()
@@ -103,10 +109,11 @@ async def test_nothing_listening():
                 await producer.send("t", value=b"x")
 
 
+@on_each_loop
 async def test_consumer_seek_and_latest(fake):
     fake.create_topic("t", 1)
     tp = TopicPartition("t", 0)
-    with trio.fail_after(20):
+    with anyio.fail_after(20):
         async with open_producer(fake.bootstrap) as producer:
             for i in range(10):
                 await producer.enqueue("t", value=b"%d" % i)
@@ -122,21 +129,64 @@ async def test_consumer_seek_and_latest(fake):
             assert await consumer.position(tp) == 10
 
 
+@on_each_loop
 async def test_a_call_to_a_broker_the_metadata_no_longer_lists_fails_at_once(fake):
     """Found by the simulator (cluster-groups-txn seed 11): a broker with a stale view
     answered a refresh without the group's coordinator, and the member's SyncGroup (then its
     LeaveGroup) retried every millisecond until its timeout (60 s) with no refresh asked for.
     Now such a call fails at once, retriably, and asks for a refresh: the group finds its
     coordinator again."""
-    async with trio.open_nursery() as nursery:
-        cluster = TrioCluster(fake.bootstrap, ConnectionConfig(request_timeout_ms=60_000),
-                              ClientEnv(), nursery, in_flight_max=4)
+    async with anyio.create_task_group() as nursery:
+        cluster = Cluster(fake.bootstrap, ConnectionConfig(request_timeout_ms=60_000),
+                          ClientEnv(), nursery, in_flight_max=4)
         await cluster.refresh()
         assert cluster.metadata.brokers and 99 not in cluster.metadata.brokers
-        with trio.fail_after(10):  # a hang guard, far below the call's own timeout
+        with anyio.fail_after(10):  # a hang guard, far below the call's own timeout
             with pytest.raises(ConnectionFailedError) as failed:
                 await cluster.call(metadata_request([], False), node_id=99)
         assert failed.value.retriable and "not in the metadata" in str(failed.value)
         assert cluster.metadata.needs_update(cluster.now_ms() + 60_000)
+        cluster.close()
+        nursery.cancel_scope.cancel()
+
+
+@on_each_loop
+async def test_a_large_answer_arriving_in_pieces_is_whole_and_small_ones_follow_at_once(fake):
+    """As the blocking driver's test: a fetch answer of MiBs is received straight into its own
+    buffer (``receive_into``) while the socket wakes the reader per MiB (SO_RCVLOWAT); then
+    the socket wakes per byte again, or the next small answer would wait for bytes that never
+    come (its request would time out)."""
+    records = bytes(range(256)) * (12 * 1024)  # 3 MiB
+    fake.inject("Fetch", lambda request: m.FetchResponse(topics=(m.FetchTopicResponse(
+        "t", (m.FetchPartitionResponse(0, ErrorCode.NONE, records=records),)),)))
+    fake.trickle(48 * 1024, 0.0005)
+    received_into: list[int] = []
+
+    class CountingStream(SocketStream):
+        __slots__ = ()
+
+        async def receive_into(self, view: memoryview) -> int:
+            received_into.append(len(view))
+            return await super().receive_into(view)
+
+    class CountingNet:
+        async def open_tcp_stream(self, host: str, port: int) -> SocketStream:
+            stream = await open_socket_stream(host, port)
+            stream.__class__ = CountingStream
+            return stream
+
+    env = ClientEnv()
+    env.net = CountingNet()
+    async with anyio.create_task_group() as nursery:
+        cluster = Cluster(fake.bootstrap, ConnectionConfig(request_timeout_ms=10_000), env,
+                          nursery, in_flight_max=4)
+        with anyio.fail_after(20):
+            fetch = m.Fetch(topics=(m.FetchTopic("t", (m.FetchPartition(0, 0, 8 << 20),)),))
+            response = await cluster.call(fetch)
+            assert response.topics[0].partitions[0].records == records
+            assert received_into and max(received_into) > 1 << 20  # the body's own buffer
+            (conn,) = cluster._connections.values()
+            assert conn.stream.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+            await cluster.call(metadata_request(None, False))
         cluster.close()
         nursery.cancel_scope.cancel()

@@ -1,8 +1,8 @@
-"""The trio consumer's group membership: the blocking ``GroupMember`` with tasks for threads.
+"""The async consumer's group membership: the ``GroupCore`` and ``membership.py``, with tasks.
 
 Theory of operation
 -------------------
-``TrioGroupMember`` drives the same cores as the blocking driver (``_group.py``): the
+``GroupMember`` drives the pure cores: the
 membership is ``GroupCore`` (``group_core.py``), and every other decision is one of the objects
 of ``membership.py`` - ``CoordinatorLookup``, ``CommitRetry``, ``HeartbeatSchedule``,
 ``GroupTimers``, ``AsyncCommits``. ``poll`` awaits ``maintain`` (rebalances with their
@@ -10,9 +10,9 @@ callbacks, auto-commit, pattern and partition-count checks); a *heartbeat task* 
 ``HeartbeatSchedule`` says (a Heartbeat every ``heartbeat_interval_ms`` while Stable, or
 LeaveGroup once ``poll`` has not been called for ``max_poll_interval_ms``) and fires the
 consumer's ``arrived`` signal when the core wants a rejoin; ``commit_async`` queues its commit
-(bounded, as in the blocking driver) for a task that sends them one at a time, in order, and
+(bounded by ``AsyncCommits``) for a task that sends them one at a time, in order, and
 calls each callback there.
-Group traffic uses a ``TrioCluster`` of its own, so its connections never queue behind
+Group traffic uses a ``Cluster`` of its own, so its connections never queue behind
 fetches. No locks: state changes happen between awaits; a rebalance is guarded so two tasks
 never run one at once.
 """
@@ -24,9 +24,9 @@ import math
 import re
 from typing import Any, Iterable, Mapping
 
-import trio
+import anyio
 
-from rivven_broker.client._trio_net import Signal, Spawner, TrioCluster
+from rivven_broker.client._aio_net import Cluster, Signal, Spawner
 from rivven_broker.client.config import ConnectionConfig, ConsumerConfig
 from rivven_broker.client.errors import RivvenError
 from rivven_broker.client.group_core import (
@@ -57,13 +57,13 @@ from rivven_broker.client.requests import check_response, metadata_request
 from rivven_broker.client.types import TopicPartition
 from rivven_broker.protocol import messages as m
 
-__all__ = ["TrioGroupMember"]
+__all__ = ["GroupMember"]
 
 log = logging.getLogger(__name__)
 
 
-class TrioGroupMember:
-    """Group membership of one trio consumer. See the module docstring."""
+class GroupMember:
+    """Group membership of one async consumer. See the module docstring."""
 
     def __init__(
         self, bootstrap: str, config: ConsumerConfig, conn_config: ConnectionConfig, env: Any,
@@ -76,7 +76,7 @@ class TrioGroupMember:
         self.core = GroupCore(GroupSettings.of(config, conn_config.retry_backoff_ms))
         self._clock = env.clock
         self._nursery = nursery
-        self._cluster = TrioCluster(bootstrap, conn_config, env, nursery, in_flight_max=8)
+        self._cluster = Cluster(bootstrap, conn_config, env, nursery, in_flight_max=8)
         self._fetch = fetch
         self._arrived = arrived
         self._coordinator = CoordinatorLookup(self.core)
@@ -94,7 +94,7 @@ class TrioGroupMember:
         self._callbacks = RebalanceCallbacks()
         self._pattern: re.Pattern[str] | None = None
         self._state_changed = Signal()
-        self._rebalancing = trio.Lock()
+        self._rebalancing = anyio.Lock()
         self._heartbeating = False
         self._closed = False
 
@@ -114,7 +114,7 @@ class TrioGroupMember:
     def wants_attention(self) -> bool:
         return self.core.needs_attention()
 
-    async def maintain(self, poll_scope: trio.CancelScope | None = None) -> None:
+    async def maintain(self, poll_scope: anyio.CancelScope | None = None) -> None:
         """Rebalance if needed, auto-commit when due, re-check metadata when due. Raises the
         membership's fatal error. ``poll_scope``: the caller's timeout, held off while a
         rebalance runs."""
@@ -207,7 +207,7 @@ class TrioGroupMember:
             self._callbacks.assigned(set(action.added))
             return None
         assert isinstance(action, Sleep)
-        await trio.sleep(action.ms / 1000)
+        await anyio.sleep(action.ms / 1000)
         return None
 
     # --- coordinator calls -----------------------------------------------------------------
@@ -250,7 +250,7 @@ class TrioGroupMember:
             wait_ms = commit.on_answer(request, response, error, self._clock.monotonic_ms())
             if wait_ms is None:
                 return
-            await trio.sleep(wait_ms / 1000)
+            await anyio.sleep(wait_ms / 1000)
 
     def commit_async(self, offsets: Mapping[Any, Any] | None,
                      callback: CommitCallback | None) -> None:

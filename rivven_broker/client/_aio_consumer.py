@@ -1,9 +1,9 @@
-"""The trio ``Consumer``: the blocking one's cores, driven by tasks.
+"""The async ``Consumer`` (AnyIO: trio or asyncio): the fetch and group cores, driven by tasks.
 
 Theory of operation
 -------------------
-``TrioConsumer`` keeps a ``FetchState``; a fetch task steps the core's ``FetcherCore`` (the
-same as the blocking fetch thread's): it starts one task per position reset and per Fetch
+``AsyncConsumer`` keeps a ``FetchState``; a fetch task steps the core's ``FetcherCore``: it
+starts one task per position reset and per Fetch
 the step plans (one in flight per leader), dials the leaders the step names, and fires a
 signal when data lands. ``poll`` takes a completed fetch (making its partition
 fetchable again, so the next Fetch overlaps the caller's work), decodes it and hands out up to
@@ -11,9 +11,9 @@ fetchable again, so the next Fetch overlaps the caller's work), decodes it and h
 
 With a ``group_id``, ``subscribe`` makes the consumer a group member: ``poll`` awaits the
 group's work (rebalances, callbacks, auto-commit) and a heartbeat task keeps the session
-(``_trio_group.py``, the same ``GroupCore`` as the blocking consumer).
+(``_aio_group.py``, over the ``GroupCore``).
 
-``TrioAdmin`` lives in ``_trio_admin.py``.
+``AsyncAdmin`` lives in ``_aio_admin.py``.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ import re
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
-import trio
+import anyio
+import anyio.lowlevel
 
 from rivven_broker.client._collector import CollectorPause
-from rivven_broker.client._trio_group import TrioGroupMember
-from rivven_broker.client._trio_net import Background, ClientEnv, Signal, Spawner, TrioCluster
+from rivven_broker.client._aio_group import GroupMember
+from rivven_broker.client._aio_net import Background, ClientEnv, Cluster, Signal, Spawner
 from rivven_broker.client.config import (
     ConnectionConfig,
     ConsumerConfig,
@@ -68,7 +69,7 @@ from rivven_broker.client.types import PartitionOffset, Record, TopicPartition
 from rivven_broker.protocol import messages as m
 from rivven_broker.protocol.errors import ErrorCode
 
-__all__ = ["TrioConsumer", "open_consumer"]
+__all__ = ["AsyncConsumer", "open_consumer"]
 
 _IDLE_WAIT_MS = 1000
 
@@ -77,7 +78,7 @@ def _tp(item: Any) -> TopicPartition:
     return TopicPartition(item[0], item[1])
 
 
-class TrioConsumer:
+class AsyncConsumer:
     """Use through ``open_consumer``; options as the blocking ``Consumer``."""
 
     def __init__(self, bootstrap: str, env: Any, nursery: Spawner, **options: Any) -> None:
@@ -89,7 +90,7 @@ class TrioConsumer:
         self._conn_config = conn_config
         self._clock = env.clock
         self._nursery = nursery
-        self._cluster = TrioCluster(bootstrap, conn_config, env, nursery, in_flight_max=4)
+        self._cluster = Cluster(bootstrap, conn_config, env, nursery, in_flight_max=4)
         self._metadata = self._cluster.metadata
         self._state = FetchState(
             auto_offset_reset=self._config.auto_offset_reset,
@@ -102,9 +103,9 @@ class TrioConsumer:
         self._arrived = Signal()  # data, a reset or an error landed
         self._inline: list | None = None
         self._closed = False
-        self._group: TrioGroupMember | None = None
+        self._group: GroupMember | None = None
         if self._config.group_id is not None:
-            self._group = TrioGroupMember(
+            self._group = GroupMember(
                 bootstrap, self._config, conn_config, env, nursery, self, self._arrived
             )
 
@@ -182,7 +183,7 @@ class TrioConsumer:
         """
         return group_metadata_of(self._require_group("group_metadata").core)
 
-    def _require_group(self, what: str) -> TrioGroupMember:
+    def _require_group(self, what: str) -> GroupMember:
         self._check_open()
         if self._group is None:
             raise error_for(ErrorCode.INVALID_GROUP_ID, f"{what}() needs a consumer group_id")
@@ -245,7 +246,7 @@ class TrioConsumer:
         """The next offset ``poll`` returns; waits for a pending reset (ClientTimeoutError)."""
         tp = _tp(partition)
         timeout_ms = self._conn_config.request_timeout_ms if timeout_ms is None else timeout_ms
-        with trio.move_on_after(timeout_ms / 1000):
+        with anyio.move_on_after(timeout_ms / 1000):
             while True:
                 self._check_open()
                 position = self._state.position(tp)
@@ -302,9 +303,9 @@ class TrioConsumer:
         limit = self._config.max_poll_records if max_records is None else max_records
         out: list[Record] = []
         group = self._group
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
         try:
-            with trio.move_on_after(max(timeout_ms, 0) / 1000) as poll_scope:
+            with anyio.move_on_after(max(timeout_ms, 0) / 1000) as poll_scope:
                 while not out:
                     if group is not None:
                         self._check_open()
@@ -440,8 +441,8 @@ class TrioConsumer:
     async def _leave(self, autocommit: bool = True) -> None:
         """Commit, revoke and leave the group (as the blocking ``close``)."""
         if self._group is not None and not self._closed:
-            with trio.CancelScope(shield=True):
-                with trio.move_on_after(self._conn_config.request_timeout_ms / 1000):
+            with anyio.CancelScope(shield=True):
+                with anyio.move_on_after(self._conn_config.request_timeout_ms / 1000):
                     await self._group.close(autocommit=autocommit)
 
     def _abandon(self) -> None:
@@ -462,13 +463,13 @@ class TrioConsumer:
 @asynccontextmanager
 async def open_consumer(
     bootstrap: str | None = None, *, env: Any = None, **options: Any
-) -> AsyncIterator[TrioConsumer]:
-    """A trio ``Consumer`` for the body of an ``async with``; options as the blocking one."""
+) -> AsyncIterator[AsyncConsumer]:
+    """An async ``Consumer`` for the body of an ``async with``; options as the blocking one."""
     bootstrap, _ = bootstrap_and_topics(() if bootstrap is None else (bootstrap,), None,
                                         options, takes_topics=False)
-    async with trio.open_nursery() as nursery:
+    async with anyio.create_task_group() as nursery:
         background = Background(nursery)  # outlives an outer cancellation: _leave needs it
-        consumer = TrioConsumer(bootstrap, env or ClientEnv(), background, **options)
+        consumer = AsyncConsumer(bootstrap, env or ClientEnv(), background, **options)
         background.start_soon(consumer._run_fetcher)
         try:
             yield consumer

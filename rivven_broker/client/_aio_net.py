@@ -1,35 +1,50 @@
-"""The trio driver's network layer: pipelined connections, a pool, metadata, calls with retry.
+"""The async driver's network layer: sockets, pipelined connections, a pool, metadata, calls.
 
 Theory of operation
 -------------------
-Everything goes through an ``env`` with ``clock`` (``monotonic_ms``, ``wall_ms``), ``net``
-(``open_tcp_stream(host, port)``) and optionally ``rng(name)``: the broker's ``RealEnv`` and the
-simulator's ``SimEnv`` both fit, and ``ClientEnv`` (trio sockets and trio's clock) is the
-default, so the simulator can run real clients on its virtual network and clock.
+Written on AnyIO, so the same code runs under trio and under asyncio (whichever event loop
+calls it). Everything goes through an ``env`` with ``clock`` (``monotonic_ms``, ``wall_ms``),
+``net`` (``open_tcp_stream(host, port)``) and optionally ``rng(name)``: the broker's
+``RealEnv`` and the simulator's ``SimEnv`` both fit, and ``ClientEnv`` (real sockets, the
+event loop's clock) is the default, so the simulator can run real clients on its virtual
+network and clock (under trio's ``MockClock``).
 
-``TrioConnection`` wraps one stream and a ``ClientConnection``. ``request`` takes the send lock
+A stream is anything with trio's ``send_all``, ``receive_some`` and ``aclose`` (the
+simulator's ``SimStream``). ``ClientEnv``'s are ``SocketStream``s: a non-blocking socket
+(TCP_NODELAY) awaited with ``anyio.wait_readable``/``wait_writable``, which adds the receive
+path's two measured tricks of the old blocking driver. A large response (a fetch answer of
+MiBs) is received straight into its own buffer (``ClientConnection.receive_buffer``, via
+``receive_into``), so its bytes are never joined; meanwhile the socket is asked not to wake
+the reader before up to 1 MiB more of it has arrived (``SO_RCVLOWAT``, set back to 1 between
+responses): one wake-up per MiB instead of one per loopback segment.
+
+``Connection`` wraps one stream and a ``ClientConnection``. ``request`` takes the send lock
 *before* numbering the request, so bytes leave in correlation-id order; a reader task (in the
-client's nursery) pairs responses with waiters in order. A request that times out, a protocol
-violation or a lost stream breaks the connection: every waiter gets the error (responses
-cannot be skipped on a pipelined stream), and the pool dials again on next use after a
-backoff. New connections send a ``Handshake`` first.
+client's task group) pairs responses with waiters in order. A request that times out, a
+protocol violation or a lost stream breaks the connection: every waiter gets the error
+(responses cannot be skipped on a pipelined stream), and the pool dials again on next use
+after a backoff. New connections send a ``Handshake`` first.
 
-``TrioCluster`` is the pool plus the ``MetadataCache``: ``any_connection`` (the cache's
+``Cluster`` is the pool plus the ``MetadataCache``: ``any_connection`` (the cache's
 ``candidates``: known brokers, then the bootstrap list round robin), ``refresh`` (one Metadata
 request at a time, as the cache's ``refresh_due`` says; ``on_update`` is called after each),
-and ``call``: one request with retries, every decision the core's ``CallRetry`` (the same as
-the blocking ``SyncClient.call``). When a broker may be dialled again is the core's
-``ReconnectBackoff``.
+and ``call``: one request with retries, every decision the core's ``CallRetry``. When a broker
+may be dialled again is the core's ``ReconnectBackoff``.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import socket
 import time
 from collections import deque
 from typing import Any, Awaitable, Callable
 
-import trio
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import trio  # only its stream errors: the simulator's streams raise them
 
 from rivven_broker.client.call_retry import CallRetry
 from rivven_broker.client.config import ConnectionConfig
@@ -48,30 +63,164 @@ from rivven_broker.client.retry import RetryPolicy
 from rivven_broker.protocol import messages as m
 from rivven_broker.protocol.connection import ClientConnection
 from rivven_broker.protocol.errors import ProtocolError
+from rivven_broker.protocol.framing import DIRECT_BODY_BYTES_MIN
 
-__all__ = ["Background", "ClientEnv", "Signal", "Spawner", "TrioConnection", "TrioCluster",
-           "env_rng"]
+__all__ = ["Background", "ClientEnv", "Signal", "SocketStream", "Spawner", "Connection",
+           "Cluster", "env_rng"]
 
 _RECEIVE_BYTES = 1 << 20
+#: The most bytes of a large response the socket gathers before waking the reader (Linux
+#: caps it further at half the largest receive buffer).
+_WAKE_BYTES_MAX = 1 << 20
+#: What a lost stream raises: the OS's errors, AnyIO's, and trio's (the simulator's streams).
+STREAM_ERRORS = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError,
+                 anyio.EndOfStream, trio.BrokenResourceError, trio.ClosedResourceError)
+
+
+class SocketStream:
+    """One connected non-blocking TCP socket, awaited through AnyIO (trio or asyncio).
+
+    ``close`` may come from another task while one waits on the socket: the wait is
+    cancelled (its own scope) and the socket closed when it has left the event loop's
+    readiness watch, never while still registered there."""
+
+    __slots__ = ("sock", "wake_bytes", "_closed", "_waits")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.wake_bytes = 1  # the socket's SO_RCVLOWAT; 0 once the platform refused it
+        self._closed = False
+        self._waits: list[anyio.CancelScope] = []
+
+    async def _wait(self, ready: Callable[[socket.socket], Awaitable[None]]) -> None:
+        scope = anyio.CancelScope()
+        self._waits.append(scope)
+        try:
+            with scope:
+                await ready(self.sock)
+        finally:
+            self._waits.remove(scope)
+            if self._closed and not self._waits:
+                self.sock.close()
+        if self._closed:
+            raise anyio.ClosedResourceError
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        """Send every byte. Raises OSError (ClosedResourceError after ``close``)."""
+        sock = self.sock
+        view = memoryview(data)
+        while view:
+            if self._closed:
+                raise anyio.ClosedResourceError
+            try:
+                sent = sock.send(view)
+            except BlockingIOError:
+                await self._wait(anyio.wait_writable)
+                continue
+            view = view[sent:]
+
+    async def receive_some(self, max_bytes: int) -> bytes:
+        """Up to ``max_bytes`` bytes (``b""`` at end of stream); always a checkpoint."""
+        sock = self.sock
+        while True:
+            if self._closed:
+                raise anyio.ClosedResourceError
+            try:
+                data = sock.recv(max_bytes)
+            except BlockingIOError:
+                await self._wait(anyio.wait_readable)
+                continue
+            await anyio.lowlevel.checkpoint()
+            return data
+
+    async def receive_into(self, view: memoryview) -> int:
+        """Receive into ``view``; the count (0 at end of stream); always a checkpoint."""
+        sock = self.sock
+        while True:
+            if self._closed:
+                raise anyio.ClosedResourceError
+            try:
+                count = sock.recv_into(view)
+            except BlockingIOError:
+                await self._wait(anyio.wait_readable)
+                continue
+            await anyio.lowlevel.checkpoint()
+            return count
+
+    def wake_when(self, missing: int) -> None:
+        """Have the socket wake the reader only once up to ``_WAKE_BYTES_MAX`` of the
+        ``missing`` bytes of a large response are in (``SO_RCVLOWAT``); 1 otherwise."""
+        if not self.wake_bytes or self._closed:
+            return
+        wake_bytes = min(missing, _WAKE_BYTES_MAX) if missing >= DIRECT_BODY_BYTES_MIN else 1
+        if wake_bytes != self.wake_bytes:
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, wake_bytes)
+                self.wake_bytes = wake_bytes
+            except (OSError, AttributeError):  # not on this platform: wake per segment
+                self.wake_bytes = 0
+
+    async def aclose(self) -> None:
+        self.close()
+        await anyio.lowlevel.checkpoint()
+
+    def close(self) -> None:
+        """Close (at once, or as soon as a waiting task left its wait). Never blocks."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._waits:
+            self.sock.close()
+        for scope in self._waits:
+            scope.cancel()
+
+
+async def open_socket_stream(host: str, port: int) -> SocketStream:
+    """Connect a non-blocking TCP socket. Raises OSError."""
+    try:  # a numeric address (the common case) needs no resolver thread
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    error: OSError = OSError(f"no address for {host}:{port}")
+    for family, kind, proto, _, address in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                sock.connect(address)
+            except BlockingIOError:
+                await anyio.wait_writable(sock)
+                code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if code:
+                    raise OSError(code, f"connect to {host}:{port}: {os.strerror(code)}")
+            return SocketStream(sock)
+        except OSError as exc:
+            sock.close()
+            error = exc
+        except BaseException:
+            sock.close()
+            raise
+    raise error
 
 
 class _ClientClock:
     def monotonic_ms(self) -> int:
-        return int(trio.current_time() * 1000)
+        return int(anyio.current_time() * 1000)
 
     def wall_ms(self) -> int:
         return time.time_ns() // 1_000_000
 
 
 class _ClientNet:
-    async def open_tcp_stream(self, host: str, port: int) -> trio.abc.Stream:
-        stream = await trio.open_tcp_stream(host, port)
-        stream.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
-        return stream
+    async def open_tcp_stream(self, host: str, port: int) -> SocketStream:
+        return await open_socket_stream(host, port)
 
 
 class ClientEnv:
-    """The default env of the trio client: trio's clock and sockets, OS-seeded randomness."""
+    """The default env of the async client: real sockets, the event loop's clock,
+    OS-seeded randomness."""
 
     def __init__(self) -> None:
         self.clock = _ClientClock()
@@ -90,13 +239,13 @@ class Signal:
     """A level-free broadcast: ``fire()`` wakes every current ``wait()``er."""
 
     def __init__(self) -> None:
-        self._event = trio.Event()
+        self._event = anyio.Event()
 
     def fire(self) -> None:
         self._event.set()
-        self._event = trio.Event()
+        self._event = anyio.Event()
 
-    def current(self) -> trio.Event:
+    def current(self) -> anyio.Event:
         """The event the next ``fire()`` sets: capture it before a check to never miss a fire."""
         return self._event
 
@@ -105,7 +254,7 @@ class Signal:
         if timeout_ms is None:
             await event.wait()
         else:
-            with trio.move_on_after(max(timeout_ms, 0) / 1000):
+            with anyio.move_on_after(max(timeout_ms, 0) / 1000):
                 await event.wait()
 
 
@@ -118,12 +267,12 @@ class Background:
     connection. Plain nursery tasks would be cancelled with the outer scope at once, the
     answer never read, and the close would wait out its whole request timeout. So these
     tasks run on until the client's ``finally`` calls ``stop``, after its close. A task
-    started after ``stop`` runs already cancelled (``trio.aclose_forcefully`` still closes)."""
+    started after ``stop`` runs already cancelled (``anyio.aclose_forcefully`` still closes)."""
 
-    def __init__(self, nursery: trio.Nursery) -> None:
+    def __init__(self, nursery: anyio.abc.TaskGroup) -> None:
         self._nursery = nursery
         #: (a dict, not a set: cancelled in the order started, the same in every run)
-        self._scopes: dict[trio.CancelScope, None] = {}
+        self._scopes: dict[anyio.CancelScope, None] = {}
         self._stopped = False
 
     def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
@@ -131,7 +280,7 @@ class Background:
         self._nursery.start_soon(self._run, fn, args)
 
     async def _run(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
-        with trio.CancelScope(shield=True) as scope:
+        with anyio.CancelScope(shield=True) as scope:
             if self._stopped:
                 scope.cancel()
             self._scopes[scope] = None
@@ -147,31 +296,31 @@ class Background:
             scope.cancel()
 
 
-#: Where a client starts its tasks: a nursery, or a ``Background`` over one.
-Spawner = trio.Nursery | Background
+#: Where a client starts its tasks: a task group, or a ``Background`` over one.
+Spawner = anyio.abc.TaskGroup | Background
 
 
 class _Waiter:
     __slots__ = ("event", "response", "error")
 
     def __init__(self) -> None:
-        self.event = trio.Event()
+        self.event = anyio.Event()
         self.response: Any = None
         self.error: RivvenError | None = None
 
 
-class TrioConnection:
+class Connection:
     """One pipelined stream to one broker."""
 
     def __init__(
-        self, address: Address, stream: trio.abc.Stream, in_flight_max: int, nursery: Spawner
+        self, address: Address, stream: Any, in_flight_max: int, nursery: Spawner
     ) -> None:
         self.address = address
         self.stream = stream
         self.nursery = nursery
         self.core = ClientConnection(in_flight_max=in_flight_max)
         self.waiters: deque[_Waiter] = deque()
-        self.send_lock = trio.Lock()
+        self.send_lock = anyio.Lock()
         self.error: RivvenError | None = None
         self.api_versions: dict[int, tuple[int, int]] = {}
 
@@ -196,11 +345,11 @@ class TrioConnection:
                 self.waiters.append(waiter)
             try:
                 await self.stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                self.fail(ConnectionFailedError(f"connection to {self.address} lost: {exc}"))
+            except STREAM_ERRORS as exc:
+                self.fail(ConnectionFailedError(f"connection to {self.address} lost: {exc!r}"))
         if waiter is None:
             return None
-        with trio.move_on_after(timeout_ms / 1000):
+        with anyio.move_on_after(timeout_ms / 1000):
             await waiter.event.wait()
         if not waiter.event.is_set():
             self.fail(RequestTimedOutError(f"no answer from {self.address} in time"))
@@ -210,20 +359,33 @@ class TrioConnection:
 
     async def read_loop(self) -> None:
         """Pair responses with waiters until the stream ends or breaks."""
+        core, stream = self.core, self.stream
+        receive_into = getattr(stream, "receive_into", None)  # a SocketStream's tricks
+        wake_when = getattr(stream, "wake_when", None)
         try:
             while self.error is None:
                 try:
-                    data = await self.stream.receive_some(_RECEIVE_BYTES)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    self.fail(ConnectionFailedError(f"connection to {self.address} lost: {exc}"))
+                    view = None if receive_into is None else core.receive_buffer()
+                    if view is not None:  # the rest of a large response: into its buffer
+                        count = await receive_into(view)
+                        if count:
+                            core.received(count)
+                    else:
+                        data = await stream.receive_some(_RECEIVE_BYTES)
+                        count = len(data)
+                        if count:
+                            core.receive_data(data)
+                except STREAM_ERRORS as exc:
+                    self.fail(ConnectionFailedError(f"connection to {self.address} lost: {exc!r}"))
                     return
                 if self.error is not None:  # failed meanwhile (a request timed out): its
                     return  # waiters are answered, and these bytes answer nobody
-                if not data:
+                if not count:
                     self.fail(ConnectionFailedError(f"{self.address} closed the connection"))
                     return
-                self.core.receive_data(data)
-                while (event := self.core.next_event()) is not None:
+                if wake_when is not None:
+                    wake_when(core.body_missing)
+                while (event := core.next_event()) is not None:
                     waiter = self.waiters.popleft()
                     waiter.response = event.response
                     waiter.event.set()
@@ -239,14 +401,18 @@ class TrioConnection:
         for waiter in waiters:
             waiter.error = error
             waiter.event.set()
+        close = getattr(self.stream, "close", None)
+        if close is not None:  # a SocketStream closes at once
+            close()
+            return
         try:
-            self.nursery.start_soon(trio.aclose_forcefully, self.stream)
-        except RuntimeError:  # the nursery is gone: the stream went with it
+            self.nursery.start_soon(anyio.aclose_forcefully, self.stream)
+        except RuntimeError:  # the task group is gone: the stream went with it
             pass
 
 
-class TrioCluster:
-    """Connections plus metadata for one trio client. Lives in the client's nursery."""
+class Cluster:
+    """Connections plus metadata for one client. Lives in the client's task group."""
 
     def __init__(
         self,
@@ -282,8 +448,8 @@ class TrioCluster:
         self.backoff = ReconnectBackoff(
             config.reconnect_backoff_ms, config.reconnect_backoff_max_ms, self.rng
         )
-        self._connections: dict[Address, TrioConnection] = {}
-        self._dialing: dict[Address, trio.Event] = {}
+        self._connections: dict[Address, Connection] = {}
+        self._dialing: dict[Address, anyio.Event] = {}
         self._closed = False
 
     @property
@@ -295,7 +461,7 @@ class TrioCluster:
         return self.clock.monotonic_ms()
 
     # --- connections -----------------------------------------------------------------------
-    def connection(self, address: Address) -> TrioConnection | None:
+    def connection(self, address: Address) -> Connection | None:
         conn = self._connections.get(address)
         return conn if conn is not None and conn.error is None else None
 
@@ -327,7 +493,7 @@ class TrioCluster:
         if self.on_update is not None:
             self.on_update()
 
-    async def connect(self, address: Address) -> TrioConnection:
+    async def connect(self, address: Address) -> Connection:
         """The connection to ``address``, dialling it if needed.
 
         Raises:
@@ -344,16 +510,16 @@ class TrioCluster:
             if dialing is None:
                 break
             await dialing.wait()
-        done = self._dialing[address] = trio.Event()
+        done = self._dialing[address] = anyio.Event()
         try:
             try:
-                with trio.fail_after(self.config.connect_timeout_ms / 1000):
+                with anyio.fail_after(self.config.connect_timeout_ms / 1000):
                     stream = await self.env.net.open_tcp_stream(address.host, address.port)
-            except (OSError, trio.TooSlowError) as exc:
+            except (OSError, TimeoutError) as exc:
                 error = ConnectionFailedError(f"cannot connect to {address}: {exc!r}")
                 self._dial_failed(address, error)
                 raise error from exc
-            conn = TrioConnection(address, stream, self.in_flight_max, self.nursery)
+            conn = Connection(address, stream, self.in_flight_max, self.nursery)
             self.nursery.start_soon(conn.read_loop)
             await self._handshake(conn)
             self._connections[address] = conn
@@ -362,7 +528,7 @@ class TrioCluster:
             done.set()
         return conn
 
-    async def _handshake(self, conn: TrioConnection) -> None:
+    async def _handshake(self, conn: Connection) -> None:
         """Send the Handshake and wait for it; raise (and back off) if it fails."""
         try:
             response = await conn.request(
@@ -385,7 +551,7 @@ class TrioCluster:
     def _dial_failed(self, address: Address, error: RivvenError) -> None:
         self.backoff.on_dial_failed(address, error, self.now_ms())
 
-    async def any_connection(self) -> TrioConnection | None:
+    async def any_connection(self) -> Connection | None:
         """A connected broker with the fewest requests in flight, else a fresh dial (None if
         every candidate waits out a backoff or the dial failed)."""
         candidates = self.metadata.candidates()
@@ -465,17 +631,17 @@ class TrioCluster:
                     next_dial_ms=self.backoff.next_dial_ms(candidates, now),
                     error=self.backoff.last_error,
                 )
-                await trio.sleep(wait_ms / 1000)
+                await anyio.sleep(wait_ms / 1000)
                 continue
             try:
                 return retry.answer(await conn.request(request, retry.attempt(now)))
             except RivvenError as error:
                 wait_ms = retry.failed(error, self.now_ms())
-            await trio.sleep(wait_ms / 1000)
+            await anyio.sleep(wait_ms / 1000)
 
     async def _target(
         self, node_id: int | None
-    ) -> tuple[TrioConnection | None, list[Address]]:
+    ) -> tuple[Connection | None, list[Address]]:
         if node_id is None:
             return await self.any_connection(), self.metadata.addresses()
         address = self.metadata.address_of(node_id)

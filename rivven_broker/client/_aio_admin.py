@@ -1,9 +1,8 @@
-"""The trio ``Admin``: the blocking ``Admin``'s methods, awaited.
+"""The async ``Admin`` (AnyIO: trio or asyncio): requests and answers, awaited.
 
 Theory of operation
 -------------------
-Each method is one or two ``TrioCluster.call``s (whose retries are the core's ``CallRetry``,
-as the blocking ``SyncClient.call``'s) and the shared answer readers of ``requests.py`` and
+Each method is one or two ``Cluster.call``s (whose retries are the core's ``CallRetry``) and the shared answer readers of ``requests.py`` and
 ``group_admin.py``. Group calls go to the group's coordinator, found again while it moves or
 loads as the core's ``CoordinatorSearch`` decides (the blocking ``Admin`` follows it too).
 Nothing here decides a retry or a backoff itself.
@@ -14,9 +13,9 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Mapping
 
-import trio
+import anyio
 
-from rivven_broker.client._trio_net import ClientEnv, TrioCluster, env_rng
+from rivven_broker.client._aio_net import ClientEnv, Cluster, env_rng
 from rivven_broker.client.config import ConnectionConfig, bootstrap_and_topics, build_configs
 from rivven_broker.client.errors import RivvenError, UnsupportedVersionError, error_for
 from rivven_broker.client.group_admin import (
@@ -54,20 +53,20 @@ from rivven_broker.client.types import (
 from rivven_broker.protocol import messages as m
 from rivven_broker.protocol.errors import ErrorCode
 
-__all__ = ["TrioAdmin", "open_admin"]
+__all__ = ["AsyncAdmin", "open_admin"]
 
 
 def _tp(item: Any) -> TopicPartition:
     return TopicPartition(item[0], item[1])
 
 
-class TrioAdmin:
+class AsyncAdmin:
     """Use through ``open_admin``; methods as the blocking ``Admin``, awaited."""
 
-    def __init__(self, bootstrap: str, env: Any, nursery: trio.Nursery,
+    def __init__(self, bootstrap: str, env: Any, nursery: Any,
                  *, connect_attempts_max: int = 3, **options: Any) -> None:
         (config,) = build_configs(options, ConnectionConfig)
-        self._cluster = TrioCluster(bootstrap, config, env, nursery, in_flight_max=8,
+        self._cluster = Cluster(bootstrap, config, env, nursery, in_flight_max=8,
                                     connect_attempts_max=connect_attempts_max)
         self._rng = env_rng(env, "admin-retry")
 
@@ -161,7 +160,7 @@ class TrioAdmin:
                         return response
             except RivvenError as error:
                 failure = error
-            await trio.sleep(search.retry_in_ms(failure, self._cluster.now_ms()) / 1000)
+            await anyio.sleep(search.retry_in_ms(failure, self._cluster.now_ms()) / 1000)
 
     async def list_groups(self) -> list[GroupListing]:
         metadata = await self._cluster.call(metadata_request([], False))
@@ -231,12 +230,12 @@ class TrioAdmin:
 @asynccontextmanager
 async def open_admin(
     bootstrap: str | None = None, *, env: Any = None, **options: Any
-) -> AsyncIterator[TrioAdmin]:
-    """A trio ``Admin`` for the body of an ``async with``."""
+) -> AsyncIterator[AsyncAdmin]:
+    """An async ``Admin`` for the body of an ``async with``."""
     bootstrap, _ = bootstrap_and_topics(() if bootstrap is None else (bootstrap,), None,
                                         options, takes_topics=False)
-    async with trio.open_nursery() as nursery:
-        admin = TrioAdmin(bootstrap, env or ClientEnv(), nursery, **options)
+    async with anyio.create_task_group() as nursery:
+        admin = AsyncAdmin(bootstrap, env or ClientEnv(), nursery, **options)
         try:
             yield admin
         finally:
