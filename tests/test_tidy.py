@@ -86,7 +86,7 @@ CLIENT_DRIVERS = {
     "rivven_broker.client._consumer": "blocking Consumer: a fetch thread",
     "rivven_broker.client._group": "blocking group member: a heartbeat thread",
     "rivven_broker.client._network": "blocking sockets, selectors and the monotonic clock",
-    "rivven_broker.client._producer": "blocking Producer: a sender thread, futures",
+    "rivven_broker.client._producer": "blocking Producer over the async one: futures, a lock",
     "rivven_broker.client._sync": "blocking request/response on the caller's thread",
     "rivven_broker.client.aio": "the async driver's front module (trio and asyncio)",
     "rivven_broker.client._aio_admin": "async Admin (AnyIO)",
@@ -94,6 +94,7 @@ CLIENT_DRIVERS = {
     "rivven_broker.client._aio_group": "async group member: a heartbeat task (AnyIO)",
     "rivven_broker.client._aio_net": "sockets and the event loop's clock (AnyIO)",
     "rivven_broker.client._aio_producer": "async Producer: a sender task (AnyIO)",
+    "rivven_broker.client._loop_thread": "the blocking front's event loop thread and portal",
 }
 PURE_EXEMPT = {
     "rivven_broker.storage.file_store": "the real FileStore: the one storage module doing os I/O",

@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-Each method is one or two ``Cluster.call``s (whose retries are the core's ``CallRetry``) and the shared answer readers of ``requests.py`` and
-``group_admin.py``. Group calls go to the group's coordinator, found again while it moves or
+Each method is one or two ``Cluster.call``s (whose retries are the core's ``CallRetry``) and
+the shared answer readers of ``requests.py`` and ``group_admin.py``. Group calls go to the group's coordinator, found again while it moves or
 loads as the core's ``CoordinatorSearch`` decides (the blocking ``Admin`` follows it too).
 Nothing here decides a retry or a backoff itself.
 """
@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, Mapping
 
 import anyio
 
-from rivven_broker.client._aio_net import ClientEnv, Cluster, env_rng
+from rivven_broker.client._aio_net import ClientEnv, Cluster, env_rng, open_task_group
 from rivven_broker.client.config import ConnectionConfig, bootstrap_and_topics, build_configs
 from rivven_broker.client.errors import RivvenError, UnsupportedVersionError, error_for
 from rivven_broker.client.group_admin import (
@@ -153,7 +153,7 @@ class AsyncAdmin:
                 if failure is None:
                     if self._cluster.metadata.address_of(answer.node_id) is None:
                         metadata = await self._cluster.call(metadata_request([], False))
-                        self._cluster.metadata.on_update(metadata, self._cluster.now_ms())
+                        self._cluster.update_metadata(metadata)
                     response = await self._cluster.call(request, node_id=answer.node_id)
                     failure = search.answered(response, "call")
                     if failure is None:
@@ -234,7 +234,7 @@ async def open_admin(
     """An async ``Admin`` for the body of an ``async with``."""
     bootstrap, _ = bootstrap_and_topics(() if bootstrap is None else (bootstrap,), None,
                                         options, takes_topics=False)
-    async with anyio.create_task_group() as nursery:
+    async with open_task_group() as nursery:
         admin = AsyncAdmin(bootstrap, env or ClientEnv(), nursery, **options)
         try:
             yield admin

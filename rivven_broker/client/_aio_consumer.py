@@ -27,7 +27,14 @@ import anyio.lowlevel
 
 from rivven_broker.client._collector import CollectorPause
 from rivven_broker.client._aio_group import GroupMember
-from rivven_broker.client._aio_net import Background, ClientEnv, Cluster, Signal, Spawner
+from rivven_broker.client._aio_net import (
+    Background,
+    ClientEnv,
+    Cluster,
+    Signal,
+    Spawner,
+    open_task_group,
+)
 from rivven_broker.client.config import (
     ConnectionConfig,
     ConsumerConfig,
@@ -467,7 +474,7 @@ async def open_consumer(
     """An async ``Consumer`` for the body of an ``async with``; options as the blocking one."""
     bootstrap, _ = bootstrap_and_topics(() if bootstrap is None else (bootstrap,), None,
                                         options, takes_topics=False)
-    async with anyio.create_task_group() as nursery:
+    async with open_task_group() as nursery:
         background = Background(nursery)  # outlives an outer cancellation: _leave needs it
         consumer = AsyncConsumer(bootstrap, env or ClientEnv(), background, **options)
         background.start_soon(consumer._run_fetcher)

@@ -163,7 +163,7 @@ class GroupMember:
     async def _metadata(self, topics: list[str] | None) -> Any:
         answer = await self._cluster.call(metadata_request(topics, False))
         answer = check_response(answer, m.MetadataResponse)
-        self._cluster.metadata.on_update(answer, self._cluster.now_ms())
+        self._cluster.update_metadata(answer)
         return answer
 
     async def _partition_counts(self, topics: list[str]) -> dict[str, int]:

@@ -37,9 +37,11 @@ from __future__ import annotations
 import os
 import random
 import socket
+import threading
 import time
 from collections import deque
-from typing import Any, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import anyio
 import anyio.abc
@@ -65,8 +67,8 @@ from rivven_broker.protocol.connection import ClientConnection
 from rivven_broker.protocol.errors import ProtocolError
 from rivven_broker.protocol.framing import DIRECT_BODY_BYTES_MIN
 
-__all__ = ["Background", "ClientEnv", "Signal", "SocketStream", "Spawner", "Connection",
-           "Cluster", "env_rng"]
+__all__ = ["Background", "Bridge", "ClientEnv", "Cluster", "Connection", "Signal", "SocketStream",
+           "Spawner", "env_rng", "open_socket_stream", "open_task_group"]
 
 _RECEIVE_BYTES = 1 << 20
 #: The most bytes of a large response the socket gathers before waking the reader (Linux
@@ -206,8 +208,11 @@ async def open_socket_stream(host: str, port: int) -> SocketStream:
 
 
 class _ClientClock:
+    """The OS's monotonic clock (any thread may read it: the blocking front appends records
+    on its callers' threads) and its wall clock."""
+
     def monotonic_ms(self) -> int:
-        return int(anyio.current_time() * 1000)
+        return time.monotonic_ns() // 1_000_000
 
     def wall_ms(self) -> int:
         return time.time_ns() // 1_000_000
@@ -235,22 +240,116 @@ def env_rng(env: Any, name: str) -> random.Random:
     return maker(name) if maker is not None else random.Random()
 
 
-class Signal:
-    """A level-free broadcast: ``fire()`` wakes every current ``wait()``er."""
+@asynccontextmanager
+async def open_task_group() -> AsyncIterator[anyio.abc.TaskGroup]:
+    """A client's task group. A single error (the body's, or one task's) leaves it as itself,
+    not wrapped in an exception group: ``open_producer(lingr_ms=1)`` raises ``TypeError``."""
+    try:
+        async with anyio.create_task_group() as group:
+            yield group
+    except BaseExceptionGroup as errors:
+        if len(errors.exceptions) == 1:
+            raise errors.exceptions[0] from None
+        raise
+
+
+class Bridge:
+    """How one client's state is shared between its event loop and other threads.
+
+    ``lock`` guards the client's core state (accumulator, fetch state, metadata cache): the
+    loop holds it around each core call, never across an await, and the blocking front holds
+    it on its callers' threads (``Producer.send`` appends under it, ``Consumer.poll`` takes
+    completed fetches under it). ``changed`` (a condition on ``lock``) is where those threads
+    wait; every ``Signal.fire`` notifies it once a front ``attach``ed a loop. A ``Signal`` fired
+    off the loop's thread is fired on the loop (``call_soon``). Without a blocking front (an
+    async program) the lock is never contended and nothing hops threads."""
+
+    __slots__ = ("lock", "changed", "waiting", "_loop_thread", "_call_soon")
 
     def __init__(self) -> None:
-        self._event = anyio.Event()
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.waiting = 0  # threads in ``wait``: ``notify`` is free while there are none
+        self._loop_thread: int | None = None
+        self._call_soon: Callable[..., None] | None = None
+
+    def attach(self, loop_thread: int, call_soon: Callable[..., None]) -> None:
+        """Serve threads outside the loop: ``call_soon(fn)`` runs ``fn()`` on the loop thread
+        ``loop_thread`` (any thread may call it)."""
+        self._loop_thread = loop_thread
+        self._call_soon = call_soon
+
+    @property
+    def attached(self) -> bool:
+        return self._call_soon is not None
+
+    def on_loop(self) -> bool:
+        return self._call_soon is None or threading.get_ident() == self._loop_thread
+
+    def call_soon(self, fn: Callable[..., None]) -> None:
+        """Run ``fn()`` on the loop thread soon (at once when already there). Never blocks;
+        does nothing once the loop is gone."""
+        if self.on_loop():
+            fn()
+            return
+        try:
+            self._call_soon(fn)  # type: ignore[misc]
+        except RuntimeError:  # the loop has stopped: nobody waits there any more
+            pass
+
+    def wait(self, timeout_s: float) -> None:
+        """Wait (``lock`` held, on a thread other than the loop's) until the next ``notify``
+        or ``timeout_s``; then re-check the condition waited for."""
+        self.waiting += 1
+        try:
+            self.changed.wait(timeout_s)
+        finally:
+            self.waiting -= 1
+
+    def notify(self) -> None:
+        """Wake the threads in ``wait`` (they re-check their condition). A waiter counts
+        itself under ``lock`` before it checks its condition, and state changes are made
+        under ``lock`` before they are signalled, so reading ``waiting`` unlocked misses
+        nobody."""
+        if self.waiting:
+            with self.lock:
+                self.changed.notify_all()
+
+
+class Signal:
+    """A level-free broadcast: ``fire()`` wakes every current ``wait()``er (on the loop) and,
+    with a ``bridge``, every thread in its ``wait``. ``fire`` may be called from any thread;
+    off the loop it is carried out there. The event is made only when someone waits: most
+    fires (a batch sealed, an answer in) find nobody waiting."""
+
+    __slots__ = ("_event", "_bridge")
+
+    def __init__(self, bridge: Bridge | None = None) -> None:
+        self._event: anyio.Event | None = None
+        self._bridge = bridge
 
     def fire(self) -> None:
-        self._event.set()
-        self._event = anyio.Event()
+        bridge = self._bridge
+        if bridge is not None and bridge.attached:
+            if not bridge.on_loop():
+                bridge.call_soon(self.fire)
+                return
+            bridge.notify()
+        event = self._event
+        if event is not None:
+            self._event = None
+            event.set()
 
     def current(self) -> anyio.Event:
-        """The event the next ``fire()`` sets: capture it before a check to never miss a fire."""
-        return self._event
+        """The event the next ``fire()`` sets: capture it before a check to never miss a fire.
+        On the loop only."""
+        event = self._event
+        if event is None:
+            event = self._event = anyio.Event()
+        return event
 
     async def wait(self, timeout_ms: int | None = None) -> None:
-        event = self._event
+        event = self.current()
         if timeout_ms is None:
             await event.wait()
         else:
@@ -301,19 +400,21 @@ Spawner = anyio.abc.TaskGroup | Background
 
 
 class _Waiter:
-    __slots__ = ("event", "response", "error")
+    __slots__ = ("event", "response", "error", "deadline_ms")
 
-    def __init__(self) -> None:
+    def __init__(self, deadline_ms: int = 0) -> None:
         self.event = anyio.Event()
         self.response: Any = None
         self.error: RivvenError | None = None
+        self.deadline_ms = deadline_ms
 
 
 class Connection:
     """One pipelined stream to one broker."""
 
     def __init__(
-        self, address: Address, stream: Any, in_flight_max: int, nursery: Spawner
+        self, address: Address, stream: Any, in_flight_max: int, nursery: Spawner,
+        clock: Any = None,
     ) -> None:
         self.address = address
         self.stream = stream
@@ -321,6 +422,9 @@ class Connection:
         self.core = ClientConnection(in_flight_max=in_flight_max)
         self.waiters: deque[_Waiter] = deque()
         self.send_lock = anyio.Lock()
+        self.clock = clock or _ClientClock()
+        self._watch_at_ms: int | None = None  # when ``watch_deadlines`` wakes next
+        self._deadlines = Signal()
         self.error: RivvenError | None = None
         self.api_versions: dict[int, tuple[int, int]] = {}
 
@@ -333,7 +437,12 @@ class Connection:
         ``RequestTimedOutError`` (which breaks the connection) or a local protocol error."""
         if self.error is not None:
             raise self.error
-        waiter = _Waiter() if request.expects_response() else None
+        waiter = None
+        if request.expects_response():
+            waiter = _Waiter(self.clock.monotonic_ms() + timeout_ms)
+            watch_at = self._watch_at_ms
+            if watch_at is None or waiter.deadline_ms < watch_at:
+                self._deadlines.fire()
         async with self.send_lock:
             if self.error is not None:
                 raise self.error
@@ -349,13 +458,29 @@ class Connection:
                 self.fail(ConnectionFailedError(f"connection to {self.address} lost: {exc!r}"))
         if waiter is None:
             return None
-        with anyio.move_on_after(timeout_ms / 1000):
-            await waiter.event.wait()
-        if not waiter.event.is_set():
-            self.fail(RequestTimedOutError(f"no answer from {self.address} in time"))
+        await waiter.event.wait()  # answered, failed, or timed out (``watch_deadlines``)
         if waiter.error is not None:
             raise waiter.error
         return waiter.response
+
+    async def watch_deadlines(self) -> None:
+        """Fail the connection once an unanswered request is older than its timeout (a
+        ``RequestTimedOutError`` for every waiter: responses cannot be skipped). One timer per
+        connection, re-armed by a request only when it is due sooner, instead of a cancel
+        scope around every request."""
+        clock = self.clock
+        while self.error is None:
+            if not self.waiters:
+                self._watch_at_ms = None
+                await self._deadlines.wait()
+                continue
+            due = min(waiter.deadline_ms for waiter in self.waiters)
+            now = clock.monotonic_ms()
+            if due <= now:
+                self.fail(RequestTimedOutError(f"no answer from {self.address} in time"))
+                return
+            self._watch_at_ms = due
+            await self._deadlines.wait(due - now)
 
     async def read_loop(self) -> None:
         """Pair responses with waiters until the stream ends or breaks."""
@@ -401,6 +526,7 @@ class Connection:
         for waiter in waiters:
             waiter.error = error
             waiter.event.set()
+        self._deadlines.fire()  # its watch ends
         close = getattr(self.stream, "close", None)
         if close is not None:  # a SocketStream closes at once
             close()
@@ -424,8 +550,12 @@ class Cluster:
         in_flight_max: int,
         allow_auto_topic_creation: bool = False,
         connect_attempts_max: int = 3,
+        bridge: Bridge | None = None,
     ) -> None:
+        """``bridge``: the client's (its ``lock`` also guards the metadata cache)."""
         self.config = config
+        self.bridge = bridge or Bridge()
+        self._lock = self.bridge.lock
         self.env = env
         self.clock = env.clock
         self.nursery = nursery
@@ -442,7 +572,7 @@ class Cluster:
             retry_backoff_ms=config.retry_backoff_ms,
             retry_backoff_max_ms=config.retry_backoff_max_ms,
         )
-        self.changed = Signal()  # fires when metadata changes (or a refresh failed)
+        self.changed = Signal(self.bridge)  # fires when metadata changes (or a refresh failed)
         #: called after every refresh (its answer or failure): a driver's wake-up
         self.on_update: Callable[[], None] | None = None
         self.backoff = ReconnectBackoff(
@@ -489,7 +619,8 @@ class Cluster:
         except ClosedError:
             return
         except RivvenError:
-            self.metadata.request_update()  # the leader may have moved
+            with self._lock:
+                self.metadata.request_update()  # the leader may have moved
         if self.on_update is not None:
             self.on_update()
 
@@ -519,8 +650,9 @@ class Cluster:
                 error = ConnectionFailedError(f"cannot connect to {address}: {exc!r}")
                 self._dial_failed(address, error)
                 raise error from exc
-            conn = Connection(address, stream, self.in_flight_max, self.nursery)
+            conn = Connection(address, stream, self.in_flight_max, self.nursery, self.clock)
             self.nursery.start_soon(conn.read_loop)
+            self.nursery.start_soon(conn.watch_deadlines)
             await self._handshake(conn)
             self._connections[address] = conn
         finally:
@@ -552,15 +684,17 @@ class Cluster:
         self.backoff.on_dial_failed(address, error, self.now_ms())
 
     async def any_connection(self) -> Connection | None:
-        """A connected broker with the fewest requests in flight, else a fresh dial (None if
-        every candidate waits out a backoff or the dial failed)."""
-        candidates = self.metadata.candidates()
+        """A connected broker with the fewest requests in flight, else one being dialled or a
+        fresh dial (None if every candidate waits out a backoff or the dial failed)."""
+        with self._lock:
+            candidates = self.metadata.candidates()
         live = [c for a in candidates if (c := self.connection(a)) is not None]
         if live:
             return min(live, key=lambda c: c.in_flight)
         now = self.now_ms()
-        for address in candidates:
-            if self.can_dial(address, now):
+        for address in candidates:  # one being dialled already: wait for that dial (as the
+            # first request on a new connection queues behind its Handshake)
+            if address in self._dialing or self.backoff.can_dial(address, now):
                 try:
                     return await self.connect(address)
                 except RivvenError:
@@ -571,35 +705,43 @@ class Cluster:
     async def refresh(self, force: bool = True) -> None:
         """One Metadata request for the wanted topics (skipped if one is running; unless
         ``force``, also when the cache says none is due)."""
-        if self._closed or not self.metadata.refresh_due(self.now_ms(), force=force):
-            return
-        self.metadata.on_refresh_started()
+        metadata, lock = self.metadata, self._lock
+        with lock:
+            if self._closed or not metadata.refresh_due(self.now_ms(), force=force):
+                return
+            metadata.on_refresh_started()
         try:
             conn = await self.any_connection()
             if conn is None:
-                self.metadata.on_failure(self.now_ms())
+                with lock:
+                    metadata.on_failure(self.now_ms())
                 return
-            self.metadata.on_request_sent(self.now_ms())
-            request = metadata_request(
-                self.metadata.request_topics(), self.allow_auto_topic_creation
-            )
+            with lock:
+                metadata.on_request_sent(self.now_ms())
+                request = metadata_request(metadata.request_topics(),
+                                           self.allow_auto_topic_creation)
             try:
                 response = await conn.request(request, self.config.request_timeout_ms)
                 response = check_response(response, m.MetadataResponse)
             except RivvenError:
-                self.metadata.on_failure(self.now_ms())
+                with lock:
+                    metadata.on_failure(self.now_ms())
                 return
-            self.metadata.on_update(response, self.now_ms())
+            with lock:
+                metadata.on_update(response, self.now_ms())
         finally:
-            if self.metadata.refresh_in_flight:  # cancelled: let the next one start
-                self.metadata.on_failure(self.now_ms())
+            with lock:
+                if metadata.refresh_in_flight:  # cancelled: let the next one start
+                    metadata.on_failure(self.now_ms())
             self.changed.fire()
             if self.on_update is not None:
                 self.on_update()
 
     def refresh_soon(self) -> None:
         """Start a refresh in the background if the cache says one is due."""
-        if not self._closed and self.metadata.refresh_due(self.now_ms()):
+        with self._lock:
+            due = not self._closed and self.metadata.refresh_due(self.now_ms())
+        if due:
             self.nursery.start_soon(self.refresh, False)
 
     # --- calls with retries --------------------------------------------------------------------
@@ -618,32 +760,38 @@ class Cluster:
             now_ms=self.now_ms(), timeout_ms=timeout_ms, policy=self.retry, rng=self.rng,
             metadata=self.metadata, connect_attempts_max=self.connect_attempts_max,
         )
+        lock = self._lock
         while True:
             if self._closed:
                 raise ClosedError("the client is closed")
-            retry.target_known(node_id)
+            with lock:
+                retry.target_known(node_id)
             failed_before = self.backoff.failed_dials
             conn, candidates = await self._target(node_id)
             now = self.now_ms()
             if conn is None:
-                wait_ms = retry.no_connection(
-                    now, dial_failed=self.backoff.failed_dials > failed_before,
-                    next_dial_ms=self.backoff.next_dial_ms(candidates, now),
-                    error=self.backoff.last_error,
-                )
+                with lock:
+                    wait_ms = retry.no_connection(
+                        now, dial_failed=self.backoff.failed_dials > failed_before,
+                        next_dial_ms=self.backoff.next_dial_ms(candidates, now),
+                        error=self.backoff.last_error,
+                    )
                 await anyio.sleep(wait_ms / 1000)
                 continue
             try:
                 return retry.answer(await conn.request(request, retry.attempt(now)))
             except RivvenError as error:
-                wait_ms = retry.failed(error, self.now_ms())
+                with lock:
+                    wait_ms = retry.failed(error, self.now_ms())
             await anyio.sleep(wait_ms / 1000)
 
     async def _target(
         self, node_id: int | None
     ) -> tuple[Connection | None, list[Address]]:
         if node_id is None:
-            return await self.any_connection(), self.metadata.addresses()
+            conn = await self.any_connection()
+            with self._lock:
+                return conn, self.metadata.addresses()
         address = self.metadata.address_of(node_id)
         assert address is not None, "CallRetry.target_known checked it"
         if self.connection(address) is None and not self.can_dial(address, self.now_ms()):
@@ -659,16 +807,21 @@ class Cluster:
         Raises:
             BrokerError: the topic's error, or UnknownTopicOrPartitionError.
         """
-        self.metadata.add_topics([topic])
-        node = self.metadata.leader_for(topic, partition)
+        with self._lock:
+            self.metadata.add_topics([topic])
+            node = self.metadata.leader_for(topic, partition)
+            request = metadata_request(self.metadata.request_topics(), False)
         if node is None:
-            response = check_response(
-                await self.call(metadata_request(self.metadata.request_topics(), False)),
-                m.MetadataResponse,
-            )
-            self.metadata.on_update(response, self.now_ms())
-            node = self.metadata.leader_or_raise(topic, partition)
+            response = check_response(await self.call(request), m.MetadataResponse)
+            with self._lock:
+                self.metadata.on_update(response, self.now_ms())
+                node = self.metadata.leader_or_raise(topic, partition)
         return node
+
+    def update_metadata(self, response: Any) -> None:
+        """Take a Metadata answer a caller asked for itself."""
+        with self._lock:
+            self.metadata.on_update(response, self.now_ms())
 
     def close(self) -> None:
         """Break every connection (waiters get ``ClosedError``). Idempotent; never blocks."""

@@ -27,7 +27,14 @@ from typing import Any, AsyncIterator
 import anyio
 import anyio.lowlevel
 
-from rivven_broker.client._aio_net import Cluster, ClientEnv, Signal, env_rng
+from rivven_broker.client._aio_net import (
+    Bridge,
+    ClientEnv,
+    Cluster,
+    Signal,
+    env_rng,
+    open_task_group,
+)
 from rivven_broker.client.accumulator import ProducePlan
 from rivven_broker.client.config import (
     ConnectionConfig,
@@ -105,7 +112,11 @@ class Delivery:
 class AsyncProducer:
     """Use through ``open_producer``. Methods are called from tasks of one event loop."""
 
-    def __init__(self, bootstrap: str, env: Any, nursery: Any, **options: Any) -> None:
+    def __init__(self, bootstrap: str, env: Any, nursery: Any, *, bridge: Bridge | None = None,
+                 **options: Any) -> None:
+        """``bridge``: shared with a blocking front (``_producer.Producer``), which then appends
+        records on its callers' threads under ``bridge.lock`` and settles record tokens its own
+        way (``settle``)."""
         if "acks" in options:
             options["acks"] = normalise_acks(options["acks"])
         self._config, conn_config = build_configs(options, ProducerConfig, ConnectionConfig)
@@ -114,21 +125,27 @@ class AsyncProducer:
         self._env = env
         self._clock = env.clock
         self._nursery = nursery
+        self._bridge = bridge = bridge or Bridge()
+        self._lock = bridge.lock
         self._cluster = Cluster(
             bootstrap, conn_config, env, nursery,
             in_flight_max=self._config.max_in_flight_requests_per_connection + 2,
-            allow_auto_topic_creation=self._config.allow_auto_topic_creation,
+            allow_auto_topic_creation=self._config.allow_auto_topic_creation, bridge=bridge,
         )
         self._metadata = self._cluster.metadata
         rng = env_rng(env, "producer")
-        self._wake = Signal()
+        self._wake = Signal(bridge)
         self._cluster.on_update = self._wake.fire  # a refresh or a dial ended: step again
         self._core = ProducerCore(self._config, conn_config, self._metadata, rng)
         self._acc = self._core.accumulator
         txn = self._core.txn
         self._txn_check = txn.check_send if txn is not None and txn.transactional else None
         self._request_timeout_ms = conn_config.request_timeout_ms
-        self._progress = Signal()
+        self._progress = Signal(bridge)
+        #: ``settle(tokens, results, error)``: finishes a batch's record tokens (each with its
+        #: ``RecordMetadata``, or all with ``error``); ``Delivery``s by default
+        self.settle = settle_deliveries
+        self.flush_on_exit = True
         self._in_flight: dict[Address, int] = {}
         self._closed = False
         self._stopped = False
@@ -160,6 +177,7 @@ class AsyncProducer:
             try:
                 delivery = self.send_nowait(topic, value, key, headers, partition, timestamp_ms)
             except anyio.WouldBlock:
+                self._wake.fire()
                 await self._wait_for_capacity(topic, deadline)
                 continue
             await anyio.lowlevel.checkpoint()
@@ -170,6 +188,29 @@ class AsyncProducer:
                     timestamp_ms: int | None = None) -> Delivery:
         """Queue one record without waiting. Raises ``anyio.WouldBlock`` when the topic's
         metadata is not known yet or the buffer is full (``enqueue`` waits instead)."""
+        if self._serializing:
+            key, value = serialize(self._config, key, value)
+        delivery = Delivery()
+        if timestamp_ms is None:
+            timestamp_ms = self._clock.wall_ms()
+        with self._lock:
+            wake = self.append(topic, value, key, headers, partition, timestamp_ms, delivery)
+        if wake:
+            self._wake.fire()
+        return delivery
+
+    def append(self, topic: str, value: bytes | None, key: bytes | None, headers: Any,
+               partition: int | None, timestamp_ms: int, token: Any) -> bool:
+        """Append one (serialized) record with ``token`` to the accumulator; call with
+        ``_lock`` held (any thread). True when the sender must be woken (a batch opened or
+        sealed, or the topic's metadata is wanted: then it also raises).
+
+        Raises:
+            anyio.WouldBlock: the topic's metadata is not known yet (asked for: fire
+                ``_wake``), or the buffer is full; wait for ``capacity_error`` or progress.
+            ClosedError, BrokerError (invalid topic, partition out of range),
+            MessageTooLargeError, TypeError: as the blocking ``Producer.send``.
+        """
         if self._closed:
             raise ClosedError("send after the producer closed")
         if self._txn_check is not None:
@@ -179,8 +220,8 @@ class AsyncProducer:
             code = self._metadata.topic_error(topic)
             if code is not None and not code.retriable:
                 raise error_for(code, f"topic {topic!r}")
-            if self._metadata.add_topics([topic]):
-                self._wake.fire()
+            self._metadata.add_topics([topic])
+            self._metadata.request_update()
             raise anyio.WouldBlock
         if partition is not None and not 0 <= partition < count:
             raise UnknownTopicOrPartitionError(
@@ -188,32 +229,34 @@ class AsyncProducer:
             )
         if not self._acc.has_room():
             raise anyio.WouldBlock
-        if self._serializing:
-            key, value = serialize(self._config, key, value)
-        delivery = Delivery()
-        if timestamp_ms is None:
-            timestamp_ms = self._clock.wall_ms()
         try:
-            wake = self._acc.append(topic, partition, timestamp_ms, key, value, headers or (),
-                                    delivery, self._clock.monotonic_ms(), count)
+            return self._acc.append(topic, partition, timestamp_ms, key, value, headers or (),
+                                    token, self._clock.monotonic_ms(), count)
         except RecordTooLargeError as error:
             raise MessageTooLargeError(str(error)) from error
-        if wake:
-            self._wake.fire()
-        return delivery
+
+    def capacity_error(self, topic: str) -> RivvenError:
+        """Why a record for ``topic`` could not be queued within ``max_block_ms`` (``_lock``
+        held): no metadata (and why), or a full buffer."""
+        if self._metadata.partition_count(topic) is None:
+            error = self._cluster.last_error
+            if error is not None and self._metadata.version == 0:
+                return ConnectionFailedError(f"no broker reachable: {error.message}")
+            code = self._metadata.topic_error(topic)
+            return ClientTimeoutError(
+                f"topic {topic!r} not in metadata after max_block_ms="
+                f"{self._config.max_block_ms}" + (f" ({code.name})" if code else ""))
+        return BufferExhaustedError(
+            f"buffer of {self._acc.buffer_memory_bytes} bytes still full after "
+            f"max_block_ms={self._config.max_block_ms}")
 
     async def _wait_for_capacity(self, topic: str, deadline: int) -> None:
         remaining = deadline - self._clock.monotonic_ms()
-        if remaining <= 0:
-            if self._metadata.partition_count(topic) is None:
-                error = self._cluster.last_error
-                if error is not None and self._metadata.version == 0:
-                    raise ConnectionFailedError(f"no broker reachable: {error.message}")
-                raise ClientTimeoutError(f"topic {topic!r} not in metadata after max_block_ms")
-            raise BufferExhaustedError("the producer buffer stayed full for max_block_ms")
-        if self._metadata.partition_count(topic) is None:
-            self._metadata.request_update()
-            self._wake.fire()
+        with self._lock:
+            known = self._metadata.partition_count(topic) is not None
+            if remaining <= 0:
+                raise self.capacity_error(topic)
+        if not known:
             await self._cluster.changed.wait(min(remaining, _IDLE_WAIT_MS))
         else:
             await self._progress.wait(min(remaining, _IDLE_WAIT_MS))
@@ -224,17 +267,20 @@ class AsyncProducer:
         Raises:
             ClientTimeoutError: records still pending after ``timeout_ms``.
         """
-        pending = self._acc.incomplete()
-        self._acc.flushes_in_progress += 1
+        with self._lock:
+            pending = self._acc.incomplete()
+            self._acc.flushes_in_progress += 1
         try:
             self._wake.fire()
             with anyio.move_on_after(float("inf") if timeout_ms is None else timeout_ms / 1000):
                 while any(not batch.done for batch in pending):
                     await self._progress.wait()
                 return
-            raise ClientTimeoutError("flush timed out")
+            left = sum(batch.record_count for batch in pending if not batch.done)
+            raise ClientTimeoutError(f"flush timed out with {left} records pending")
         finally:
-            self._acc.flushes_in_progress -= 1
+            with self._lock:
+                self._acc.flushes_in_progress -= 1
 
     # --- transactions (as the blocking Producer's; timeouts default to max_block_ms) -------
     async def init_transactions(self, timeout_ms: int | None = None) -> None:
@@ -243,11 +289,14 @@ class AsyncProducer:
         Raises:
             InvalidTxnStateError, ProducerFencedError (fatal), ClientTimeoutError.
         """
-        await self._await(self._transactions().init_transactions(), timeout_ms)
+        with self._lock:
+            result = self._transactions().init_transactions()
+        await self._await(result, timeout_ms)
 
     async def begin_transaction(self) -> None:
         """Start a transaction (local). Raises ``InvalidTxnStateError`` or the fatal error."""
-        self._transactions().begin_transaction()
+        with self._lock:
+            self._transactions().begin_transaction()
         await anyio.lowlevel.checkpoint()
 
     async def send_offsets_to_transaction(
@@ -257,29 +306,37 @@ class AsyncProducer:
         a consumer's ``group_metadata()``) with the transaction. Raises as the blocking one
         (CommitFailedError: abort, poll again, retry)."""
         converted = offsets_of(offsets)
-        await self._await(self._transactions().send_offsets(converted, group_id), timeout_ms)
+        with self._lock:
+            result = self._transactions().send_offsets(converted, group_id)
+        await self._await(result, timeout_ms)
 
     async def commit_transaction(self, timeout_ms: int | None = None) -> None:
         """Flush the transaction's records, then commit it. Raises as the blocking one."""
         await self.flush(timeout_ms)
-        await self._await(self._transactions().begin_commit(), timeout_ms)
+        with self._lock:
+            result = self._transactions().begin_commit()
+        await self._await(result, timeout_ms)
 
     async def abort_transaction(self, timeout_ms: int | None = None) -> None:
         """Abort the open transaction (queued records fail with TransactionAbortedError).
         Raises ClientTimeoutError when that takes longer than ``timeout_ms``."""
-        txn = self._transactions()
+        with self._lock:
+            txn = self._transactions()
         finished = False
         error = TransactionAbortedError("the transaction was aborted before this was sent")
         with anyio.move_on_after(self._timeout_ms(timeout_ms) / 1000):
             while True:
-                outcomes, finished = self._core.abort_transaction_records(error)
+                with self._lock:
+                    outcomes, finished = self._core.abort_transaction_records(error)
                 self._finish(outcomes)
                 if finished:
                     break
                 await self._progress.wait(_IDLE_WAIT_MS)
         if not finished:
             raise ClientTimeoutError("the transaction's records were not settled in time")
-        await self._await(txn.begin_abort(), timeout_ms)
+        with self._lock:
+            result = txn.begin_abort()
+        await self._await(result, timeout_ms)
 
     def _transactions(self) -> TransactionManager:
         txn = self._core.txn
@@ -303,6 +360,31 @@ class AsyncProducer:
     def partition_count(self, topic: str) -> int | None:
         return self._metadata.partition_count(topic)
 
+    async def partitions_for(self, topic: str) -> list[int]:
+        """The topic's partition numbers (fetching metadata, up to ``max_block_ms``).
+
+        Raises as ``enqueue`` does for an unknown or invalid topic."""
+        deadline = self._clock.monotonic_ms() + self._config.max_block_ms
+        while True:
+            with self._lock:
+                count = self._metadata.partition_count(topic)
+                if count is None:
+                    code = self._metadata.topic_error(topic)
+                    if code is not None and not code.retriable:
+                        raise error_for(code, f"topic {topic!r}")
+                    self._metadata.add_topics([topic])
+                    self._metadata.request_update()
+            if count is not None:
+                return list(range(count))
+            self._wake.fire()
+            await self._wait_for_capacity(topic, deadline)
+
+    def metrics(self) -> dict[str, int]:
+        """A few live counters (buffered bytes and batches)."""
+        with self._lock:
+            return {"buffered_bytes": self._acc.buffered_bytes,
+                    "incomplete_batches": len(self._acc.incomplete())}
+
     # --- the sender task -----------------------------------------------------------------------
     async def _run_sender(self) -> None:
         in_flight_max = self._config.max_in_flight_requests_per_connection
@@ -313,9 +395,11 @@ class AsyncProducer:
                 return None
             return self._in_flight.get(address, 0) < in_flight_max
 
+        lock = self._lock
         while not self._stopped:
             now = self._clock.monotonic_ms()
-            step = self._core.step(now, node_ready)
+            with lock:
+                step = self._core.step(now, node_ready)
             self._finish(step.failed)
             wait_ms = _IDLE_WAIT_MS if step.wake_at_ms is None else step.wake_at_ms - now
             if step.metadata_due:
@@ -329,7 +413,8 @@ class AsyncProducer:
                     batch.seal()
                 self._in_flight[address] = self._in_flight.get(address, 0) + 1
                 self._nursery.start_soon(self._send_plan, plan, address)
-            call = self._core.next_coordinator_call(self._clock.monotonic_ms())
+            with lock:
+                call = self._core.next_coordinator_call(self._clock.monotonic_ms())
             if call is not None:
                 self._nursery.start_soon(self._send_call, call)
             await self._wake.wait(max(0, min(wait_ms, _IDLE_WAIT_MS)))
@@ -350,45 +435,53 @@ class AsyncProducer:
             error = failure
         except BaseException:  # cancelled: the call may be sent again
             lost = ConnectionFailedError("the coordinator request was cancelled")
-            self._core.on_coordinator_answer(call, None, lost, self._clock.monotonic_ms())
+            with self._lock:
+                self._core.on_coordinator_answer(call, None, lost, self._clock.monotonic_ms())
             raise
-        self._core.on_coordinator_answer(call, response, error, self._clock.monotonic_ms())
+        if self._stopped:
+            return
+        with self._lock:
+            self._core.on_coordinator_answer(call, response, error, self._clock.monotonic_ms())
         self._progress.fire()
         self._wake.fire()
 
     async def _send_plan(self, plan: ProducePlan, address: Address) -> None:
         try:
-            request = self._core.produce_request(plan)
+            core, lock = self._core, self._lock
+            with lock:
+                request = core.produce_request(plan)
             conn = self._cluster.connection(address)
             try:
                 if conn is None:
                     raise ConnectionFailedError(f"not connected to {address}")
                 response = await conn.request(request, self._request_timeout_ms)
             except RivvenError as error:
-                outcomes = self._core.on_request_failed(plan, error, self._clock.monotonic_ms())
+                if self._stopped:  # shut down meanwhile: its batches were failed there
+                    return
+                with lock:
+                    outcomes = core.on_request_failed(plan, error, self._clock.monotonic_ms())
             else:
-                if self._core.expects_response:
-                    outcomes = self._core.on_response(plan, response, self._clock.monotonic_ms())
-                else:
-                    outcomes = self._core.on_sent_without_ack(plan)
+                if self._stopped:
+                    return
+                with lock:
+                    if core.expects_response:
+                        outcomes = core.on_response(plan, response, self._clock.monotonic_ms())
+                    else:
+                        outcomes = core.on_sent_without_ack(plan)
             self._finish(outcomes)
         finally:
             self._in_flight[address] -= 1
             self._wake.fire()
 
     def _finish(self, outcomes: list[BatchOutcome]) -> None:
+        """Settle the tokens of finished batches (never with ``_lock`` held: a delivery
+        callback may send), then wake whoever waits for progress."""
+        settle = self.settle
         for batch, base_offset, error in outcomes:
             if error is None:
-                offset = base_offset
-                for delivery, timestamp in zip(batch.tokens, batch.timestamps):
-                    delivery._resolve(
-                        RecordMetadata(batch.topic, batch.partition, offset, timestamp), None
-                    )
-                    if base_offset >= 0:
-                        offset += 1
+                settle(batch.tokens, metadata_of(batch, base_offset), None)
             else:
-                for delivery in batch.tokens:
-                    delivery._resolve(None, error)
+                settle(batch.tokens, None, error)
         if outcomes:
             self._progress.fire()
 
@@ -399,16 +492,43 @@ class AsyncProducer:
         self._stopped = True
         self._cluster.close()
         error = ClosedError("the producer closed before these records were delivered")
-        self._finish(self._core.abort_queued(error))
-        for batch in self._acc.incomplete():  # in flight: their request tasks are cancelled
-            self._acc.complete(batch)
-            self._finish([BatchOutcome(batch, -1, error)])
+        with self._lock:
+            outcomes = self._core.abort_queued(error)
+            for batch in self._acc.incomplete():  # in flight: their request tasks are cancelled
+                self._acc.complete(batch)
+                outcomes.append(BatchOutcome(batch, -1, error))
+        self._finish(outcomes)
         self._wake.fire()
+
+
+def metadata_of(batch: Any, base_offset: int) -> list[RecordMetadata]:
+    """The ``RecordMetadata`` of each record of an acknowledged batch, in order."""
+    topic, partition = batch.topic, batch.partition
+    new = tuple.__new__
+    offset = base_offset
+    step = 1 if base_offset >= 0 else 0  # acks=0: no offsets
+    results = []
+    for timestamp in batch.timestamps:
+        results.append(new(RecordMetadata, (topic, partition, offset, timestamp)))
+        offset += step
+    return results
+
+
+def settle_deliveries(tokens: list[Delivery], results: list[RecordMetadata] | None,
+                      error: RivvenError | None) -> None:
+    if error is None:
+        assert results is not None
+        for delivery, result in zip(tokens, results):
+            delivery._resolve(result, None)
+    else:
+        for delivery in tokens:
+            delivery._resolve(None, error)
 
 
 @asynccontextmanager
 async def open_producer(
-    bootstrap: str | None = None, *, env: Any = None, **options: Any
+    bootstrap: str | None = None, *, env: Any = None, bridge: Bridge | None = None,
+    **options: Any
 ) -> AsyncIterator[AsyncProducer]:
     """An async ``Producer`` for the body of an ``async with``; options as the blocking one.
 
@@ -417,13 +537,14 @@ async def open_producer(
     """
     bootstrap, _ = bootstrap_and_topics(() if bootstrap is None else (bootstrap,), None,
                                         options, takes_topics=False)
-    async with anyio.create_task_group() as nursery:
-        producer = AsyncProducer(bootstrap, env or ClientEnv(), nursery, **options)
+    async with open_task_group() as nursery:
+        producer = AsyncProducer(bootstrap, env or ClientEnv(), nursery, bridge=bridge, **options)
         nursery.start_soon(producer._run_sender)
         try:
             yield producer
             producer._closed = True
-            await producer.flush(producer._config.delivery_timeout_ms)
+            if producer.flush_on_exit:
+                await producer.flush(producer._config.delivery_timeout_ms)
         finally:
             producer._shutdown()
             nursery.cancel_scope.cancel()

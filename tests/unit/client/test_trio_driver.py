@@ -109,6 +109,22 @@ async def test_an_unanswered_request_times_out_and_is_retried(autojump_clock):
     assert 30 <= elapsed < 32  # one request timeout plus a backoff, on the virtual clock
 
 
+async def test_a_request_waits_for_a_dial_in_progress_instead_of_backing_off(autojump_clock):
+    """The first send's metadata refresh and the idempotent producer's InitProducerId both
+    want "any broker" while the first dial is still handshaking: the second waits for that
+    dial (as a request queues behind a Handshake) instead of failing and waiting out a retry
+    backoff (1 s here; it was every first send's 100 ms)."""
+    async with trio.open_nursery() as nursery:
+        env = MemoryBroker(nursery)
+        async with open_producer("memory:1", env=env, retry_backoff_ms=1_000) as producer:
+            start = trio.current_time()
+            meta = await producer.send("t", value=b"x")
+            elapsed = trio.current_time() - start
+        nursery.cancel_scope.cancel()
+    assert meta.offset == 0 and env.dials == 1
+    assert elapsed < 1  # on the virtual clock: no backoff was waited out
+
+
 async def test_undeliverable_records_fail_at_the_delivery_timeout(autojump_clock):
     async with trio.open_nursery() as nursery:
         env = MemoryBroker(nursery)
