@@ -77,17 +77,14 @@ PURE_PACKAGES = (
 # The client's drivers: sockets, threads, trio tasks and clocks, and the front modules that
 # gather their public classes. Everything else in rivven_broker.client is its pure core.
 CLIENT_DRIVERS = {
-    "rivven_broker.client": "the package's front: re-exports the blocking driver's classes",
-    "rivven_broker.client.blocking": "the blocking driver's front module",
+    "rivven_broker.client": "the package's front: re-exports the blocking classes",
+    "rivven_broker.client.blocking": "the blocking front module",
     "rivven_broker.client.trio": "the async driver's front module under its trio names",
-    "rivven_broker.client._admin": "blocking Admin: sleeps between coordinator searches",
-    "rivven_broker.client._cluster": "blocking: metadata over the NetworkClient, a lock",
+    "rivven_broker.client._admin": "blocking Admin: the async one through a portal",
     "rivven_broker.client._collector": "pauses the process's garbage collector around decodes",
-    "rivven_broker.client._consumer": "blocking Consumer: a fetch thread",
-    "rivven_broker.client._group": "blocking group member: a heartbeat thread",
-    "rivven_broker.client._network": "blocking sockets, selectors and the monotonic clock",
+    "rivven_broker.client._consumer": "blocking Consumer over the async one: waits, a queue",
     "rivven_broker.client._producer": "blocking Producer over the async one: futures, a lock",
-    "rivven_broker.client._sync": "blocking request/response on the caller's thread",
+    "rivven_broker.client._sync": "blocking request/response through a portal",
     "rivven_broker.client.aio": "the async driver's front module (trio and asyncio)",
     "rivven_broker.client._aio_admin": "async Admin (AnyIO)",
     "rivven_broker.client._aio_consumer": "async Consumer: fetch tasks (AnyIO)",

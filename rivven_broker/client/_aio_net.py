@@ -68,7 +68,7 @@ from rivven_broker.protocol.errors import ProtocolError
 from rivven_broker.protocol.framing import DIRECT_BODY_BYTES_MIN
 
 __all__ = ["Background", "Bridge", "ClientEnv", "Cluster", "Connection", "Signal", "SocketStream",
-           "Spawner", "env_rng", "open_socket_stream", "open_task_group"]
+           "Spawner", "env_rng", "open_cluster", "open_socket_stream", "open_task_group"]
 
 _RECEIVE_BYTES = 1 << 20
 #: The most bytes of a large response the socket gathers before waking the reader (Linux
@@ -440,9 +440,6 @@ class Connection:
         waiter = None
         if request.expects_response():
             waiter = _Waiter(self.clock.monotonic_ms() + timeout_ms)
-            watch_at = self._watch_at_ms
-            if watch_at is None or waiter.deadline_ms < watch_at:
-                self._deadlines.fire()
         async with self.send_lock:
             if self.error is not None:
                 raise self.error
@@ -452,6 +449,9 @@ class Connection:
                 raise error_for(exc.code, str(exc)) from exc
             if waiter is not None:
                 self.waiters.append(waiter)
+                watch_at = self._watch_at_ms
+                if watch_at is None or waiter.deadline_ms < watch_at:
+                    self._deadlines.fire()  # due sooner than the watch expects
             try:
                 await self.stream.send_all(data)
             except STREAM_ERRORS as exc:
@@ -801,7 +801,17 @@ class Cluster:
         except RivvenError:
             return None, [address]
 
-    async def leader_for(self, topic: str, partition: int) -> int:
+    async def fetch_metadata(self, topics: list[str] | None, *,
+                             timeout_ms: int | None = None) -> Any:
+        """A Metadata answer for ``topics`` (None: all); also refreshes the cache."""
+        response = check_response(
+            await self.call(metadata_request(topics, False), timeout_ms=timeout_ms),
+            m.MetadataResponse)
+        self.update_metadata(response)
+        return response
+
+    async def leader_for(self, topic: str, partition: int, *,
+                         timeout_ms: int | None = None) -> int:
         """The partition's leader, refreshing metadata once if unknown.
 
         Raises:
@@ -812,7 +822,8 @@ class Cluster:
             node = self.metadata.leader_for(topic, partition)
             request = metadata_request(self.metadata.request_topics(), False)
         if node is None:
-            response = check_response(await self.call(request), m.MetadataResponse)
+            response = check_response(await self.call(request, timeout_ms=timeout_ms),
+                                      m.MetadataResponse)
             with self._lock:
                 self.metadata.on_update(response, self.now_ms())
                 node = self.metadata.leader_or_raise(topic, partition)
@@ -830,3 +841,17 @@ class Cluster:
             conn.fail(ClosedError("the client is closed"))
         self._connections.clear()
         self.changed.fire()
+
+
+@asynccontextmanager
+async def open_cluster(bootstrap: str, config: ConnectionConfig, *, env: Any = None,
+                       bridge: Bridge | None = None, **options: Any) -> AsyncIterator[Cluster]:
+    """A ``Cluster`` of its own (raw requests with retries) for an ``async with`` body."""
+    async with open_task_group() as nursery:
+        cluster = Cluster(bootstrap, config, env or ClientEnv(), nursery, in_flight_max=8,
+                          bridge=bridge, **options)
+        try:
+            yield cluster
+        finally:
+            cluster.close()
+            nursery.cancel_scope.cancel()

@@ -252,8 +252,8 @@ def test_a_large_answer_arriving_in_pieces_is_whole_and_small_ones_follow_at_onc
         fetch = m.Fetch(topics=(m.FetchTopic("t", (m.FetchPartition(0, 0, 8 << 20),)),))
         response = client.call(fetch)
         assert response.topics[0].partitions[0].records == records
-        (conn,) = client._net._connections.values()
-        assert conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+        (conn,) = client._cluster._connections.values()
+        assert conn.stream.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
         client.fetch_metadata(None, timeout_ms=2000)
     finally:
         client.close()
