@@ -387,37 +387,41 @@ class AsyncProducer:
 
     # --- the sender task -----------------------------------------------------------------------
     async def _run_sender(self) -> None:
-        in_flight_max = self._config.max_in_flight_requests_per_connection
-
-        def node_ready(node_id: int) -> bool | None:
-            address = self._metadata.address_of(node_id)
-            if self._cluster.connection(address) is None:
-                return None
-            return self._in_flight.get(address, 0) < in_flight_max
-
-        lock = self._lock
         while not self._stopped:
-            now = self._clock.monotonic_ms()
-            with lock:
-                step = self._core.step(now, node_ready)
-            self._finish(step.failed)
-            wait_ms = _IDLE_WAIT_MS if step.wake_at_ms is None else step.wake_at_ms - now
-            if step.metadata_due:
-                self._cluster.refresh_soon()  # its end wakes this task (on_update)
-            retry_at = self._cluster.dial_waiting(step.dial, now)  # a dial's end wakes it too
-            if retry_at is not None:
-                wait_ms = min(wait_ms, max(retry_at - now, 1))
-            for plan in step.plans:
-                address = self._metadata.address_of(plan.node_id)
-                for batch in plan.batches:
-                    batch.seal()
-                self._in_flight[address] = self._in_flight.get(address, 0) + 1
-                self._nursery.start_soon(self._send_plan, plan, address)
-            with lock:
-                call = self._core.next_coordinator_call(self._clock.monotonic_ms())
-            if call is not None:
-                self._nursery.start_soon(self._send_call, call)
+            wait_ms = self._step()
             await self._wake.wait(max(0, min(wait_ms, _IDLE_WAIT_MS)))
+
+    def _node_ready(self, node_id: int) -> bool | None:
+        address = self._metadata.address_of(node_id)
+        if self._cluster.connection(address) is None:
+            return None
+        return self._in_flight.get(address, 0) < self._config.max_in_flight_requests_per_connection
+
+    def _step(self) -> int:
+        """One step of the sender (never awaits): what the core says, done; returns the ms
+        until the next step is due."""
+        lock = self._lock
+        now = self._clock.monotonic_ms()
+        with lock:
+            step = self._core.step(now, self._node_ready)
+        self._finish(step.failed)
+        wait_ms = _IDLE_WAIT_MS if step.wake_at_ms is None else step.wake_at_ms - now
+        if step.metadata_due:
+            self._cluster.refresh_soon()  # its end wakes this task (on_update)
+        retry_at = self._cluster.dial_waiting(step.dial, now)  # a dial's end wakes it too
+        if retry_at is not None:
+            wait_ms = min(wait_ms, max(retry_at - now, 1))
+        for plan in step.plans:
+            address = self._metadata.address_of(plan.node_id)
+            for batch in plan.batches:
+                batch.seal()
+            self._in_flight[address] = self._in_flight.get(address, 0) + 1
+            self._nursery.start_soon(self._send_plan, plan, address)
+        with lock:
+            call = self._core.next_coordinator_call(self._clock.monotonic_ms())
+        if call is not None:
+            self._nursery.start_soon(self._send_call, call)
+        return wait_ms
 
     async def _send_call(self, call: CoordinatorCall) -> None:
         """One coordinator request to its broker (any, unless the core names one); the
