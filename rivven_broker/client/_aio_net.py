@@ -121,6 +121,18 @@ class SocketStream:
                 continue
             view = view[sent:]
 
+    def try_send(self, data: bytes | bytearray | memoryview) -> memoryview | None:
+        """Send what the socket takes now, without waiting; the rest (None: all sent).
+        Raises OSError (ClosedResourceError after ``close``)."""
+        if self._closed:
+            raise anyio.ClosedResourceError
+        view = memoryview(data)
+        try:
+            sent = self.sock.send(view)
+        except BlockingIOError:
+            return view
+        return view[sent:] if sent < len(view) else None
+
     async def receive_some(self, max_bytes: int) -> bytes:
         """Up to ``max_bytes`` bytes (``b""`` at end of stream); always a checkpoint."""
         sock = self.sock
@@ -399,14 +411,28 @@ class Background:
 Spawner = anyio.abc.TaskGroup | Background
 
 
-class _Waiter:
-    __slots__ = ("event", "response", "error", "deadline_ms")
+#: ``on_answer(response, error)``: exactly one of the two is set (None, None for no answer)
+AnswerCallback = Callable[[Any, "RivvenError | None"], None]
 
-    def __init__(self, deadline_ms: int = 0) -> None:
-        self.event = anyio.Event()
+
+class _Waiter:
+    """An answer awaited (``event``) or handed to a callback (``on_answer``)."""
+
+    __slots__ = ("event", "response", "error", "deadline_ms", "on_answer")
+
+    def __init__(self, deadline_ms: int = 0, on_answer: AnswerCallback | None = None) -> None:
+        self.event = anyio.Event() if on_answer is None else None
         self.response: Any = None
         self.error: RivvenError | None = None
         self.deadline_ms = deadline_ms
+        self.on_answer = on_answer
+
+    def settle(self, response: Any, error: RivvenError | None) -> None:
+        self.response, self.error = response, error
+        if self.on_answer is not None:
+            self.on_answer(response, error)
+        else:
+            self.event.set()
 
 
 class Connection:
@@ -422,6 +448,7 @@ class Connection:
         self.core = ClientConnection(in_flight_max=in_flight_max)
         self.waiters: deque[_Waiter] = deque()
         self.send_lock = anyio.Lock()
+        self._unsent: deque[memoryview] = deque()  # ``request_soon`` bytes still to send
         self.clock = clock or _ClientClock()
         self._watch_at_ms: int | None = None  # when ``watch_deadlines`` wakes next
         self._deadlines = Signal()
@@ -443,6 +470,10 @@ class Connection:
         async with self.send_lock:
             if self.error is not None:
                 raise self.error
+            if self._unsent:  # the rest of a ``request_soon``'s bytes go first
+                await self._send_unsent()
+                if self.error is not None:
+                    raise self.error
             try:
                 _, data = self.core.send_request(*sendable(self.api_versions, request))
             except ProtocolError as exc:
@@ -462,6 +493,56 @@ class Connection:
         if waiter.error is not None:
             raise waiter.error
         return waiter.response
+
+    def request_soon(self, request: Any, timeout_ms: int, on_answer: AnswerCallback) -> bool:
+        """Send ``request`` without awaiting: the reader calls ``on_answer(response, error)``
+        (``(None, None)`` at once when no answer is expected). Only on a ``SocketStream`` with
+        nobody sending: False otherwise (use ``request``). Bytes the socket cannot take now
+        are sent by a task, before any later request's. Saves the task, the event and the
+        task switches of ``request`` per request on the producer's hot path."""
+        try_send = getattr(self.stream, "try_send", None)
+        if try_send is None or self.send_lock.locked() or self._unsent:
+            return False
+        if self.error is not None:
+            on_answer(None, self.error)
+            return True
+        try:
+            _, data = self.core.send_request(*sendable(self.api_versions, request))
+        except ProtocolError as exc:
+            on_answer(None, error_for(exc.code, str(exc)))
+            return True
+        if request.expects_response():
+            waiter = _Waiter(self.clock.monotonic_ms() + timeout_ms, on_answer)
+            self.waiters.append(waiter)
+            watch_at = self._watch_at_ms
+            if watch_at is None or waiter.deadline_ms < watch_at:
+                self._deadlines.fire()
+        else:
+            waiter = None
+        try:
+            rest = try_send(data)
+        except STREAM_ERRORS as exc:
+            self.fail(ConnectionFailedError(f"connection to {self.address} lost: {exc!r}"))
+            rest = None
+        if rest:
+            self._unsent.append(rest)
+            self.nursery.start_soon(self._send_unsent_locked)
+        if waiter is None:
+            on_answer(None, self.error)
+        return True
+
+    async def _send_unsent_locked(self) -> None:
+        async with self.send_lock:
+            await self._send_unsent()
+
+    async def _send_unsent(self) -> None:
+        """Send what ``request_soon`` left (send lock held)."""
+        while self._unsent and self.error is None:
+            data = self._unsent.popleft()
+            try:
+                await self.stream.send_all(data)
+            except STREAM_ERRORS as exc:
+                self.fail(ConnectionFailedError(f"connection to {self.address} lost: {exc!r}"))
 
     async def watch_deadlines(self) -> None:
         """Fail the connection once an unanswered request is older than its timeout (a
@@ -511,9 +592,7 @@ class Connection:
                 if wake_when is not None:
                     wake_when(core.body_missing)
                 while (event := core.next_event()) is not None:
-                    waiter = self.waiters.popleft()
-                    waiter.response = event.response
-                    waiter.event.set()
+                    self.waiters.popleft().settle(event.response, None)
         except ProtocolError as exc:
             self.fail(error_for(exc.code, f"from {self.address}: {exc}"))
 
@@ -523,9 +602,9 @@ class Connection:
             return
         self.error = error
         waiters, self.waiters = self.waiters, deque()
+        self._unsent.clear()
         for waiter in waiters:
-            waiter.error = error
-            waiter.event.set()
+            waiter.settle(None, error)
         self._deadlines.fire()  # its watch ends
         close = getattr(self.stream, "close", None)
         if close is not None:  # a SocketStream closes at once

@@ -416,7 +416,7 @@ class AsyncProducer:
             for batch in plan.batches:
                 batch.seal()
             self._in_flight[address] = self._in_flight.get(address, 0) + 1
-            self._nursery.start_soon(self._send_plan, plan, address)
+            self._send_plan_soon(plan, address)
         with lock:
             call = self._core.next_coordinator_call(self._clock.monotonic_ms())
         if call is not None:
@@ -449,29 +449,52 @@ class AsyncProducer:
         self._progress.fire()
         self._wake.fire()
 
+    def _send_plan_soon(self, plan: ProducePlan, address: Address) -> None:
+        """Send one Produce request: at once, its answer handled by the connection's reader
+        (``request_soon``), or, when the connection cannot take it so, by a task."""
+        conn = self._cluster.connection(address)
+        if conn is not None:
+            with self._lock:
+                request = self._core.produce_request(plan)
+
+            def on_answer(response: Any, error: RivvenError | None) -> None:
+                self._plan_answered(plan, address, response, error)
+
+            if conn.request_soon(request, self._request_timeout_ms, on_answer):
+                return
+        self._nursery.start_soon(self._send_plan, plan, address)
+
     async def _send_plan(self, plan: ProducePlan, address: Address) -> None:
+        response, error = None, None
         try:
-            core, lock = self._core, self._lock
-            with lock:
-                request = core.produce_request(plan)
+            with self._lock:
+                request = self._core.produce_request(plan)
             conn = self._cluster.connection(address)
-            try:
-                if conn is None:
-                    raise ConnectionFailedError(f"not connected to {address}")
-                response = await conn.request(request, self._request_timeout_ms)
-            except RivvenError as error:
-                if self._stopped:  # shut down meanwhile: its batches were failed there
-                    return
-                with lock:
-                    outcomes = core.on_request_failed(plan, error, self._clock.monotonic_ms())
-            else:
-                if self._stopped:
-                    return
-                with lock:
-                    if core.expects_response:
-                        outcomes = core.on_response(plan, response, self._clock.monotonic_ms())
-                    else:
-                        outcomes = core.on_sent_without_ack(plan)
+            if conn is None:
+                raise ConnectionFailedError(f"not connected to {address}")
+            response = await conn.request(request, self._request_timeout_ms)
+        except RivvenError as failure:
+            error = failure
+        except BaseException:  # cancelled (shut down): its batches are failed there
+            self._in_flight[address] -= 1
+            raise
+        self._plan_answered(plan, address, response, error)
+
+    def _plan_answered(self, plan: ProducePlan, address: Address, response: Any,
+                       error: RivvenError | None) -> None:
+        """A Produce request's answer (or failure) back to the core; settle what finished."""
+        try:
+            if self._stopped:  # shut down meanwhile: its batches were failed there
+                return
+            core = self._core
+            with self._lock:
+                now = self._clock.monotonic_ms()
+                if error is not None:
+                    outcomes = core.on_request_failed(plan, error, now)
+                elif core.expects_response:
+                    outcomes = core.on_response(plan, response, now)
+                else:
+                    outcomes = core.on_sent_without_ack(plan)
             self._finish(outcomes)
         finally:
             self._in_flight[address] -= 1
