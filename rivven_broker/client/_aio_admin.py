@@ -284,7 +284,7 @@ class AsyncAdmin:
         wanted = set(committed) | {tp for mem in group_members(describe) for tp in mem.assignment}
         ends: dict[TopicPartition, int] = {}
         if wanted:
-            lenient = await self._list_offsets_lenient({tp: -1 for tp in wanted})
+            lenient = await self._list_offsets_lenient({tp: -1 for tp in sorted(wanted)})
             for tp, found in lenient.items():
                 ends[tp] = found.offset
         return group_description(describe, committed, ends)
