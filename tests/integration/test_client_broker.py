@@ -9,7 +9,8 @@ Goal: what issue 3 asks of the client, end to end.
   offsets up by time.
 Method: the blocking clients talk to a ``broker_process`` (a subprocess, so the test's threads
 and the broker do not share an event loop); the shared bodies use ``threaded_broker`` (an
-in-process broker on a trio thread of its own). Futures, flushes and polls with timeouts are the only waits.
+in-process broker on a trio thread of its own). Futures, flushes and polls with timeouts are
+the only waits.
 """
 
 from __future__ import annotations
