@@ -65,6 +65,7 @@ import logging
 import random
 from typing import Any, Mapping
 
+import anyio
 import attrs
 import trio
 
@@ -458,7 +459,7 @@ class SourceRunner:
                      destination.partition, record.timestamp_ms)
         try:
             return producer.send_nowait(*arguments)
-        except trio.WouldBlock:
+        except anyio.WouldBlock:
             return await producer.enqueue(*arguments)
 
     async def _abort(self, producer: Any) -> None:

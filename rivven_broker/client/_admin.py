@@ -1,372 +1,58 @@
-"""The blocking ``Admin``: topics, offsets, record deletion and cluster status.
+"""The blocking ``Admin``: the async ``AsyncAdmin`` through a portal, method for method.
 
 Theory of operation
 -------------------
-Each method builds one or two requests with ``requests.py``, sends them through a
-``SyncClient`` (any broker for topic administration, the partition leader for offsets and
-record deletion) and turns the answers into the plain result types of ``types.py`` or a typed
-``BrokerError``. Every method blocks until the answer (bounded by ``request_timeout_ms``, with
-retries of retriable failures inside it). Group administration goes to the group's
-coordinator (found with FindCoordinator); ``group_admin.py`` reads the answers.
+An ``Admin`` hosts one ``AsyncAdmin`` (``_aio_admin.py``) on a ``LoopThread``; each public
+method of this class is generated from the async one of the same name (same signature and
+docstring) and runs it on the loop, blocking the caller until the answer (bounded by
+``request_timeout_ms``, with retries of retriable failures inside it). Every request, answer
+reader and retry decision is the async admin's: nothing is written twice.
 """
 
 from __future__ import annotations
 
-import random
-import time
-from typing import Any, Mapping
+import functools
+import inspect
+from typing import Any, Callable
 
-from rivven_broker.client._sync import SyncClient
-from rivven_broker.client.config import ConnectionConfig, bootstrap_and_topics, build_configs
-from rivven_broker.client.errors import RivvenError, UnsupportedVersionError, error_for
-from rivven_broker.client.group_admin import (
-    CoordinatorSearch,
-    GroupDescription,
-    GroupListing,
-    group_description,
-    group_listings,
-    group_members,
-    merged_listings,
-    parse_reset_target,
-    plan_reset,
-)
-from rivven_broker.client.group_core import committed_offsets
-from rivven_broker.client.requests import (
-    check_response,
-    cluster_status,
-    members_of,
-    delete_records_request,
-    delete_records_results,
-    list_offsets_request,
-    list_offsets_results,
-    raise_for,
-    topic_description,
-    topic_listings,
-)
-from rivven_broker.client.types import (
-    ClusterStatus,
-    LogInfo,
-    PartitionOffset,
-    TopicDescription,
-    TopicListing,
-    TopicPartition,
-)
-from rivven_broker.protocol import messages as m
-from rivven_broker.protocol.errors import ErrorCode
+from rivven_broker.client._aio_admin import AsyncAdmin, open_admin
+from rivven_broker.client._loop_thread import LoopThread
+from rivven_broker.client.config import bootstrap_and_topics
+from rivven_broker.client.errors import ClosedError
 
 __all__ = ["Admin"]
-
-
-def _now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 class Admin:
     """Administers a Rivven cluster. Thread-safe; every method blocks on the network.
 
     ``Admin(bootstrap, client_id=..., request_timeout_ms=30000, connect_attempts_max=3, ...)``.
-    Construction does not touch the network.
+    Construction does not touch the network. Methods: those of ``AsyncAdmin``, not awaited.
     """
 
-    def __init__(
-        self, bootstrap: str | None = None, *, connect_attempts_max: int = 3, **options: Any
-    ) -> None:
+    def __init__(self, bootstrap: str | None = None, **options: Any) -> None:
         bootstrap, _ = bootstrap_and_topics(() if bootstrap is None else (bootstrap,), None,
                                             options, takes_topics=False)
-        (config,) = build_configs(options, ConnectionConfig)
-        self._client = SyncClient(bootstrap, config, connect_attempts_max=connect_attempts_max)
-        self._rng = random.Random()  # backoff jitter
-
-    # --- topics --------------------------------------------------------------------------------
-    def create_topic(
-        self,
-        name: str,
-        partitions: int = 3,
-        replication_factor: int = 1,
-        config: Mapping[str, str] | None = None,
-        *,
-        validate_only: bool = False,
-    ) -> None:
-        """Create a topic.
-
-        Raises:
-            TopicAlreadyExistsError, InvalidTopicNameError, InvalidPartitionsError,
-            InvalidReplicationFactorError, InvalidConfigError: as the broker answers.
-            ConnectionFailedError / ClientTimeoutError: no broker answered.
-        """
-        request = m.CreateTopic(
-            name=name,
-            partitions=partitions,
-            replication_factor=replication_factor,
-            configs=dict(config or {}),
-            validate_only=validate_only,
-        )
-        response = check_response(self._client.call(request), m.CreateTopicResponse)
-        raise_for(response.error_code, response.error_message, f"create topic {name!r}")
-
-    def list_topics(self, *, include_internal: bool = False) -> list[TopicListing]:
-        """Every topic, sorted by name."""
-        return topic_listings(self._client.call(m.ListTopics(include_internal=include_internal)))
-
-    def describe_topic(self, name: str) -> TopicDescription:
-        """Partitions, replication factor, configs and partition leaders of a topic.
-
-        Raises:
-            UnknownTopicOrPartitionError: no such topic. (And the connection errors.)
-        """
-        describe = self._client.call(m.DescribeTopic(name=name))
-        metadata = self._client.call(m.Metadata(topics=(name,), allow_auto_topic_creation=False))
-        return topic_description(describe, metadata)
-
-    def alter_topic_config(self, name: str, config: Mapping[str, str | None]) -> None:
-        """Set topic configs; a value of None resets that key to its default.
-
-        Raises:
-            UnknownTopicOrPartitionError, InvalidConfigError: as the broker answers.
-        """
-        request = m.AlterTopicConfig(name=name, configs=dict(config))
-        response = check_response(self._client.call(request), m.AlterTopicConfigResponse)
-        raise_for(response.error_code, response.error_message, f"alter topic {name!r}")
-
-    def create_partitions(
-        self, topic: str, total_count: int, *, validate_only: bool = False
-    ) -> None:
-        """Grow ``topic`` to ``total_count`` partitions (Kafka's CreatePartitions).
-
-        The count only grows; existing partitions keep their data, new ones start empty.
-        Keyed records map to ``murmur2(key) % count``, so after the change a key may go to a
-        different partition (as in Kafka). Producers and consumers see the new count at their
-        next metadata refresh. ``validate_only``: check everything, change nothing.
-
-        Raises:
-            InvalidPartitionsError: ``total_count`` is not above the current count, or is
-                above the broker's limit.
-            UnknownTopicOrPartitionError: no such topic.
-            BrokerError: ``POLICY_VIOLATION`` for internal topics, and other broker answers.
-            ConnectionFailedError / ClientTimeoutError: no broker answered.
-        """
-        request = m.CreatePartitions(name=topic, count=total_count, validate_only=validate_only)
-        response = check_response(self._client.call(request), m.CreatePartitionsResponse)
-        raise_for(response.error_code, response.error_message, f"create partitions of {topic!r}")
-
-    def delete_topic(self, name: str) -> None:
-        """Delete a topic and its data.
-
-        Raises:
-            UnknownTopicOrPartitionError: no such topic.
-        """
-        answer = self._client.call(m.DeleteTopic(name=name))
-        response = check_response(answer, m.DeleteTopicResponse)
-        raise_for(response.error_code, response.error_message, f"delete topic {name!r}")
-
-    # --- offsets and records -------------------------------------------------------------------
-    def list_offsets(
-        self,
-        specs: Mapping[TopicPartition, int],
-        *,
-        isolation_level: str = "read_uncommitted",
-    ) -> dict[TopicPartition, PartitionOffset]:
-        """Offsets by spec per partition: ``OffsetSpec.EARLIEST`` (-2), ``LATEST`` (-1, the
-        high watermark) or a timestamp in ms (the first offset at or after it; -1 if none).
-
-        Raises:
-            UnknownTopicOrPartitionError and other per-partition errors.
-        """
-        level = m.READ_COMMITTED if isolation_level == "read_committed" else m.READ_UNCOMMITTED
-        out: dict[TopicPartition, PartitionOffset] = {}
-        for node, entries in self._by_leader(specs).items():
-            request = list_offsets_request(entries, level)
-            for tp, (code, offset) in list_offsets_results(
-                self._client.call(request, node_id=node)
-            ).items():
-                raise_for(code, None, f"list offsets of {tp}")
-                out[tp] = offset
-        return out
-
-    def delete_records(
-        self, offsets: Mapping[TopicPartition, int], *, timeout_ms: int = 30_000
-    ) -> dict[TopicPartition, int]:
-        """Delete records before ``offset`` per partition (-1: up to the high watermark).
-
-        Returns the new low watermark per partition.
-
-        Raises:
-            OffsetOutOfRangeError, UnknownTopicOrPartitionError: as the broker answers.
-        """
-        out: dict[TopicPartition, int] = {}
-        for node, entries in self._by_leader(offsets).items():
-            request = delete_records_request(dict(entries), timeout_ms)
-            out.update(delete_records_results(self._client.call(request, node_id=node)))
-        return out
-
-    def describe_logs(self, topic: str) -> dict[int, LogInfo]:
-        """Each partition's bytes on disk and log start and end offsets, from its leader
-        (Kafka's DescribeLogDirs).
-
-        Raises:
-            UnknownTopicOrPartitionError and other per-partition errors.
-        """
-        tps = self._partitions(topic)
-        out: dict[int, LogInfo] = {}
-        for node, entries in self._by_leader({tp: 0 for tp in tps}).items():
-            request = m.DescribeLogDirs((m.DescribeLogDirsTopic(
-                topic, tuple(tp.partition for tp, _ in entries)),))
-            answer = self._client.call(request, node_id=node)
-            for entry in answer.topics:
-                for part in entry.partitions:
-                    raise_for(part.error_code, None, f"log of {topic}-{part.partition}")
-                    out[part.partition] = LogInfo(part.size_bytes, part.log_start_offset,
-                                                  part.log_end_offset)
-        return dict(sorted(out.items()))
-
-    def _by_leader(
-        self, items: Mapping[TopicPartition, int]
-    ) -> dict[int, list[tuple[TopicPartition, int]]]:
-        by_node: dict[int, list[tuple[TopicPartition, int]]] = {}
-        for tp, value in items.items():
-            tp = TopicPartition(tp[0], tp[1])
-            node = self._client.leader_for(tp.topic, tp.partition)
-            by_node.setdefault(node, []).append((tp, value))
-        return by_node
-
-    # --- cluster -------------------------------------------------------------------------------
-    def cluster_status(self) -> ClusterStatus:
-        """Brokers, controller and partition counts, from a Metadata answer for all topics."""
+        self._loop = LoopThread("rivven-admin")
         try:
-            members, raft = members_of(self._client.call(m.DescribeCluster()))
-        except UnsupportedVersionError:  # a broker older than membership: no members to show
-            members, raft = (), None
-        return cluster_status(self._client.fetch_metadata(None), members, raft)
+            self._async = self._loop.host(open_admin, bootstrap, bridge=self._loop.bridge,
+                                          **options)
+        except BaseException:
+            self._loop.close()
+            raise
+        self._closed = False
 
-    def ping(self) -> int:
-        """Round trip a Ping; returns the broker's protocol version from the handshake."""
-        check_response(self._client.call(m.Ping()), m.Pong)
-        return m.PROTOCOL_VERSION
+    def _run(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if self._closed:
+            raise ClosedError("the admin client is closed")
+        method = getattr(self._async, name)
+        return self._loop.call(functools.partial(method, *args, **kwargs))
 
-    # --- groups -------------------------------------------------------------------------------
-    def _coordinator_call(self, group_id: str, request: Any) -> Any:
-        """``request`` answered by the group's coordinator, found again (with backoff, within
-        ``COORDINATOR_WAIT_MS``) while it moves, loads or is not reachable."""
-        search = CoordinatorSearch(group_id, _now_ms(), self._rng)
-        while True:
-            try:
-                answer = self._client.call(m.FindCoordinator(group_id, 0))
-                failure = search.answered(answer, "find")
-                if failure is None:
-                    if self._client.metadata.address_of(answer.node_id) is None:
-                        self._client.fetch_metadata([])
-                    response = self._client.call(request, node_id=answer.node_id)
-                    failure = search.answered(response, "call")
-                    if failure is None:
-                        return response
-            except RivvenError as error:
-                failure = error
-            time.sleep(search.retry_in_ms(failure, _now_ms()) / 1000)
-
-    def list_groups(self) -> list[GroupListing]:
-        """Every consumer group: (group_id, protocol_type, state), sorted. In a cluster every
-        broker is asked (each lists the groups it coordinates)."""
-        brokers = [b.node_id for b in self._client.fetch_metadata([]).brokers]
-        if len(brokers) <= 1:
-            return group_listings(self._client.call(m.ListGroups()))
-        return merged_listings(self._client.call(m.ListGroups(), node_id=node)
-                               for node in brokers)
-
-    def describe_group(self, group_id: str) -> GroupDescription:
-        """State, protocol, members with their assignments, and per partition the committed
-        offset, log end offset (high watermark) and lag.
-
-        Raises:
-            BrokerError (GROUP_ID_NOT_FOUND): no such group.
-        """
-        describe = self._coordinator_call(group_id, m.DescribeGroup(group_id))
-        group_members(describe)  # raises the group's error
-        committed = self._committed(group_id)
-        wanted = set(committed) | {tp for mem in group_members(describe) for tp in mem.assignment}
-        ends: dict[TopicPartition, int] = {}
-        if wanted:
-            for tp, found in self._list_offsets_lenient({tp: -1 for tp in wanted}).items():
-                ends[tp] = found.offset
-        return group_description(describe, committed, ends)
-
-    def _committed(self, group_id: str) -> dict[TopicPartition, int | None]:
-        answer = self._coordinator_call(group_id, m.OffsetFetch(group_id, all_topics=True))
-        return committed_offsets(answer)
-
-    def _list_offsets_lenient(self, specs: Mapping[TopicPartition, int]) -> dict:
-        """``list_offsets`` that leaves out partitions that fail (a deleted topic)."""
-        out = {}
-        for tp, spec in specs.items():
-            try:
-                out.update(self.list_offsets({tp: spec}))
-            except RivvenError:
-                continue
-        return out
-
-    def _partitions(self, topic: str) -> list[TopicPartition]:
-        answer = self._client.fetch_metadata([topic])
-        for entry in answer.topics:
-            if entry.name == topic:
-                raise_for(entry.error_code, None, f"topic {topic!r}")
-                return [TopicPartition(topic, p.partition) for p in entry.partitions]
-        raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic!r}")
-
-    def delete_group(self, group_id: str) -> None:
-        """Delete a group without members, and its committed offsets.
-
-        Raises:
-            BrokerError: NON_EMPTY_GROUP (members are connected), GROUP_ID_NOT_FOUND.
-        """
-        answer = self._coordinator_call(group_id, m.DeleteGroup(group_id))
-        raise_for(answer.error_code, None, f"delete group {group_id!r}")
-
-    def reset_offsets(self, group_id: str, topic: str, to: Any, *,
-                      dry_run: bool = False) -> dict[TopicPartition, int]:
-        """Move the committed offsets of ``group_id`` in every partition of ``topic`` to
-        ``to``: "earliest", "latest", an offset, "timestamp=MS" (the first offset at or
-        after it; the log end when there is none) or "shift=N" (N from the committed offset,
-        the earliest when there is none, kept within the log). The group must have no
-        members. Returns the new offsets; with ``dry_run`` only computes them.
-
-        Raises:
-            BrokerError: NON_EMPTY_GROUP (stop the consumers first), UNKNOWN_TOPIC_OR_PARTITION,
-                OFFSET_OUT_OF_RANGE (an offset past a partition's end).
-            ValueError: a bad ``to``.
-        """
-        target = parse_reset_target(to)
-        try:
-            describe = self._coordinator_call(group_id, m.DescribeGroup(group_id))
-            members = group_members(describe)
-        except RivvenError as error:
-            if error.error_code != ErrorCode.GROUP_ID_NOT_FOUND:
-                raise
-            members = ()
-        if members:
-            raise error_for(ErrorCode.NON_EMPTY_GROUP,
-                            f"group {group_id!r} has {len(members)} members; stop them first")
-        tps = self._partitions(topic)
-        earliest = {tp: o.offset for tp, o in self.list_offsets({tp: -2 for tp in tps}).items()}
-        latest = {tp: o.offset for tp, o in self.list_offsets({tp: -1 for tp in tps}).items()}
-        at_timestamp = {}
-        if target.kind == "timestamp":
-            at_timestamp = {tp: o.offset for tp, o in
-                            self.list_offsets({tp: target.value for tp in tps}).items()}
-        committed = self._committed(group_id) if target.kind == "shift" else {}
-        offsets = plan_reset(target, tps, committed, earliest, latest, at_timestamp)
-        if dry_run:
-            return offsets
-        commit = m.OffsetCommit(group_id, topics=(m.OffsetCommitTopic(topic, tuple(
-            m.OffsetCommitPartition(tp.partition, offset) for tp, offset in sorted(offsets.items())
-        )),))
-        answer = self._coordinator_call(group_id, commit)
-        for part in answer.topics[0].partitions:
-            raise_for(part.error_code, None, f"reset {topic}-{part.partition} of {group_id!r}")
-        return offsets
-
-    # --- lifecycle -----------------------------------------------------------------------------
     def close(self) -> None:
         """Close connections. Idempotent; later calls raise ``ClosedError``."""
-        self._client.close()
+        if not self._closed:
+            self._closed = True
+            self._loop.close()
 
     def __enter__(self) -> Admin:
         return self
@@ -374,3 +60,15 @@ class Admin:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+
+def _blocking(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(self: Admin, *args: Any, **kwargs: Any) -> Any:
+        return self._run(name, *args, **kwargs)
+
+    return call
+
+
+for _name, _method in inspect.getmembers(AsyncAdmin, inspect.iscoroutinefunction):
+    if not _name.startswith("_"):
+        setattr(Admin, _name, _blocking(_name, _method))

@@ -2,19 +2,18 @@
 
 Theory of operation
 -------------------
-This module only gathers the blocking driver's public classes; each lives in its own module:
-``_producer`` (``send`` on any thread, a sender thread for I/O), ``_consumer`` (``poll`` on the
-user's thread, a prefetching fetch thread), ``_admin`` (request/response on the caller's
-thread), all over ``_network`` (non-blocking sockets, pipelining, reconnects) and the pure
-client core (``core``). Threads and sockets are allowed in these driver files and only there
-(the tidy test names them in ``CLIENT_DRIVERS``); every decision is made by the pure core.
+This module only gathers the blocking front's public classes. Each is a thin layer over the
+one async driver (``_aio_*``, on AnyIO), which runs on a background event loop thread of the
+object's own (``_loop_thread``): ``_producer`` (``send`` appends on the caller's thread under
+the driver's lock), ``_consumer`` (``poll`` decodes on the caller's thread), ``_admin`` (the
+async admin through the portal) and ``_sync`` (raw request/response, for the Spark executors).
+Every decision is made by the pure client core.
 """
 
 from __future__ import annotations
 
 from rivven_broker.client._admin import Admin
 from rivven_broker.client._consumer import Consumer
-from rivven_broker.client._network import BrokerConnection, NetworkClient
 from rivven_broker.client._producer import DeliveryCallback, Producer
 from rivven_broker.client._sync import SyncClient
 
@@ -25,7 +24,5 @@ __all__ = [
     "Consumer",
     "Admin",
     "DeliveryCallback",
-    "BrokerConnection",
-    "NetworkClient",
     "SyncClient",
 ]

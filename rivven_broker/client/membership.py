@@ -313,6 +313,13 @@ class GroupTimers:
         """Re-check at the next poll (a new subscription)."""
         self.next_check_ms = 0
 
+    def any_due(self, now_ms: int, *, checking: bool) -> bool:
+        """Whether an auto-commit (or, when ``checking``, the metadata re-check) is due;
+        schedules nothing (a front asks before it hands ``poll``'s group work to its loop)."""
+        commit_at = self.next_auto_commit_ms
+        return (commit_at is not None and now_ms >= commit_at) or (
+            checking and now_ms >= self.next_check_ms)
+
     def metadata_check_due(self, now_ms: int) -> bool:
         """True (and the next one scheduled) when the re-check is due."""
         if now_ms < self.next_check_ms:

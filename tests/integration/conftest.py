@@ -9,6 +9,12 @@ one line, in two flavours, and a minimal raw-protocol client to talk to it.
   "none"``, ``idle_timeout_ms=200`` ...). Returns a ``RunningBroker`` (``.port``,
   ``.http_port``, ``.address`` "127.0.0.1:PORT", ``.data_dir``, ``.broker``); every broker is
   shut down gracefully at the end of the test. ``broker`` is ``start_broker()`` with defaults.
+- ``threaded_broker`` (sync, any test, any event loop): ``running = threaded_broker(**overrides)``
+  is ``start_broker`` in a trio run on a thread of its own, for tests whose body runs under
+  asyncio as well as trio (``tests/loops.py``). ``trio_thread`` is that thread:
+  ``trio_thread.start(service.serve)`` starts a service there (``nursery.start``) and
+  ``trio_thread.call(fn, *args)`` runs an async function there; the broker's objects are
+  touched only through ``call``.
 - ``broker_process`` (sync, any test): ``proc = broker_process(*flags, data_dir=None)`` runs
   the real ``rivven-broker`` executable as a subprocess on free ports (it prints the bound
   ports; the fixture reads them) and returns a ``BrokerProcess`` (``.port``, ``.http_port``,
@@ -27,6 +33,7 @@ one line, in two flavours, and a minimal raw-protocol client to talk to it.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import pathlib
 import resource
@@ -36,6 +43,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, AsyncIterator, Callable, Iterator
 
@@ -102,6 +110,94 @@ async def start_broker(
 @pytest.fixture
 async def broker(start_broker: Callable[..., Any]) -> RunningBroker:
     return await start_broker()
+
+
+class TrioThread:
+    """A trio run on a thread of its own, serving tasks started from other threads."""
+
+    def __init__(self) -> None:
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._nursery: trio.Nursery | None = None
+        ready = threading.Event()
+
+        async def main() -> None:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self._token = trio.lowlevel.current_trio_token()
+                ready.set()
+                await trio.sleep_forever()
+
+        self._thread = threading.Thread(target=trio.run, args=(main,), name="trio-services",
+                                        daemon=True)
+        self._thread.start()
+        assert ready.wait(10), "the trio thread did not start"
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``await fn(*args)`` in the trio thread; its result. Blocks the calling thread (also
+        from inside another event loop: a test body's, which has nothing else to do)."""
+        assert self._token is not None and self._nursery is not None
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        async def run() -> None:
+            try:
+                done.set_result(await fn(*args))
+            except BaseException as exc:  # handed to the caller, cancellation included
+                done.set_exception(exc)
+
+        self._token.run_sync_soon(self._nursery.start_soon, run)
+        return done.result(timeout=60)
+
+    def start(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``nursery.start(fn, *args)`` in the trio thread: what ``fn`` reported started."""
+        assert self._nursery is not None
+        return self.call(self._nursery.start, fn, *args)
+
+    def stop(self) -> None:
+        assert self._nursery is not None and self._token is not None
+        self._token.run_sync_soon(self._nursery.cancel_scope.cancel)
+        self._thread.join(30)
+
+
+@pytest.fixture
+def trio_thread() -> Iterator[TrioThread]:
+    thread = TrioThread()
+    yield thread
+    thread.stop()
+
+
+@pytest.fixture
+def threaded_broker(
+    trio_thread: TrioThread, tmp_path: pathlib.Path
+) -> Iterator[Callable[..., RunningBroker]]:
+    started: list[RunningBroker] = []
+
+    def start(**overrides: Any) -> RunningBroker:
+        settings: dict[str, Any] = {
+            "data_dir": str(tmp_path / f"threaded-broker-{len(started)}"),
+            "listen": HostPort("127.0.0.1", 0),
+            "http": HostPort("127.0.0.1", 0),
+            "shutdown_timeout_ms": 5_000,
+        }
+        settings.update(overrides)
+        config = BrokerConfig(**settings)
+        broker = Broker(RealEnv(config.data_dir), config)
+        addresses = trio_thread.start(broker.serve)
+        http_port = addresses.http.port if addresses.http is not None else None
+        running = RunningBroker(broker, pathlib.Path(config.data_dir), addresses.listen.port,
+                                http_port)
+        started.append(running)
+        return running
+
+    yield start
+
+    async def stop_all() -> None:
+        for running in started:
+            running.broker.request_shutdown()
+        for running in started:
+            with trio.fail_after(30):
+                await running.broker.wait_stopped()
+
+    trio_thread.call(stop_all)
 
 
 # --- a raw protocol client -----------------------------------------------------------------------

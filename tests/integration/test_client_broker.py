@@ -5,22 +5,24 @@ Goal: what issue 3 asks of the client, end to end.
   ``Consumer`` with exact contents, per-partition order and each key in its murmur2 partition.
 - A producer keeps its records through a broker restart: sends made while the broker is down
   are retried and land once it is back (the real ``rivven-broker`` as a subprocess).
-- The trio client does a round trip against a broker running in the test's own trio run.
+- Every front end (blocking, trio, asyncio: ``on_each_front``) does a round trip and looks
+  offsets up by time.
 Method: the blocking clients talk to a ``broker_process`` (a subprocess, so the test's threads
-and the broker do not share an event loop); the trio client uses the in-process ``broker``
-fixture. Futures, flushes and polls with timeouts are the only waits.
+and the broker do not share an event loop); the shared bodies use ``threaded_broker`` (an
+in-process broker on a trio thread of its own). Futures, flushes and polls with timeouts are
+the only waits.
 """
 
 from __future__ import annotations
 
 import collections
 
+import anyio
 import pytest
-import trio
 
 from rivven_broker.client import Admin, Consumer, Producer, TopicPartition
-from rivven_broker.client.trio import open_admin, open_consumer, open_producer
 from rivven_broker.records import partition_for_key
+from tests.frontends import on_each_front
 
 PARTITIONS = 3
 
@@ -97,19 +99,21 @@ def test_producer_retries_across_a_broker_restart(broker_process):
     assert sorted(r.value for r in records[1:]) == sorted(b"during-%d" % i for i in range(50))
 
 
-async def test_trio_client_round_trip(broker):
-    with trio.fail_after(60):
-        async with open_admin(broker.address) as admin:
+@on_each_front
+async def test_client_round_trip(front, threaded_broker):
+    broker = threaded_broker()
+    with anyio.fail_after(60):
+        async with front.open_admin(broker.address) as admin:
             await admin.create_topic("trio", partitions=PARTITIONS)
             description = await admin.describe_topic("trio")
             assert description.partitions == PARTITIONS
-        async with open_producer(broker.address, linger_ms=2) as producer:
+        async with front.open_producer(broker.address, linger_ms=2) as producer:
             metas = [await producer.send("trio", value=b"v%d" % i, key=b"k%d" % i)
                      for i in range(20)]
             handles = [await producer.enqueue("trio", value=b"w%d" % i) for i in range(500)]
             await producer.flush()
             metas += [await handle for handle in handles]
-        async with open_consumer(broker.address, auto_offset_reset="earliest") as consumer:
+        async with front.open_consumer(broker.address, auto_offset_reset="earliest") as consumer:
             consumer.assign([TopicPartition("trio", p) for p in range(PARTITIONS)])
             records = []
             while len(records) < len(metas):
@@ -122,18 +126,20 @@ async def test_trio_client_round_trip(broker):
         assert found[(meta.partition, meta.offset)] == b"w%d" % i
 
 
-async def test_offsets_for_times_in_both_clients(broker):
+@on_each_front
+async def test_offsets_for_times(front, threaded_broker):
     """kafka-python's offsets_for_times: the first offset at or after a time per partition;
-    None when no record is that late. Blocking and trio alike."""
+    None when no record is that late. Every front alike."""
+    broker = threaded_broker()
     tp = TopicPartition("times", 0)
-    with trio.fail_after(60):
-        async with open_admin(broker.address) as admin:
+    with anyio.fail_after(60):
+        async with front.open_admin(broker.address) as admin:
             await admin.create_topic("times", partitions=1)
-        async with open_producer(broker.address) as producer:
+        async with front.open_producer(broker.address) as producer:
             for i in range(4):
                 await producer.send("times", value=b"%d" % i, partition=0,
                                     timestamp_ms=1_000 * (i + 1))
-        async with open_consumer(broker.address) as consumer:
+        async with front.open_consumer(broker.address) as consumer:
             found = await consumer.offsets_for_times({tp: 2_500})
             assert found[tp] == (2, 3_000)  # the record's offset and its timestamp
             assert (await consumer.offsets_for_times({tp: 9_000})) == {tp: None}
@@ -147,14 +153,9 @@ async def test_offsets_for_times_in_both_clients(broker):
             figures = consumer.metrics()
             assert figures["consumer-fetch-manager-metrics"]["records-consumed-total"] == 4
             assert figures["consumer-fetch-manager-metrics"]["records-lag-max"] == 0
-
-    def blocking() -> None:
-        with Consumer(broker.address) as consumer:
-            assert consumer.offsets_for_times({tp: 0})[tp].offset == 0
-            assert consumer.offsets_for_times({tp: 4_000})[tp].offset == 3
-            assert consumer.offsets_for_times({tp: 4_001}) == {tp: None}
-
-    await trio.to_thread.run_sync(blocking)
+            assert (await consumer.offsets_for_times({tp: 0}))[tp].offset == 0
+            assert (await consumer.offsets_for_times({tp: 4_000}))[tp].offset == 3
+            assert await consumer.offsets_for_times({tp: 4_001}) == {tp: None}
 
 
 def test_offsets_for_times_find_the_record_inside_a_batch(broker_process):

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import gc
 
+import anyio
 import pytest
 
 from rivven_broker.client import Consumer, CorruptMessageError, Producer, TopicPartition
 from rivven_broker.client._collector import CollectorPause
+from tests.loops import on_each_loop
 from tests.unit.client.fake_broker import FakeBroker
 
 
@@ -116,14 +118,13 @@ def test_the_pause_puts_back_what_it_found(collector_enabled):
     assert not gc.isenabled()
 
 
-async def test_the_trio_consumer_restores_the_collector_too(fake, collector_enabled):
-    import trio
-
-    from rivven_broker.client.trio import open_consumer
+@on_each_loop
+async def test_the_async_consumer_restores_the_collector_too(fake, collector_enabled):
+    from rivven_broker.client.aio import open_consumer
 
     _fill(fake, 200)
     got = []
-    with trio.fail_after(20):
+    with anyio.fail_after(20):
         async with open_consumer(fake.bootstrap, auto_offset_reset="earliest",
                                  pause_gc_while_decoding=True) as consumer:
             consumer.assign([TopicPartition("t", 0)])

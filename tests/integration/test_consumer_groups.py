@@ -6,8 +6,9 @@ commits, through rebalances); a member killed without LeaveGroup loses its parti
 the session timeout and the survivors resume from its committed offsets (duplicates only
 from its uncommitted tail, nothing skipped); a fourth member joining a cooperative-sticky
 group moves only the partitions it takes; pattern subscriptions, static membership,
-``commit_async`` and the trio consumer work.
-Method: the broker runs in the test's trio run; each blocking consumer runs in a thread of
+``commit_async`` and the async consumer work (under trio and asyncio: ``on_each_loop``).
+Method: the broker runs in the test's trio run (``threaded_broker``: on a trio thread of its
+own for the async consumer's tests, whose bodies run under either loop); each blocking consumer runs in a thread of
 its own (``trio.to_thread``), as real members do. Threads report through a ``Board`` (a
 condition variable); the test waits on predicates over it with deadlines, never sleeps.
 Session timeouts are small (1.5 s) so a dead member is noticed quickly.
@@ -19,11 +20,13 @@ import collections
 import threading
 from typing import Any, Callable
 
+import anyio
 import pytest
 import trio
 
 from rivven_broker.client import Admin, Consumer, Producer, TopicPartition
-from rivven_broker.client.trio import open_admin, open_consumer
+from rivven_broker.client.aio import open_admin, open_consumer
+from tests.loops import on_each_loop
 
 GROUP = "workers"
 FAST = dict(session_timeout_ms=1500, heartbeat_interval_ms=200, fetch_max_wait_ms=100,
@@ -269,13 +272,14 @@ async def test_pattern_static_membership_and_commit_async(start_broker):
         await trio.to_thread.run_sync(driver)
 
 
-async def test_trio_consumers_share_a_topic(start_broker):
-    running = await start_broker(group_initial_rebalance_delay_ms=200)
-    await trio.to_thread.run_sync(create_topic, running.address, 4)
-    await trio.to_thread.run_sync(produce, running.address, TOPIC, 400, 4)
+@on_each_loop
+async def test_async_consumers_share_a_topic(threaded_broker):
+    running = threaded_broker(group_initial_rebalance_delay_ms=200)
+    await anyio.to_thread.run_sync(create_topic, running.address, 4)
+    await anyio.to_thread.run_sync(produce, running.address, TOPIC, 400, 4)
     seen: list[tuple[str, int, int]] = []
     assignments: dict[str, set] = {}
-    everyone = trio.Event()
+    everyone = anyio.Event()
 
     async def member(name: str) -> None:
         async with open_consumer(running.address, group_id="trio", auto_offset_reset="earliest",
@@ -297,8 +301,8 @@ async def test_trio_consumers_share_a_topic(start_broker):
             for own in consumer.assignment():
                 assert await consumer.committed(own) is not None
 
-    with trio.fail_after(60):
-        async with trio.open_nursery() as nursery:
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(member, "a")
             nursery.start_soon(member, "b")
     counted = collections.Counter((p, o) for _, p, o in seen)
@@ -313,34 +317,36 @@ async def test_trio_consumers_share_a_topic(start_broker):
         assert await admin.list_groups() == []
 
 
-async def test_a_trio_consumer_closed_by_a_cancelled_scope_leaves_at_once(start_broker):
-    """Found by the simulator (cluster-groups-txn seed 12): a trio consumer closed because the
+@on_each_loop
+async def test_an_async_consumer_closed_by_a_cancelled_scope_leaves_at_once(threaded_broker):
+    """Found by the simulator (cluster-groups-txn seed 12): an async consumer closed because the
     scope around it was cancelled sent its LeaveGroup, but the task reading its connection
     had been cancelled with the scope, so the answer was never read and the close waited out
     the whole request timeout (5 s there; 40 s here, twice the guard, which cannot cut a
     close short: the leave is shielded) before the member could start again."""
-    running = await start_broker(group_initial_rebalance_delay_ms=200)
-    await trio.to_thread.run_sync(create_topic, running.address, 2)
-    with trio.fail_after(20):  # a hang guard: the close must not wait for the request timeout
-        with trio.CancelScope() as outside:
+    running = threaded_broker(group_initial_rebalance_delay_ms=200)
+    await anyio.to_thread.run_sync(create_topic, running.address, 2)
+    with anyio.fail_after(20):  # a hang guard: the close must not wait for the request timeout
+        with anyio.CancelScope() as outside:
             async with open_consumer(running.address, group_id="leaving",
                                      request_timeout_ms=40_000, **FAST) as consumer:
                 consumer.subscribe([TOPIC])
                 while not consumer.assignment():
                     await consumer.poll(timeout_ms=100)
                 outside.cancel()  # the user's code is cancelled; the consumer closes
-                await trio.sleep_forever()
+                await anyio.sleep_forever()
         async with open_admin(running.address) as admin:
             described = await admin.describe_group("leaving")
     assert not described.members  # it left: no member remains
 
 
-async def test_trio_consumer_subscription_topics_and_close_without_commit(start_broker):
-    """The trio consumer's subscription(), topics() and aclose(autocommit=...), as the
+@on_each_loop
+async def test_async_consumer_subscription_topics_and_close_without_commit(threaded_broker):
+    """The async consumer's subscription(), topics() and aclose(autocommit=...), as the
     blocking consumer's: closing with autocommit=False commits nothing, the default does."""
-    running = await start_broker(group_initial_rebalance_delay_ms=0)
-    await trio.to_thread.run_sync(create_topic, running.address, 2)
-    await trio.to_thread.run_sync(produce, running.address, TOPIC, 20, 2)
+    running = threaded_broker(group_initial_rebalance_delay_ms=0)
+    await anyio.to_thread.run_sync(create_topic, running.address, 2)
+    await anyio.to_thread.run_sync(produce, running.address, TOPIC, 20, 2)
 
     async def consume_and_close(autocommit: bool) -> None:
         async with open_consumer(running.address, group_id=f"close-{autocommit}",
@@ -356,7 +362,7 @@ async def test_trio_consumer_subscription_topics_and_close_without_commit(start_
             await consumer.aclose(autocommit=autocommit)
             await consumer.aclose()  # idempotent; leaving the block adds nothing
 
-    with trio.fail_after(60):
+    with anyio.fail_after(60):
         await consume_and_close(False)
         await consume_and_close(True)
     async with open_admin(running.address) as admin:

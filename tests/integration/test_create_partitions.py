@@ -2,7 +2,7 @@
 
 Method: an in-process broker driven with the raw protocol client checks every answer code
 (grow, validate only, not growing, over the limit, unknown and internal topics, bad names) and
-that Metadata then lists the new count; the trio ``Admin`` grows a topic too. A broker
+that Metadata then lists the new count; the async ``Admin`` grows a topic too (trio and asyncio). A broker
 subprocess driven by the blocking clients checks the whole story: a topic grown 2 -> 5 keeps its
 old records, keyed records produced afterwards land where murmur2 with 5 partitions says (in
 all 5), and after a restart the count and every record are still there. Last, the CLI's
@@ -15,13 +15,13 @@ from __future__ import annotations
 import collections
 import json
 
+import anyio
 import pytest
-import trio
 
 from rivven_broker.cli.rivven_main import main
 from rivven_broker.client import Admin, Consumer, InvalidPartitionsError, Producer, TopicPartition
 from rivven_broker.client import UnknownTopicOrPartitionError
-from rivven_broker.client.trio import open_admin
+from rivven_broker.client.aio import open_admin
 from rivven_broker.protocol import limits
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.messages import (
@@ -32,6 +32,7 @@ from rivven_broker.protocol.messages import (
 )
 from rivven_broker.records import partition_for_key
 from tests.integration.test_client_driver import consume_all
+from tests.loops import on_each_loop
 
 
 async def _count(client, name: str) -> int:
@@ -70,16 +71,18 @@ async def test_grow_and_every_refusal_over_the_wire(broker, connect):
     assert await _count(client, "t") == 5
 
 
-async def test_trio_admin_grows_a_topic(broker):
-    with trio.fail_after(30):
+@on_each_loop
+async def test_async_admin_grows_a_topic(threaded_broker):
+    broker = threaded_broker()
+    with anyio.fail_after(30):
         async with open_admin(broker.address) as admin:
-            await admin.create_topic("trio-grow", partitions=1)
-            await admin.create_partitions("trio-grow", 3, validate_only=True)
-            assert (await admin.describe_topic("trio-grow")).partitions == 1
-            await admin.create_partitions("trio-grow", 3)
-            assert (await admin.describe_topic("trio-grow")).partitions == 3
+            await admin.create_topic("async-grow", partitions=1)
+            await admin.create_partitions("async-grow", 3, validate_only=True)
+            assert (await admin.describe_topic("async-grow")).partitions == 1
+            await admin.create_partitions("async-grow", 3)
+            assert (await admin.describe_topic("async-grow")).partitions == 3
             with pytest.raises(InvalidPartitionsError):
-                await admin.create_partitions("trio-grow", 2)
+                await admin.create_partitions("async-grow", 2)
 
 
 def _send_keyed(address: str, keys: list[bytes], tag: bytes) -> list:

@@ -7,8 +7,9 @@ the group's committed offsets stay as they were, the transaction's records stay 
 read_committed readers) once it is not: a stale generation (ILLEGAL_GENERATION) or a member
 that left (UNKNOWN_MEMBER_ID, the zombie whose partitions moved to a new member). A plain
 group id keeps working without any check.
-Method: an in-process broker on loopback and real files, the trio clients in one task (the
-group has one member at a time, so no member waits for another's rebalance), the committed
+Method: an in-process broker on loopback and real files (``threaded_broker``), the async
+clients in one task (the group has one member at a time, so no member waits for another's
+rebalance), under trio and under asyncio (``on_each_loop``), the committed
 offsets read back through the group coordinator, the output topic read back read_committed.
 """
 
@@ -16,13 +17,14 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
+import anyio
 import pytest
-import trio
 
 from rivven_broker.client import CommitFailedError, Consumer, ConsumerGroupMetadata, RivvenError
-from rivven_broker.client.trio import open_admin, open_consumer, open_producer
+from rivven_broker.client.aio import open_admin, open_consumer, open_producer
 from rivven_broker.client.types import TopicPartition
 from rivven_broker.protocol.errors import ErrorCode
+from tests.loops import on_each_loop
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -34,12 +36,12 @@ FAST = dict(session_timeout_ms=6000, heartbeat_interval_ms=200, fetch_max_wait_m
 
 
 async def _join(address: str, stack, instance_id: str | None = None) -> object:
-    """A subscribed trio consumer (static when ``instance_id`` is given) that owns ``in``-0
+    """A subscribed async consumer (static when ``instance_id`` is given) that owns ``in``-0
     (its join completed)."""
     consumer = await stack.enter_async_context(
         open_consumer(address, group_id=GROUP, group_instance_id=instance_id, **FAST))
     consumer.subscribe([IN.topic])
-    with trio.fail_after(30):
+    with anyio.fail_after(30):
         while IN not in consumer.assignment():
             await consumer.poll(timeout_ms=100)
     meta = consumer.group_metadata()
@@ -57,7 +59,7 @@ async def _transaction(producer, offset: int, group, value: bytes) -> None:
 async def _committed_reaches(consumer, offset: int) -> None:
     """The group's committed offset of ``in``-0 becomes ``offset`` (a committed transaction's
     offsets are applied once its markers are durable, just after commit returns)."""
-    with trio.fail_after(30):
+    with anyio.fail_after(30):
         while (committed := await consumer.committed(IN)) != offset:
             assert committed is None or committed < offset, committed
 
@@ -79,22 +81,23 @@ async def _read_committed(address: str) -> list[bytes]:
         reader.assign([OUT])
         end = (await reader.end_offsets([OUT]))[OUT]
         values: list[bytes] = []
-        with trio.fail_after(30):
+        with anyio.fail_after(30):
             while await reader.position(OUT) < end:
                 values += [r.value for r in await reader.poll(timeout_ms=100)]
         return values
 
-async def _broker_with_topics(start_broker) -> str:
+async def _broker_with_topics(threaded_broker) -> str:
     """A broker without a rebalance delay, with the one-partition IN and OUT topics."""
-    running = await start_broker(group_initial_rebalance_delay_ms=0)
+    running = threaded_broker(group_initial_rebalance_delay_ms=0)
     async with open_admin(running.address) as admin:
         await admin.create_topic(IN.topic, partitions=1)
         await admin.create_topic(OUT.topic, partitions=1)
     return running.address
 
 
-async def test_txn_offsets_need_a_current_membership(start_broker):
-    address = await _broker_with_topics(start_broker)
+@on_each_loop
+async def test_txn_offsets_need_a_current_membership(threaded_broker):
+    address = await _broker_with_topics(threaded_broker)
     async with open_producer(address) as plain:
         for i in range(10):
             await plain.send(IN.topic, value=b"%d" % i, partition=0)
@@ -124,8 +127,9 @@ async def test_txn_offsets_need_a_current_membership(start_broker):
     assert await _read_committed(address) == [b"ok-3", b"ok-6", b"plain-7"]
 
 
-async def test_blocking_consumer_group_metadata(start_broker):
-    running = await start_broker(group_initial_rebalance_delay_ms=0)
+@on_each_loop
+async def test_blocking_consumer_group_metadata(threaded_broker):
+    running = threaded_broker(group_initial_rebalance_delay_ms=0)
 
     def check() -> None:
         with Consumer(running.address, group_id=GROUP, group_instance_id="host-a") as consumer:
@@ -136,11 +140,12 @@ async def test_blocking_consumer_group_metadata(start_broker):
                 groupless.group_metadata()
             assert no_group.value.code == "INVALID_GROUP_ID"
 
-    await trio.to_thread.run_sync(check)
+    await anyio.to_thread.run_sync(check)
 
 
-async def test_a_static_member_commits_with_its_metadata(start_broker):
-    address = await _broker_with_topics(start_broker)
+@on_each_loop
+async def test_a_static_member_commits_with_its_metadata(threaded_broker):
+    address = await _broker_with_topics(threaded_broker)
     async with AsyncExitStack() as stack:
         consumer = await _join(address, stack, instance_id="host-a")
         meta = consumer.group_metadata()
@@ -151,8 +156,9 @@ async def test_a_static_member_commits_with_its_metadata(start_broker):
         await _committed_reaches(consumer, 2)
 
 
-async def test_a_replaced_static_member_is_fenced(start_broker):
-    address = await _broker_with_topics(start_broker)
+@on_each_loop
+async def test_a_replaced_static_member_is_fenced(threaded_broker):
+    address = await _broker_with_topics(threaded_broker)
 
     async with open_producer(address, transactional_id="ctp-replaced") as producer:
         await producer.init_transactions()

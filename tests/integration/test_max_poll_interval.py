@@ -6,8 +6,9 @@ the new rule can explain the outcome) stops calling ``poll`` while its heartbeat
 member B, still polling, gets all four partitions and reads records produced to each of them
 well within the session timeout. When A polls again its lost callback reports its old
 partitions, it rejoins and the partitions are shared again. Once with blocking consumers
-(each in its own thread, as real members run), once with trio consumers.
-Method: the real broker in the test's trio run over loopback sockets; members report to a
+(each in its own thread, as real members run), once with async consumers (under trio and
+asyncio). Method: the real broker in the test's trio run (on a trio thread of its own for the
+async consumers) over loopback sockets; members report to a
 board; the test waits on predicates with deadlines (all below the session timeout), never
 sleeps, and asserts no timings.
 """
@@ -17,11 +18,13 @@ from __future__ import annotations
 import collections
 import threading
 
+import anyio
 import trio
 
 from rivven_broker.client import Consumer, TopicPartition
-from rivven_broker.client.trio import open_consumer
+from rivven_broker.client.aio import open_consumer
 from tests.integration.test_consumer_groups import create_topic, produce
+from tests.loops import on_each_loop
 
 TOPIC = "jobs"
 ALL = {TopicPartition(TOPIC, p) for p in range(4)}
@@ -124,21 +127,22 @@ async def test_a_member_that_stops_polling_leaves_and_rejoins_when_it_polls(star
         await trio.to_thread.run_sync(driver)
 
 
-async def test_a_trio_member_that_stops_polling_leaves_and_rejoins(start_broker):
-    running = await start_broker(group_initial_rebalance_delay_ms=0)
-    await trio.to_thread.run_sync(create_topic, running.address, 4)
-    await trio.to_thread.run_sync(produce, running.address, TOPIC, 16, 4)
-    board = Board()  # one trio thread: its condition is used as a plain record here
-    resume, changed = trio.Event(), trio.Event()
+@on_each_loop
+async def test_an_async_member_that_stops_polling_leaves_and_rejoins(threaded_broker):
+    running = threaded_broker(group_initial_rebalance_delay_ms=0)
+    await anyio.to_thread.run_sync(create_topic, running.address, 4)
+    await anyio.to_thread.run_sync(produce, running.address, TOPIC, 16, 4)
+    board = Board()  # one event loop thread: its condition is used as a plain record here
+    resume, changed = anyio.Event(), anyio.Event()
     paused = {"a": False}
 
     def note() -> None:
         nonlocal changed
         changed.set()
-        changed = trio.Event()
+        changed = anyio.Event()
 
     async def wait_until(predicate) -> None:
-        with trio.fail_after(WAIT_S):
+        with anyio.fail_after(WAIT_S):
             while not predicate():
                 await changed.wait()
 
@@ -154,8 +158,8 @@ async def test_a_trio_member_that_stops_polling_leaves_and_rejoins(start_broker)
                 board.assignment[name] = consumer.assignment()
                 note()
 
-    with trio.fail_after(90):
-        async with trio.open_nursery() as nursery:
+    with anyio.fail_after(90):
+        async with anyio.create_task_group() as nursery:
             nursery.start_soon(member, "a", SLOW)
             nursery.start_soon(member, "b", {})
             await wait_until(board.shared)
@@ -163,7 +167,7 @@ async def test_a_trio_member_that_stops_polling_leaves_and_rejoins(start_broker)
             board.lost.clear()
             paused["a"] = True
             await wait_until(lambda: board.assignment.get("b") == ALL)
-            await trio.to_thread.run_sync(produce, running.address, TOPIC, 16, 4)
+            await anyio.to_thread.run_sync(produce, running.address, TOPIC, 16, 4)
             await wait_until(lambda: read_past(board, "b", 4))
             assert not board.lost["a"]
             paused["a"] = False

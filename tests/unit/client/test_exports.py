@@ -1,7 +1,7 @@
 """The client's public surface is deliberate and matches CONTRACT.md.
 
-Method: the ``__all__`` of ``rivven_broker.client`` and ``rivven_broker.client.trio`` equal
-the agreed sets, every name resolves, every error class is a ``RivvenError``, and the
+Method: the ``__all__`` of ``rivven_broker.client``, ``rivven_broker.client.aio`` and
+``rivven_broker.client.trio`` equal the agreed sets (the trio names are the aio objects), every name resolves, every error class is a ``RivvenError``, and the
 signatures CONTRACT.md shows accept its example arguments.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 
 import rivven_broker.client as client
+import rivven_broker.client.aio as aio_client
 import rivven_broker.client.trio as trio_client
 
 EXPECTED = {
@@ -31,15 +32,28 @@ EXPECTED_TRIO = {
     "open_producer", "open_consumer", "open_admin", "TrioProducer", "TrioConsumer", "TrioAdmin",
     "Delivery", "ClientEnv",
 }
+EXPECTED_AIO = {
+    "open_producer", "open_consumer", "open_admin", "AsyncProducer", "AsyncConsumer",
+    "AsyncAdmin", "Delivery", "ClientEnv",
+}
 
 
 def test_all_is_the_agreed_surface():
     assert len(client.__all__) == len(set(client.__all__))
     assert set(client.__all__) == EXPECTED
     assert set(trio_client.__all__) == EXPECTED_TRIO
-    for module in (client, trio_client):
+    assert set(aio_client.__all__) == EXPECTED_AIO
+    for module in (client, trio_client, aio_client):
         for name in module.__all__:
             assert getattr(module, name) is not None
+
+
+def test_the_trio_front_is_the_one_async_driver():
+    assert trio_client.TrioProducer is aio_client.AsyncProducer
+    assert trio_client.TrioConsumer is aio_client.AsyncConsumer
+    assert trio_client.TrioAdmin is aio_client.AsyncAdmin
+    for name in ("open_producer", "open_consumer", "open_admin", "Delivery", "ClientEnv"):
+        assert getattr(trio_client, name) is getattr(aio_client, name)
 
 
 def test_every_error_is_a_rivven_error():

@@ -247,3 +247,17 @@ def test_normalise_offsets_takes_both_spellings_and_refuses_negative_ones():
         TP: (5, None), TopicPartition("t", 1): (7, "m")}
     with pytest.raises(ValueError):
         normalise_offsets({TP: -1})
+
+
+def test_any_due_reports_without_scheduling():
+    """A front asks whether poll's group work is due before a round trip to its loop: the
+    answer schedules nothing, so the loop's own ``*_due`` still sees the same due work."""
+    from rivven_broker.client.membership import GroupTimers
+
+    timers = GroupTimers(0, auto_commit_interval_ms=100, metadata_check_ms=1_000)
+    assert timers.any_due(0, checking=True)  # the first re-check: at once
+    assert not timers.any_due(0, checking=False)  # the auto-commit: not yet
+    assert timers.metadata_check_due(0) and not timers.any_due(50, checking=True)
+    assert timers.any_due(100, checking=False) and timers.any_due(100, checking=False)
+    assert timers.auto_commit_due(100) and not timers.any_due(150, checking=True)
+    assert timers.any_due(1_000, checking=True) and not timers.any_due(199, checking=False)

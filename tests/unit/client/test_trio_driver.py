@@ -109,6 +109,22 @@ async def test_an_unanswered_request_times_out_and_is_retried(autojump_clock):
     assert 30 <= elapsed < 32  # one request timeout plus a backoff, on the virtual clock
 
 
+async def test_a_request_waits_for_a_dial_in_progress_instead_of_backing_off(autojump_clock):
+    """The first send's metadata refresh and the idempotent producer's InitProducerId both
+    want "any broker" while the first dial is still handshaking: the second waits for that
+    dial (as a request queues behind a Handshake) instead of failing and waiting out a retry
+    backoff (1 s here; it was every first send's 100 ms)."""
+    async with trio.open_nursery() as nursery:
+        env = MemoryBroker(nursery)
+        async with open_producer("memory:1", env=env, retry_backoff_ms=1_000) as producer:
+            start = trio.current_time()
+            meta = await producer.send("t", value=b"x")
+            elapsed = trio.current_time() - start
+        nursery.cancel_scope.cancel()
+    assert meta.offset == 0 and env.dials == 1
+    assert elapsed < 1  # on the virtual clock: no backoff was waited out
+
+
 async def test_undeliverable_records_fail_at_the_delivery_timeout(autojump_clock):
     async with trio.open_nursery() as nursery:
         env = MemoryBroker(nursery)
@@ -140,13 +156,13 @@ async def test_an_answer_arriving_after_the_connection_failed_is_dropped_not_a_c
     was already on the way: the read loop drops those bytes and ends instead of pairing them
     with a waiter that is gone. The failing connection's nursery is closed here, so the
     stream is not closed under the reader and the late bytes certainly arrive."""
-    from rivven_broker.client._trio_net import TrioConnection, _Waiter
+    from rivven_broker.client._aio_net import Connection, _Waiter
     from rivven_broker.client.errors import RequestTimedOutError
 
     client_end, server_end = trio.testing.memory_stream_pair()
     async with trio.open_nursery() as gone:
         pass
-    connection = TrioConnection(("memory", 1), client_end, 8, gone)
+    connection = Connection(("memory", 1), client_end, 8, gone)
     _, request_bytes = connection.core.send_request(m.Ping())
     waiter = _Waiter()
     connection.waiters.append(waiter)

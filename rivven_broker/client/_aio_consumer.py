@@ -1,19 +1,21 @@
-"""The trio ``Consumer``: the blocking one's cores, driven by tasks.
+"""The async ``Consumer`` (AnyIO: trio or asyncio): the fetch and group cores, driven by tasks.
 
 Theory of operation
 -------------------
-``TrioConsumer`` keeps a ``FetchState``; a fetch task steps the core's ``FetcherCore`` (the
-same as the blocking fetch thread's): it starts one task per position reset and per Fetch
+``AsyncConsumer`` keeps a ``FetchState``; a fetch task steps the core's ``FetcherCore``: it
+starts one task per position reset and per Fetch
 the step plans (one in flight per leader), dials the leaders the step names, and fires a
 signal when data lands. ``poll`` takes a completed fetch (making its partition
 fetchable again, so the next Fetch overlaps the caller's work), decodes it and hands out up to
-``max_poll_records`` records. No locks: state changes happen between awaits.
+``max_poll_records`` records. The fetch state is touched under the ``Bridge`` lock (never
+across an await): a blocking front (``_consumer.Consumer``) calls ``poll``'s part that takes
+and decodes completed fetches (``fill``) and the plain methods on its caller's thread.
 
 With a ``group_id``, ``subscribe`` makes the consumer a group member: ``poll`` awaits the
 group's work (rebalances, callbacks, auto-commit) and a heartbeat task keeps the session
-(``_trio_group.py``, the same ``GroupCore`` as the blocking consumer).
+(``_aio_group.py``, over the ``GroupCore``).
 
-``TrioAdmin`` lives in ``_trio_admin.py``.
+``AsyncAdmin`` lives in ``_aio_admin.py``.
 """
 
 from __future__ import annotations
@@ -22,11 +24,20 @@ import re
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
-import trio
+import anyio
+import anyio.lowlevel
 
 from rivven_broker.client._collector import CollectorPause
-from rivven_broker.client._trio_group import TrioGroupMember
-from rivven_broker.client._trio_net import Background, ClientEnv, Signal, Spawner, TrioCluster
+from rivven_broker.client._aio_group import GroupMember
+from rivven_broker.client._aio_net import (
+    Background,
+    Bridge,
+    ClientEnv,
+    Cluster,
+    Signal,
+    Spawner,
+    open_task_group,
+)
 from rivven_broker.client.config import (
     ConnectionConfig,
     ConsumerConfig,
@@ -68,7 +79,7 @@ from rivven_broker.client.types import PartitionOffset, Record, TopicPartition
 from rivven_broker.protocol import messages as m
 from rivven_broker.protocol.errors import ErrorCode
 
-__all__ = ["TrioConsumer", "open_consumer"]
+__all__ = ["AsyncConsumer", "open_consumer"]
 
 _IDLE_WAIT_MS = 1000
 
@@ -77,10 +88,11 @@ def _tp(item: Any) -> TopicPartition:
     return TopicPartition(item[0], item[1])
 
 
-class TrioConsumer:
+class AsyncConsumer:
     """Use through ``open_consumer``; options as the blocking ``Consumer``."""
 
-    def __init__(self, bootstrap: str, env: Any, nursery: Spawner, **options: Any) -> None:
+    def __init__(self, bootstrap: str, env: Any, nursery: Spawner, *, bridge: Bridge | None = None,
+                 **options: Any) -> None:
         self.consumer_timeout_ms = options.pop("consumer_timeout_ms", None)
         self._config, conn_config = build_configs(options, ConsumerConfig, ConnectionConfig)
         self._deserializing = self._config.key_deserializer is not None or (
@@ -89,7 +101,11 @@ class TrioConsumer:
         self._conn_config = conn_config
         self._clock = env.clock
         self._nursery = nursery
-        self._cluster = TrioCluster(bootstrap, conn_config, env, nursery, in_flight_max=4)
+        self._bootstrap, self._env = bootstrap, env
+        self._bridge = bridge = bridge or Bridge()
+        self._lock = bridge.lock
+        self._cluster = Cluster(bootstrap, conn_config, env, nursery, in_flight_max=4,
+                                bridge=bridge)
         self._metadata = self._cluster.metadata
         self._state = FetchState(
             auto_offset_reset=self._config.auto_offset_reset,
@@ -97,28 +113,33 @@ class TrioConsumer:
         )
         self._isolation = ISOLATION_LEVELS[self._config.isolation_level]
         self._fetcher = FetcherCore(self._config, conn_config, self._metadata, self._state)
-        self._wake = Signal()  # the fetch task has something to do
+        self._wake = Signal(bridge)  # the fetch task has something to do
         self._cluster.on_update = self._wake.fire  # a refresh or a dial ended: step again
-        self._arrived = Signal()  # data, a reset or an error landed
+        self._arrived = Signal(bridge)  # data, a reset or an error landed
         self._inline: list | None = None
         self._closed = False
-        self._group: TrioGroupMember | None = None
+        self._group: GroupMember | None = None
         if self._config.group_id is not None:
-            self._group = TrioGroupMember(
-                bootstrap, self._config, conn_config, env, nursery, self, self._arrived
-            )
+            self._group = self._new_group()
+
+    def _new_group(self) -> GroupMember:
+        return GroupMember(self._bootstrap, self._config, self._conn_config, self._env,
+                           self._nursery, self, self._arrived, self._bridge)
 
     # --- assignment (same meaning as the blocking Consumer) -------------------------------------
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         tps = [_tp(p) for p in partitions]
-        self._state.assign(tps)
-        self._metadata.add_topics(tp.topic for tp in tps)
-        if self._inline is not None and self._inline[0].tp not in self._state.assignment():
-            self._inline = None
+        with self._lock:
+            self._check_open()
+            self._state.assign(tps)
+            self._metadata.add_topics(tp.topic for tp in tps)
+            if self._inline is not None and self._inline[0].tp not in self._state.assignment():
+                self._inline = None
         self._wake.fire()
 
     def assignment(self) -> set[TopicPartition]:
-        return self._state.assignment()
+        with self._lock:
+            return self._state.assignment()
 
     def subscription(self) -> set[str]:
         """As the blocking ``Consumer.subscription``: the topics subscribed to (empty
@@ -126,7 +147,8 @@ class TrioConsumer:
         group = self._group
         if group is None or not group.core.subscribed:
             return set()
-        return set(group.core.topics)
+        with self._lock:
+            return set(group.core.topics)
 
     async def topics(self) -> set[str]:
         """As the blocking ``Consumer.topics``: every topic the cluster has, internal ones
@@ -158,6 +180,30 @@ class TrioConsumer:
         group.subscribe(names, compiled, callbacks)
         self._arrived.fire()
 
+    async def unsubscribe(self) -> None:
+        """As the blocking ``Consumer.unsubscribe``: leave the group (revoking, committing as
+        ``aclose`` does) or drop the manual assignment."""
+        group = self._group
+        if group is not None and group.core.subscribed:
+            await group.close()
+            self._group = self._new_group()
+            self._group.run_callback = group.run_callback
+        self.assign([])
+
+    async def partitions_for_topic(self, topic: str) -> list[int]:
+        """As the blocking ``Consumer.partitions_for_topic``.
+
+        Raises:
+            UnknownTopicOrPartitionError: no such topic.
+        """
+        answer = check_response(await self._cluster.call(metadata_request([topic], False)),
+                                m.MetadataResponse)
+        for entry in answer.topics:
+            if entry.name == topic:
+                raise_for(entry.error_code, None, f"topic {topic!r}")
+                return sorted(p.partition for p in entry.partitions)
+        raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic!r}")
+
     async def commit(self, offsets: Any = None, *, timeout_ms: int | None = None) -> None:
         """As the blocking ``Consumer.commit``."""
         await self._require_group("commit").commit(offsets, timeout_ms)
@@ -182,7 +228,7 @@ class TrioConsumer:
         """
         return group_metadata_of(self._require_group("group_metadata").core)
 
-    def _require_group(self, what: str) -> TrioGroupMember:
+    def _require_group(self, what: str) -> GroupMember:
         self._check_open()
         if self._group is None:
             raise error_for(ErrorCode.INVALID_GROUP_ID, f"{what}() needs a consumer group_id")
@@ -191,23 +237,27 @@ class TrioConsumer:
     # --- called by the group member ---------------------------------------------------------------
     def _positions(self, partitions: set[TopicPartition] | None) -> dict:
         """``{tp: (position, None)}`` of assigned partitions (all, or these) with a position."""
-        return {tp: (position, None) for tp, position in self._state.positions(partitions).items()}
+        with self._lock:
+            positions = self._state.positions(partitions)
+        return {tp: (position, None) for tp, position in positions.items()}
 
     def _set_assignment(
         self, partitions: Iterable[TopicPartition], seeks: dict[TopicPartition, int]
     ) -> None:
-        tps = self._state.assign_and_seek(partitions, seeks)
-        self._metadata.add_topics(tp.topic for tp in tps)
-        if self._inline is not None and (
-            self._inline[0].tp not in self._state.assignment() or self._inline[0].tp in seeks
-        ):
-            self._inline = None
+        with self._lock:
+            tps = self._state.assign_and_seek(partitions, seeks)
+            self._metadata.add_topics(tp.topic for tp in tps)
+            if self._inline is not None and (
+                self._inline[0].tp not in self._state.assignment() or self._inline[0].tp in seeks
+            ):
+                self._inline = None
         self._wake.fire()
 
     def seek(self, partition: TopicPartition, offset: int) -> None:
         tp = _tp(partition)
-        self._state.seek(tp, offset)
-        self._drop_inline(tp)
+        with self._lock:
+            self._state.seek(tp, offset)
+            self._drop_inline(tp)
         self._wake.fire()
 
     def seek_to_beginning(self, partitions: Iterable[TopicPartition] | None = None) -> None:
@@ -217,10 +267,11 @@ class TrioConsumer:
         self._reset(partitions, LATEST)
 
     def _reset(self, partitions: Iterable[TopicPartition] | None, timestamp: int) -> None:
-        for item in self._state.assignment() if partitions is None else partitions:
-            tp = _tp(item)
-            self._state.request_reset(tp, timestamp)
-            self._drop_inline(tp)
+        with self._lock:
+            for item in self._state.assignment() if partitions is None else partitions:
+                tp = _tp(item)
+                self._state.request_reset(tp, timestamp)
+                self._drop_inline(tp)
         self._wake.fire()
 
     def _drop_inline(self, tp: TopicPartition) -> None:
@@ -228,33 +279,54 @@ class TrioConsumer:
             self._inline = None
 
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
-        for item in partitions:
-            tp = _tp(item)
-            if self._inline is not None and self._inline[0].tp == tp:
-                self._inline = None
-                position = self._state.position(tp)
-                if position is not None:
-                    self._state.seek(tp, position)
-            self._state.pause([tp])
+        with self._lock:
+            for item in partitions:
+                tp = _tp(item)
+                if self._inline is not None and self._inline[0].tp == tp:
+                    self._inline = None
+                    position = self._state.position(tp)
+                    if position is not None:
+                        self._state.seek(tp, position)  # refetch from here on resume
+                self._state.pause([tp])
 
     def resume(self, partitions: Iterable[TopicPartition]) -> None:
-        self._state.resume(_tp(p) for p in partitions)
+        with self._lock:
+            self._state.resume(_tp(p) for p in partitions)
         self._wake.fire()
+
+    def paused(self) -> set[TopicPartition]:
+        with self._lock:
+            return self._state.paused()
+
+    def highwater(self, partition: TopicPartition) -> int:
+        """The high watermark seen in the last fetch of ``partition`` (-1 before any)."""
+        with self._lock:
+            return self._state.high_watermark(_tp(partition))
+
+    def position_now(self, partition: TopicPartition) -> int | None:
+        """The position if known (None while a reset is pending); raises a failed reset's
+        error. Never waits."""
+        with self._lock:
+            self._check_open()
+            position = self._state.position(_tp(partition))
+            if position is not None:
+                return position
+            error = self._state.take_error()
+        if error is not None:
+            raise error
+        return None
 
     async def position(self, partition: TopicPartition, timeout_ms: int | None = None) -> int:
         """The next offset ``poll`` returns; waits for a pending reset (ClientTimeoutError)."""
         tp = _tp(partition)
         timeout_ms = self._conn_config.request_timeout_ms if timeout_ms is None else timeout_ms
-        with trio.move_on_after(timeout_ms / 1000):
+        with anyio.move_on_after(timeout_ms / 1000):
             while True:
-                self._check_open()
-                position = self._state.position(tp)
+                arrived = self._arrived.current()
+                position = self.position_now(tp)
                 if position is not None:
                     return position
-                error = self._state.take_error()
-                if error is not None:
-                    raise error
-                await self._arrived.wait()
+                await arrived.wait()
         raise ClientTimeoutError(f"the position of {tp} did not resolve in time")
 
     async def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
@@ -302,9 +374,9 @@ class TrioConsumer:
         limit = self._config.max_poll_records if max_records is None else max_records
         out: list[Record] = []
         group = self._group
-        await trio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
         try:
-            with trio.move_on_after(max(timeout_ms, 0) / 1000) as poll_scope:
+            with anyio.move_on_after(max(timeout_ms, 0) / 1000) as poll_scope:
                 while not out:
                     if group is not None:
                         self._check_open()
@@ -326,47 +398,64 @@ class TrioConsumer:
 
     def metrics(self) -> dict[str, dict]:
         """As the blocking ``Consumer.metrics`` (synchronous; never blocks)."""
-        return consumer_metrics(self._state, self._records_returned, self._polls)
+        with self._lock:
+            return consumer_metrics(self._state, self._records_returned, self._polls)
 
     def _fill(self, out: list[Record], limit: int) -> None:
         # records cannot form cycles: see _collector.py (opt-in: process-wide)
         collector = CollectorPause(self._config.pause_gc_while_decoding)
         try:
-            self._fill_paused(out, limit, collector)
+            self.fill(out, limit, collector)
         finally:
             collector.end()
 
-    def _fill_paused(self, out: list[Record], limit: int, collector: CollectorPause) -> None:
+    def fill(self, out: list[Record], limit: int, collector: CollectorPause) -> None:
+        """Hand out up to ``limit`` records into ``out`` from completed fetches: take one under
+        the lock (its partition becomes fetchable: the next Fetch overlaps this work), decode
+        it outside the lock, on the calling thread, then advance the position. Never waits.
+        Raises the first partition error once the records before it are out."""
+        lock, state = self._lock, self._state
         while len(out) < limit:
             if self._inline is None:
-                self._check_open()
-                if out and self._state.has_error():
-                    return  # hand out what came before it; the next poll raises the error
-                error = self._state.take_error()
+                with lock:
+                    self._check_open()
+                    if out and state.has_error():
+                        return  # hand out what came before it; the next poll raises the error
+                    error = state.take_error()
+                    completed = None if error is not None else state.take_completed()
                 if error is not None:
                     raise error
-                completed = self._state.take_completed()
                 if completed is None:
                     return
                 self._wake.fire()  # prefetch the partition's next chunk meanwhile
                 collector.begin()
                 records, corruption = decode_completed(completed, check_crc=self._config.check_crcs)
-                if corruption is not None:  # stop at the damage; poll raises it next
-                    completed = self._state.corrupted(completed, corruption)
-                if not records:
-                    self._state.advance(completed.tp, completed.epoch, completed.next_offset)
-                    continue
+                if corruption is not None or not records:
+                    with lock:
+                        if corruption is not None:  # stop at the damage; poll raises it next
+                            completed = state.corrupted(completed, corruption)
+                        if not records:
+                            state.advance(completed.tp, completed.epoch, completed.next_offset)
+                    if not records:
+                        continue
                 self._inline = [completed, records, 0]
             completed, records, index = self._inline
             end = min(len(records), index + limit - len(out))
-            out.extend(records[index:end])
+            out.extend(records[index:end] if index or end < len(records) else records)
             if end == len(records):
                 self._inline = None
                 position = completed.next_offset
             else:
                 self._inline[2] = end
                 position = records[end - 1].offset + 1
-            self._state.advance(completed.tp, completed.epoch, position)
+            with lock:
+                state.advance(completed.tp, completed.epoch, position)
+
+    def has_data(self) -> bool:
+        """Whether ``fill`` has something to hand out (or an error to raise) now."""
+        with self._lock:
+            return self._inline is not None or self._state.has_completed() or (
+                self._state.has_error())
 
     def __aiter__(self) -> AsyncIterator[Record]:
         return self._iterate()
@@ -390,9 +479,11 @@ class TrioConsumer:
             address = self._metadata.address_of(node_id)
             return None if self._cluster.connection(address) is None else True
 
+        lock = self._lock
         while not self._closed:
             now = self._clock.monotonic_ms()
-            step = self._fetcher.step(now, node_ready)
+            with lock:
+                step = self._fetcher.step(now, node_ready)
             if step.metadata_due:
                 self._cluster.refresh_soon()  # its end wakes this task (on_update)
             wake_at = step.wake_at_ms
@@ -416,17 +507,21 @@ class TrioConsumer:
             return None, error
 
     async def _reset_offsets(self, node: int, entries: list) -> None:
-        request = self._fetcher.reset_request(entries)
+        with self._lock:
+            request = self._fetcher.reset_request(entries)
         response, error = await self._request(node, request, self._conn_config.request_timeout_ms)
-        self._fetcher.on_reset_answer(entries, response, error, self._clock.monotonic_ms())
+        with self._lock:
+            self._fetcher.on_reset_answer(entries, response, error, self._clock.monotonic_ms())
         self._arrived.fire()
         self._wake.fire()
 
     async def _fetch(self, plan: FetchPlan) -> None:
-        request = self._fetcher.fetch_request(plan)
+        with self._lock:
+            request = self._fetcher.fetch_request(plan)
         response, error = await self._request(plan.node_id, request,
                                               self._fetcher.fetch_timeout_ms)
-        self._fetcher.on_fetch_answer(plan, response, error, self._clock.monotonic_ms())
+        with self._lock:
+            self._fetcher.on_fetch_answer(plan, response, error, self._clock.monotonic_ms())
         self._arrived.fire()
         self._wake.fire()
 
@@ -440,8 +535,8 @@ class TrioConsumer:
     async def _leave(self, autocommit: bool = True) -> None:
         """Commit, revoke and leave the group (as the blocking ``close``)."""
         if self._group is not None and not self._closed:
-            with trio.CancelScope(shield=True):
-                with trio.move_on_after(self._conn_config.request_timeout_ms / 1000):
+            with anyio.CancelScope(shield=True):
+                with anyio.move_on_after(self._conn_config.request_timeout_ms / 1000):
                     await self._group.close(autocommit=autocommit)
 
     def _abandon(self) -> None:
@@ -461,14 +556,16 @@ class TrioConsumer:
 
 @asynccontextmanager
 async def open_consumer(
-    bootstrap: str | None = None, *, env: Any = None, **options: Any
-) -> AsyncIterator[TrioConsumer]:
-    """A trio ``Consumer`` for the body of an ``async with``; options as the blocking one."""
+    bootstrap: str | None = None, *, env: Any = None, bridge: Bridge | None = None,
+    **options: Any
+) -> AsyncIterator[AsyncConsumer]:
+    """An async ``Consumer`` for the body of an ``async with``; options as the blocking one."""
     bootstrap, _ = bootstrap_and_topics(() if bootstrap is None else (bootstrap,), None,
                                         options, takes_topics=False)
-    async with trio.open_nursery() as nursery:
+    async with open_task_group() as nursery:
         background = Background(nursery)  # outlives an outer cancellation: _leave needs it
-        consumer = TrioConsumer(bootstrap, env or ClientEnv(), background, **options)
+        consumer = AsyncConsumer(bootstrap, env or ClientEnv(), background, bridge=bridge,
+                                 **options)
         background.start_soon(consumer._run_fetcher)
         try:
             yield consumer

@@ -1,8 +1,8 @@
-"""The trio consumer's group membership: the blocking ``GroupMember`` with tasks for threads.
+"""The async consumer's group membership: the ``GroupCore`` and ``membership.py``, with tasks.
 
 Theory of operation
 -------------------
-``TrioGroupMember`` drives the same cores as the blocking driver (``_group.py``): the
+``GroupMember`` drives the pure cores: the
 membership is ``GroupCore`` (``group_core.py``), and every other decision is one of the objects
 of ``membership.py`` - ``CoordinatorLookup``, ``CommitRetry``, ``HeartbeatSchedule``,
 ``GroupTimers``, ``AsyncCommits``. ``poll`` awaits ``maintain`` (rebalances with their
@@ -10,11 +10,13 @@ callbacks, auto-commit, pattern and partition-count checks); a *heartbeat task* 
 ``HeartbeatSchedule`` says (a Heartbeat every ``heartbeat_interval_ms`` while Stable, or
 LeaveGroup once ``poll`` has not been called for ``max_poll_interval_ms``) and fires the
 consumer's ``arrived`` signal when the core wants a rejoin; ``commit_async`` queues its commit
-(bounded, as in the blocking driver) for a task that sends them one at a time, in order, and
+(bounded by ``AsyncCommits``) for a task that sends them one at a time, in order, and
 calls each callback there.
-Group traffic uses a ``TrioCluster`` of its own, so its connections never queue behind
-fetches. No locks: state changes happen between awaits; a rebalance is guarded so two tasks
-never run one at once.
+Group traffic uses a ``Cluster`` of its own, so its connections never queue behind
+fetches. State changes happen between awaits (and under the ``Bridge`` lock, shared with a
+blocking front); a rebalance is guarded so two tasks never run one at once. User callbacks
+(rebalance, ``commit_async``) go through ``run_callback``: called in place by default; the
+blocking front runs them on its caller's thread instead (they may call the consumer back).
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ from __future__ import annotations
 import logging
 import math
 import re
-from typing import Any, Iterable, Mapping
+from typing import Any, Awaitable, Callable, Iterable, Mapping
 
-import trio
+import anyio
 
-from rivven_broker.client._trio_net import Signal, Spawner, TrioCluster
+from rivven_broker.client._aio_net import Bridge, Cluster, Signal, Spawner
 from rivven_broker.client.config import ConnectionConfig, ConsumerConfig
 from rivven_broker.client.errors import RivvenError
 from rivven_broker.client.group_core import (
@@ -57,17 +59,17 @@ from rivven_broker.client.requests import check_response, metadata_request
 from rivven_broker.client.types import TopicPartition
 from rivven_broker.protocol import messages as m
 
-__all__ = ["TrioGroupMember"]
+__all__ = ["GroupMember"]
 
 log = logging.getLogger(__name__)
 
 
-class TrioGroupMember:
-    """Group membership of one trio consumer. See the module docstring."""
+class GroupMember:
+    """Group membership of one async consumer. See the module docstring."""
 
     def __init__(
         self, bootstrap: str, config: ConsumerConfig, conn_config: ConnectionConfig, env: Any,
-        nursery: Spawner, fetch: Any, arrived: Signal,
+        nursery: Spawner, fetch: Any, arrived: Signal, bridge: Bridge | None = None,
     ) -> None:
         """``fetch`` is the consumer: ``_positions(tps)``, ``_set_assignment(owned, seeks)``."""
         assert config.group_id is not None
@@ -76,7 +78,9 @@ class TrioGroupMember:
         self.core = GroupCore(GroupSettings.of(config, conn_config.retry_backoff_ms))
         self._clock = env.clock
         self._nursery = nursery
-        self._cluster = TrioCluster(bootstrap, conn_config, env, nursery, in_flight_max=8)
+        self._bridge = bridge or Bridge()
+        self._cluster = Cluster(bootstrap, conn_config, env, nursery, in_flight_max=8,
+                                bridge=self._bridge)
         self._fetch = fetch
         self._arrived = arrived
         self._coordinator = CoordinatorLookup(self.core)
@@ -93,9 +97,12 @@ class TrioGroupMember:
         self._async = AsyncCommits()
         self._callbacks = RebalanceCallbacks()
         self._pattern: re.Pattern[str] | None = None
-        self._state_changed = Signal()
-        self._rebalancing = trio.Lock()
+        self._state_changed = Signal(self._bridge)
+        #: ``await run_callback(fn, *args)`` calls a user callback (see the module docstring)
+        self.run_callback: Callable[..., Awaitable[None]] = _call_in_place
+        self._rebalancing = anyio.Lock()
         self._heartbeating = False
+        self._committing = False  # a commit task is sending the async commits
         self._closed = False
 
     # --- subscription and maintenance ------------------------------------------------------
@@ -114,7 +121,7 @@ class TrioGroupMember:
     def wants_attention(self) -> bool:
         return self.core.needs_attention()
 
-    async def maintain(self, poll_scope: trio.CancelScope | None = None) -> None:
+    async def maintain(self, poll_scope: anyio.CancelScope | None = None) -> None:
         """Rebalance if needed, auto-commit when due, re-check metadata when due. Raises the
         membership's fatal error. ``poll_scope``: the caller's timeout, held off while a
         rebalance runs."""
@@ -145,6 +152,18 @@ class TrioGroupMember:
             except RivvenError as error:
                 log.warning("group %s: auto-commit failed: %s", self.config.group_id, error)
 
+    def maintenance_due(self) -> bool:
+        """Whether ``maintain`` has work now (a rebalance, an auto-commit, a metadata
+        re-check). Reads only: a blocking front asks from its own thread, and otherwise only
+        reports the poll (``note_poll``) instead of a round trip to the loop per ``poll``."""
+        core = self.core
+        return core.needs_attention() or self._timers.any_due(
+            self._clock.monotonic_ms(), checking=core.subscribed)
+
+    def note_poll(self) -> None:
+        """``poll`` was called (``maintain`` does this too): ``max_poll_interval_ms``."""
+        self.core.on_poll(self._clock.monotonic_ms())
+
     def poll_ended(self) -> None:
         """``poll`` returned, raised or was cancelled: the poll interval counts from now."""
         self.core.on_poll_end(self._clock.monotonic_ms())
@@ -163,7 +182,7 @@ class TrioGroupMember:
     async def _metadata(self, topics: list[str] | None) -> Any:
         answer = await self._cluster.call(metadata_request(topics, False))
         answer = check_response(answer, m.MetadataResponse)
-        self._cluster.metadata.on_update(answer, self._cluster.now_ms())
+        self._cluster.update_metadata(answer)
         return answer
 
     async def _partition_counts(self, topics: list[str]) -> dict[str, int]:
@@ -198,16 +217,17 @@ class TrioGroupMember:
                 except RivvenError as error:
                     log.warning("group %s: commit before revoking failed: %s",
                                 self.config.group_id, error)
-            self._callbacks.revoked(partitions, action.lost)  # positions still readable there
+            # positions are still readable there
+            await self.run_callback(self._callbacks.revoked, partitions, action.lost)
             self._fetch._set_assignment(self.core.owned, {})
             return None
         if isinstance(action, Assign):
             seeks = {tp: o for tp, o in action.committed.items() if o is not None}
             self._fetch._set_assignment(self.core.owned, seeks)
-            self._callbacks.assigned(set(action.added))
+            await self.run_callback(self._callbacks.assigned, set(action.added))
             return None
         assert isinstance(action, Sleep)
-        await trio.sleep(action.ms / 1000)
+        await anyio.sleep(action.ms / 1000)
         return None
 
     # --- coordinator calls -----------------------------------------------------------------
@@ -250,7 +270,7 @@ class TrioGroupMember:
             wait_ms = commit.on_answer(request, response, error, self._clock.monotonic_ms())
             if wait_ms is None:
                 return
-            await trio.sleep(wait_ms / 1000)
+            await anyio.sleep(wait_ms / 1000)
 
     def commit_async(self, offsets: Mapping[Any, Any] | None,
                      callback: CommitCallback | None) -> None:
@@ -261,11 +281,18 @@ class TrioGroupMember:
         """
         wanted = self._fetch._positions(None) if offsets is None else normalise_offsets(offsets)
         self._async.add(wanted, callback)
-        if self._async.has_work():
+        if self._async.has_work() and not self._committing:
+            self._committing = True  # one commit task at a time sends the queue, in order
             self._nursery.start_soon(self._commit_task)
 
     async def _commit_task(self) -> None:
         """Send the queued async commits one at a time, in order; call each callback."""
+        try:
+            await self._send_async_commits()
+        finally:
+            self._committing = False
+
+    async def _send_async_commits(self) -> None:
         while (job := self._async.take()) is not None:
             wanted, callback = job
             error: RivvenError | None = None
@@ -276,7 +303,8 @@ class TrioGroupMember:
             finally:
                 self._async.finished()
             if callback is not None:
-                callback({tp: offset for tp, (offset, _) in wanted.items()}, error)
+                await self.run_callback(
+                    callback, {tp: offset for tp, (offset, _) in wanted.items()}, error)
             elif error is not None:
                 log.warning("group %s: async commit failed: %s", self.config.group_id, error)
 
@@ -321,7 +349,7 @@ class TrioGroupMember:
             if self.config.enable_auto_commit and autocommit:
                 await self._commit(self._fetch._positions(None), None)
             if member and owned:
-                self._callbacks.revoked(owned, lost=False)
+                await self.run_callback(self._callbacks.revoked, owned, False)
             leave = self.core.leave_request()
             if leave is not None:
                 await self._call(leave, None)
@@ -335,3 +363,7 @@ class TrioGroupMember:
         self._closed = True
         self._cluster.close()
         self._state_changed.fire()
+
+
+async def _call_in_place(callback: Callable[..., Any], *args: Any) -> None:
+    callback(*args)
