@@ -215,13 +215,8 @@ class AsyncProducer:
             raise ClosedError("send after the producer closed")
         if self._txn_check is not None:
             self._txn_check()
-        count = self._metadata.partition_count(topic)
+        count = self._known_partition_count(topic)
         if count is None:
-            code = self._metadata.topic_error(topic)
-            if code is not None and not code.retriable:
-                raise error_for(code, f"topic {topic!r}")
-            self._metadata.add_topics([topic])
-            self._metadata.request_update()
             raise anyio.WouldBlock
         if partition is not None and not 0 <= partition < count:
             raise UnknownTopicOrPartitionError(
@@ -360,6 +355,19 @@ class AsyncProducer:
     def partition_count(self, topic: str) -> int | None:
         return self._metadata.partition_count(topic)
 
+    def _known_partition_count(self, topic: str) -> int | None:
+        """The topic's partition count, or None after asking for its metadata (``_lock``
+        held). Raises the topic's error when it is final (an invalid or unknown topic that
+        metadata will not fix)."""
+        count = self._metadata.partition_count(topic)
+        if count is None:
+            code = self._metadata.topic_error(topic)
+            if code is not None and not code.retriable:
+                raise error_for(code, f"topic {topic!r}")
+            self._metadata.add_topics([topic])
+            self._metadata.request_update()
+        return count
+
     async def partitions_for(self, topic: str) -> list[int]:
         """The topic's partition numbers (fetching metadata, up to ``max_block_ms``).
 
@@ -367,13 +375,7 @@ class AsyncProducer:
         deadline = self._clock.monotonic_ms() + self._config.max_block_ms
         while True:
             with self._lock:
-                count = self._metadata.partition_count(topic)
-                if count is None:
-                    code = self._metadata.topic_error(topic)
-                    if code is not None and not code.retriable:
-                        raise error_for(code, f"topic {topic!r}")
-                    self._metadata.add_topics([topic])
-                    self._metadata.request_update()
+                count = self._known_partition_count(topic)
             if count is not None:
                 return list(range(count))
             self._wake.fire()
