@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 ``GroupCore`` (``group_core.py``) holds the membership; the objects here hold the rest of the
-decisions the blocking (``_group.py``) and trio (``_trio_group.py``) drivers used to make each
-on their own. A driver asks, performs the I/O, and reports back:
+decisions the two mirrored drivers (blocking and trio) used to make each on their own; the one
+async driver (``_aio_group.py``) runs them now. A driver asks, performs the I/O, and reports
+back:
 
 - ``CoordinatorLookup``: which broker coordinates the group. ``node()`` is None when it must
   be found (never yet, or a call failed with a coordinator code or a retriable error); the
