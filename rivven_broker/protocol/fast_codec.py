@@ -34,7 +34,7 @@ are rare, keep those). Cheap ``assert``s state what the validators would have ch
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import attrs
 import msgpack
@@ -52,6 +52,7 @@ from rivven_broker.protocol.messages import (
 
 __all__ = [
     "decode_produce",
+    "decode_topics",
     "decode_produce_response",
     "error_code_of",
     "field_kinds",
@@ -138,25 +139,36 @@ def _partition(body: object) -> ProducePartition | None:
     return result
 
 
-def _topic(body: object) -> ProduceTopic | None:
-    if type(body) is not dict:
-        return None
-    name = body.get("name")
-    partitions = body.get("partitions")
-    if not plain_name(name, _NAME_BYTES_MAX):
-        return None
-    if type(partitions) is not tuple or len(partitions) > _PARTITIONS_MAX:
+def decode_topics(topics: object, topics_max: int, name_bytes_max: int, partitions_max: int,
+                  partition: Callable[[object], Any], topic_cls: type) -> tuple | None:
+    """The ``topic_cls`` (fields ``name`` and ``partitions``) of each item of a decoded topic
+    list, every partition decoded by ``partition`` (None: not plainly valid); None when any
+    of it is not plainly valid (the caller then decodes it the generic way). The one topic
+    walk of the fast codecs (Produce, its answer, AddPartitionsToTxn, its answer). Pure;
+    never raises."""
+    if type(topics) is not tuple or len(topics) > topics_max:
         return None
     built = []
-    for item in partitions:
-        partition = _partition(item)
-        if partition is None:
+    for item in topics:
+        if type(item) is not dict:
             return None
-        built.append(partition)
-    result = _new(ProduceTopic)
-    _set(result, "name", name)
-    _set(result, "partitions", tuple(built))
-    return result
+        name = item.get("name")
+        partitions = item.get("partitions")
+        if not plain_name(name, name_bytes_max):
+            return None
+        if type(partitions) is not tuple or len(partitions) > partitions_max:
+            return None
+        decoded = []
+        for part in partitions:
+            value = partition(part)
+            if value is None:
+                return None
+            decoded.append(value)
+        topic = _new(topic_cls)
+        _set(topic, "name", name)
+        _set(topic, "partitions", tuple(decoded))
+        built.append(topic)
+    return tuple(built)
 
 
 def decode_produce(body: object, version: int) -> Produce | None:
@@ -177,18 +189,14 @@ def decode_produce(body: object, version: int) -> Produce | None:
         return None
     if transactional_id is not None and not plain_name(transactional_id, _TXN_ID_BYTES_MAX):
         return None
-    if type(topics) is not tuple or len(topics) > _TOPICS_MAX:
+    built = decode_topics(topics, _TOPICS_MAX, _NAME_BYTES_MAX, _PARTITIONS_MAX, _partition,
+                          ProduceTopic)
+    if built is None:
         return None
-    built = []
-    for item in topics:
-        topic = _topic(item)
-        if topic is None:
-            return None
-        built.append(topic)
     result = _new(Produce)
     _set(result, "acks", acks)
     _set(result, "timeout_ms", timeout_ms)
-    _set(result, "topics", tuple(built))
+    _set(result, "topics", built)
     _set(result, "transactional_id", transactional_id)
     return result
 
@@ -234,30 +242,13 @@ def decode_produce_response(body: object, version: int) -> ProduceResponse | Non
     throttle_time_ms = body.get("throttle_time_ms")
     if type(throttle_time_ms) is not int or not _THROTTLE_LO <= throttle_time_ms <= _THROTTLE_HI:
         return None
-    if type(topics) is not tuple or len(topics) > _RESPONSE_TOPICS_MAX:
+    built = decode_topics(topics, _RESPONSE_TOPICS_MAX, _RESPONSE_NAME_BYTES_MAX,
+                          _RESPONSE_PARTITIONS_MAX, lambda part: _answer(part, version),
+                          ProduceTopicResponse)
+    if built is None:
         return None
-    built = []
-    for item in topics:
-        if type(item) is not dict:
-            return None
-        name = item.get("name")
-        partitions = item.get("partitions")
-        if not plain_name(name, _RESPONSE_NAME_BYTES_MAX):
-            return None
-        if type(partitions) is not tuple or len(partitions) > _RESPONSE_PARTITIONS_MAX:
-            return None
-        answers = []
-        for part in partitions:
-            answer = _answer(part, version)
-            if answer is None:
-                return None
-            answers.append(answer)
-        topic = _new(ProduceTopicResponse)
-        _set(topic, "name", name)
-        _set(topic, "partitions", tuple(answers))
-        built.append(topic)
     result = _new(ProduceResponse)
-    _set(result, "topics", tuple(built))
+    _set(result, "topics", built)
     _set(result, "throttle_time_ms", throttle_time_ms)
     return result
 

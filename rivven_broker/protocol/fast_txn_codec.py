@@ -25,7 +25,9 @@ from __future__ import annotations
 import attrs
 
 from rivven_broker.protocol.errors import ErrorCode
-from rivven_broker.protocol.fast_codec import error_code_of, field_kinds, plain_name
+from rivven_broker.protocol.fast_codec import (
+    decode_topics, error_code_of, field_kinds, plain_name,
+)
 from rivven_broker.protocol.txn_messages import (
     AddPartitionsToTxn,
     AddPartitionsToTxnPartitionResponse,
@@ -79,22 +81,8 @@ def _plain_int(value: object, lo: int, hi: int) -> bool:
     return type(value) is int and lo <= value <= hi
 
 
-def _topic(body: object) -> AddPartitionsToTxnTopic | None:
-    if type(body) is not dict:
-        return None
-    name = body.get("name")
-    partitions = body.get("partitions")
-    if not plain_name(name, _NAME_BYTES_MAX):
-        return None
-    if type(partitions) is not tuple or len(partitions) > _PARTITIONS_MAX:
-        return None
-    for partition in partitions:
-        if not _plain_int(partition, _PARTITION_LO, _PARTITION_HI):
-            return None
-    result = _new(AddPartitionsToTxnTopic)
-    _set(result, "name", name)
-    _set(result, "partitions", partitions)
-    return result
+def _partition(value: object) -> object | None:
+    return value if _plain_int(value, _PARTITION_LO, _PARTITION_HI) else None
 
 
 def decode_add_partitions(body: object, version: int) -> AddPartitionsToTxn | None:
@@ -112,19 +100,15 @@ def decode_add_partitions(body: object, version: int) -> AddPartitionsToTxn | No
     if not _plain_int(producer_id, _PRODUCER_ID_LO, _PRODUCER_ID_HI) or not _plain_int(
             producer_epoch, _EPOCH_LO, _EPOCH_HI):
         return None
-    if type(topics) is not tuple or len(topics) > _TOPICS_MAX:
+    built = decode_topics(topics, _TOPICS_MAX, _NAME_BYTES_MAX, _PARTITIONS_MAX, _partition,
+                          AddPartitionsToTxnTopic)
+    if built is None:
         return None
-    built = []
-    for item in topics:
-        topic = _topic(item)
-        if topic is None:
-            return None
-        built.append(topic)
     result = _new(AddPartitionsToTxn)
     _set(result, "transactional_id", transactional_id)
     _set(result, "producer_id", producer_id)
     _set(result, "producer_epoch", producer_epoch)
-    _set(result, "topics", tuple(built))
+    _set(result, "topics", built)
     return result
 
 
@@ -149,30 +133,12 @@ def decode_add_partitions_response(body: object, version: int
     if type(body) is not dict:
         return None
     topics = body.get("topics")
-    if type(topics) is not tuple or len(topics) > _RESPONSE_TOPICS_MAX:
+    built = decode_topics(topics, _RESPONSE_TOPICS_MAX, _RESPONSE_NAME_BYTES_MAX,
+                          _RESPONSE_PARTITIONS_MAX, _answer, AddPartitionsToTxnTopicResponse)
+    if built is None:
         return None
-    built = []
-    for item in topics:
-        if type(item) is not dict:
-            return None
-        name = item.get("name")
-        partitions = item.get("partitions")
-        if not plain_name(name, _RESPONSE_NAME_BYTES_MAX):
-            return None
-        if type(partitions) is not tuple or len(partitions) > _RESPONSE_PARTITIONS_MAX:
-            return None
-        answers = []
-        for part in partitions:
-            answer = _answer(part)
-            if answer is None:
-                return None
-            answers.append(answer)
-        topic = _new(AddPartitionsToTxnTopicResponse)
-        _set(topic, "name", name)
-        _set(topic, "partitions", tuple(answers))
-        built.append(topic)
     result = _new(AddPartitionsToTxnResponse)
-    _set(result, "topics", tuple(built))
+    _set(result, "topics", built)
     return result
 
 
