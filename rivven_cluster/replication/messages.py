@@ -3,9 +3,10 @@
 A follower sends one ``ReplicaFetch`` per leader at a time over its replica link
 (``link_frame``: authenticated, ordered), naming for each partition it follows the leader epoch
 it believes current, the offset it wants next (its log end offset), the epoch of its last
-batch and the offset below which its copy is on disk. The leader answers every partition with
-an error code, or records from the fetch offset (whole batches, up to its log end offset, not
-only the high watermark), its high watermark and log start offset — or, when the follower's
+batch and the offset below which its copy is on disk. The leader answers each partition with
+news (the others are left out: the follower keeps what it was last told) with an error code, or
+records from the fetch offset (whole batches, up to its log end offset, not only the high
+watermark), its high watermark and log start offset — or, when the follower's
 last epoch ends earlier in the leader's log (or is unknown there), the *diverging* epoch and
 its end offset, where the follower must truncate before fetching again (KIP-101/KIP-595).
 Pure: encoding and checking only.

@@ -424,25 +424,27 @@ class ReplicaManager:
     async def serve(self, link: ReplicaLink) -> None:
         """Answer one follower's fetches until the link closes."""
         follower = link.peer.node_id
+        told: dict[Key, tuple[int, int]] = {}  # what this link last said of a quiet partition
         try:
             while True:
                 request = decode_fetch(await link.receive())
                 if request.replica_id != follower:
                     self._count("replica_id_mismatch")
                     return
-                answer = await self._answer(follower, request)
+                answer = await self._answer(follower, request, told)
                 await link.send(encode(answer))
         except (LinkClosed, ReplicaMessageError) as exc:
             log.debug("replica link from %d closed: %s", follower, exc)
         finally:
             await link.aclose()
 
-    async def _answer(self, follower: int, request: ReplicaFetch) -> ReplicaFetchAnswer:
+    async def _answer(self, follower: int, request: ReplicaFetch,
+                      told: dict[Key, tuple[int, int]]) -> ReplicaFetchAnswer:
         wait_ms = min(request.max_wait_ms, self.config.fetch_wait_ms)
         keys = [(p.topic, p.partition) for p in request.partitions]
         with trio.move_on_after(wait_ms / 1000):
             while True:
-                answer, has_data = self._read_for(follower, request)
+                answer, has_data = self._read_for(follower, request, told, last=wait_ms == 0)
                 if has_data or wait_ms == 0:
                     return answer
                 event = trio.Event()
@@ -451,18 +453,37 @@ class ReplicaManager:
                     await event.wait()
                 finally:
                     self._context.appends.unregister(event, keys)
-        return self._read_for(follower, request)[0]
+        return self._read_for(follower, request, told, last=True)[0]
 
-    def _read_for(self, follower: int, request: ReplicaFetch) -> tuple[ReplicaFetchAnswer, bool]:
+    def _read_for(self, follower: int, request: ReplicaFetch, told: dict[Key, tuple[int, int]],
+                  *, last: bool = False) -> tuple[ReplicaFetchAnswer, bool]:
+        """Read every partition the follower asks for; the answer names those with news. A
+        quiet one (no records, error or divergence) is left out while its high watermark and
+        log start are what this link last told the follower (``told``, updated only when
+        the answer is the one sent: with news, or the ``last`` read of a long poll). Most
+        of a follower's partitions are quiet at any moment, and it keeps what it was told
+        (Kafka's incremental fetch sessions, KIP-227, on the answer's side). ``told`` lives
+        as long as the link: an answer lost with its link is never counted as said."""
         budget = min(request.max_bytes, self.config.fetch_bytes_max)
         now_ms = self._env.clock.monotonic_ms()
         answers, has_data = [], False
+        saying: list[tuple[Key, tuple[int, int]]] = []
         for part in request.partitions:
             answer = self._read_partition(follower, part, budget, now_ms)
-            budget = max(budget - len(answer.records), 0)
-            has_data = has_data or bool(answer.records) or answer.error_code != 0 \
-                or answer.diverging_epoch != NO_DIVERGENCE
+            key = (part.topic, part.partition)
+            if answer.records or answer.error_code != 0 \
+                    or answer.diverging_epoch != NO_DIVERGENCE:
+                budget = max(budget - len(answer.records), 0)
+                has_data = True
+                saying.append((key, (-1, -1)))  # said, but not as a quiet partition
+            else:
+                said = (answer.high_watermark, answer.log_start_offset)
+                if told.get(key) == said:
+                    continue
+                saying.append((key, said))
             answers.append(answer)
+        if has_data or last:
+            told.update(saying)
         return ReplicaFetchAnswer(tuple(answers)), has_data
 
     def _read_partition(self, follower: int, part: PartitionFetch, budget: int,
