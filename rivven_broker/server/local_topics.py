@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 class LocalTopics:
     def __init__(self, context: ServerContext) -> None:
         self._context = context
+        #: name -> (the topic's info, the configs object) as ``configure`` last left them.
+        self._configured: dict[str, tuple[TopicInfo, Mapping[str, str]]] = {}
 
     def topics(self) -> Mapping[str, TopicInfo]:
         return self._context.logs.topics()
@@ -43,13 +45,20 @@ class LocalTopics:
         self._context.waker.poke_topic(name)
 
     def configure(self, name: str, configs: Mapping[str, str]) -> None:
-        """Make the topic's overrides exactly ``configs`` (keys not named go back to default)."""
+        """Make the topic's overrides exactly ``configs`` (keys not named go back to default).
+        The reconciliation asks for every topic at every metadata change: when neither the
+        topic (its ``TopicInfo``: replaced by any change) nor the ``configs`` object changed
+        since the last call, there is nothing to compare."""
         info = self._context.logs.topics()[name]
+        last = self._configured.get(name)
+        if last is not None and last[0] is info and last[1] is configs:
+            return
         current = info.config.to_strings(include_defaults=False)
         changes: dict[str, str | None] = {k: None for k in current if k not in configs}
         changes.update({k: v for k, v in configs.items() if current.get(k) != v})
         if changes:
             self._context.logs.alter_topic_config(name, changes)
+        self._configured[name] = (self._context.logs.topics()[name], configs)
 
     def delete(self, name: str) -> Awaitable[None]:
         """Close the topic's gate now (requests naming it wait from this moment); the returned
@@ -65,6 +74,7 @@ class LocalTopics:
                 await context.sync_worker.detach(context.logs.get_log(name, partition))
             context.partitions.forget_topic(name)
             context.logs.delete_topic(name)
+            self._configured.pop(name, None)
         finally:
             context.gates.open(name)
             context.waker.poke_topic(name)

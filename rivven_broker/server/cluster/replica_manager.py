@@ -52,8 +52,9 @@ is retried later; the fetcher goes on with the others.
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Mapping
 
 import attrs
 import trio
@@ -66,6 +67,7 @@ from rivven_broker.server.context import ServerContext
 from rivven_broker.server.group_driver import is_internal_topic
 from rivven_broker.storage.high_watermarks import read_high_watermarks, write_high_watermarks
 from rivven_broker.storage.errors import (
+    InvalidConfigError,
     OffsetOutOfRangeError,
     StorageError,
     SyncFailedError,
@@ -696,8 +698,16 @@ class ReplicaManager:
         return views
 
 
-def _min_insync(configs: object) -> int:
+def _min_insync(configs: Mapping[str, str]) -> int:
+    """The topic's ``min.insync.replicas`` (read at every apply of every topic: only that key
+    is parsed, once per distinct value)."""
+    return _parse_min_insync(configs.get("min.insync.replicas"))
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_min_insync(text: str | None) -> int:
     try:
-        return TopicConfig.parse(dict(configs)).min_insync_replicas  # type: ignore[call-overload]
-    except ValueError:
+        return TopicConfig.parse({} if text is None else
+                                 {"min.insync.replicas": text}).min_insync_replicas
+    except InvalidConfigError:  # (validated when it was set; never fewer than one)
         return 1
