@@ -134,9 +134,12 @@ class Producer:
         topic = record[0]
         monotonic = self._loop.monotonic
         deadline = monotonic() + self._config.max_block_ms / 1000
+        if self._async.partition_count(topic) is None:
+            # The sender refreshes the metadata the append asked for, and steps on its own
+            # after that. Once only: a fire notifies this very wait, so firing again after
+            # each wake-up would bounce between the threads until the metadata arrived.
+            self._wake.fire()
         while True:
-            if self._async.partition_count(topic) is None:
-                self._wake.fire()  # the sender refreshes the metadata the append asked for
             remaining = deadline - monotonic()
             if remaining <= 0:
                 raise self._async.capacity_error(topic)
