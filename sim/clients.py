@@ -1,11 +1,15 @@
-"""Workload processes on the REAL trio client (``rivven_broker.client.trio``), over ``SimNet``.
+"""Workload processes on the REAL client (trio or blocking front), over ``SimNet``.
 
 Theory of operation
 -------------------
 ``client = "rivven"`` in a ``[[workload.producers]]`` or ``[[workload.consumers]]`` table runs
-the project's own trio client, handed a small simulated env (a ``SimClock`` without skew, the
-process's ``SimNet``, seeded streams), instead of the thin protocol client of
-``workload.py``. The broker and the client are then tested together, faults and all.
+the project's own trio client (``rivven_broker.client.trio``), handed a small simulated env
+(a ``SimClock`` without skew, the process's ``SimNet``, seeded streams), instead of the thin
+protocol client of ``workload.py``. The broker and the client are then tested together,
+faults and all. ``client = "rivven-blocking"`` runs the same processes on the blocking
+``Producer`` and ``Consumer`` instead, each on a program thread that alternates with the
+simulator's loop (``sim/fronts.py``, ``sim/program_thread.py``): this module's code is the
+same for both fronts, which differ only in how a call reaches the client.
 
 The history is recorded at the client's API, as a user would see it:
 
@@ -45,10 +49,11 @@ from typing import Any
 import trio
 
 from rivven_broker.client.errors import CommitFailedError, RivvenError
-from rivven_broker.client.trio import open_admin, open_consumer, open_producer
+from rivven_broker.client.trio import open_admin
 from rivven_broker.client.types import TopicPartition
 from rivven_broker.protocol.errors import ErrorCode
 from sim.clock import SimClock
+from sim.fronts import FRONTS
 from sim.history import FAIL, INFO, OK, History
 from sim.log_context import ACTOR
 from sim.net import SimNet
@@ -65,7 +70,8 @@ class _ClientEnv:
     """What the trio client asks of its env: a clock, a net and named random streams."""
 
     def __init__(self, seed_prefix: str, net: SimNet) -> None:
-        self.clock = SimClock()
+        # (the MockClock's own reading, which a blocking client's program thread can call)
+        self.clock = SimClock(true_now_s=trio.lowlevel.current_clock().current_time)
         self.net = net
         self._prefix = seed_prefix
         self._streams: dict[str, random.Random] = {}
@@ -78,9 +84,10 @@ class _ClientEnv:
 
 
 class _ClientProcess:
-    def __init__(self, name: str, net: SimNet, target: Target, history: History,
+    def __init__(self, name: str, client: str, net: SimNet, target: Target, history: History,
                  rng: random.Random, trace: Trace, seed: int) -> None:
         self.name = name
+        self.front = FRONTS[client]
         self.target = target
         self.history = history
         self.rng = rng
@@ -104,10 +111,10 @@ class _ClientProcess:
 
 
 class ClientProducerProcess(_ClientProcess):
-    """Sends unique values through ``TrioProducer``; one task per in-flight send."""
+    """Sends unique values through the real producer; one task per in-flight send."""
 
     def __init__(self, name: str, spec: ProducerSpec, partitions: int, **kwargs: Any) -> None:
-        super().__init__(name, **kwargs)
+        super().__init__(name, spec.client, **kwargs)
         self.spec = spec
         self.partitions = partitions
         self._sequence = 0
@@ -117,10 +124,11 @@ class ClientProducerProcess(_ClientProcess):
         options: dict[str, Any] = {}
         if spec.transactional:
             options["transactional_id"] = f"{self.name}-txn"
-        async with open_producer(self.bootstrap, env=self.env, acks=spec.acks, linger_ms=2,
-                                 request_timeout_ms=spec.request_timeout_ms,
-                                 delivery_timeout_ms=4 * spec.request_timeout_ms,
-                                 allow_auto_topic_creation=False, **options) as producer:
+        async with self.front.open_producer(
+                self.bootstrap, env=self.env, acks=spec.acks, linger_ms=2,
+                request_timeout_ms=spec.request_timeout_ms,
+                delivery_timeout_ms=4 * spec.request_timeout_ms,
+                allow_auto_topic_creation=False, **options) as producer:
             if spec.transactional:
                 await self._transactions(producer, options["transactional_id"])
                 return
@@ -190,12 +198,12 @@ class ClientProducerProcess(_ClientProcess):
 
 
 class ClientConsumerProcess(_ClientProcess):
-    """Polls assigned partitions through ``TrioConsumer`` and records what it returns."""
+    """Polls assigned partitions through the real consumer and records what it returns."""
 
     def __init__(self, name: str, spec: ConsumerSpec, partitions: tuple[int, ...],
                  skip_probability: float = 0.0, *, observer: PollObserver | None = None,
                  **kwargs: Any) -> None:
-        super().__init__(name, **kwargs)
+        super().__init__(name, spec.client, **kwargs)
         self.spec = spec
         self.positions = {p: 0 for p in partitions}
         self.observer = observer
@@ -211,12 +219,13 @@ class ClientConsumerProcess(_ClientProcess):
 
     async def _consume(self) -> None:
         spec = self.spec
-        async with open_consumer(self.bootstrap, env=self.env, group_id=spec.group,
-                                 auto_offset_reset="earliest", enable_auto_commit=False,
-                                 isolation_level=spec.isolation, fetch_max_wait_ms=spec.max_wait_ms,
-                                 request_timeout_ms=spec.request_timeout_ms,
-                                 session_timeout_ms=spec.session_timeout_ms,
-                                 heartbeat_interval_ms=spec.heartbeat_interval_ms) as consumer:
+        async with self.front.open_consumer(
+                self.bootstrap, env=self.env, group_id=spec.group,
+                auto_offset_reset="earliest", enable_auto_commit=False,
+                isolation_level=spec.isolation, fetch_max_wait_ms=spec.max_wait_ms,
+                request_timeout_ms=spec.request_timeout_ms,
+                session_timeout_ms=spec.session_timeout_ms,
+                heartbeat_interval_ms=spec.heartbeat_interval_ms) as consumer:
             if spec.group is not None:
                 consumer.subscribe([spec.topic])
             else:

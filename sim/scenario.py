@@ -159,7 +159,10 @@ class TopicSpec:
 #: The real client's consumer options, whose defaults the workload's consumers share.
 _CLIENT_CONSUMER = attrs.fields(ConsumerConfig)
 
-CLIENTS = ("thin", "rivven")
+#: "thin": the protocol-level workload client; the others are the project's own client,
+#: through its trio front or its blocking one (``sim/fronts.py``).
+CLIENTS = ("thin", "rivven", "rivven-blocking")
+REAL_CLIENTS = ("rivven", "rivven-blocking")
 REPLICATION_BUGS = ("hw_ignores_followers", "truncate_to_hw", "elect_outside_isr",
                     "coordinator_skips_load", "lead_same_epoch_again", "stamp_first_epoch")
 
@@ -646,18 +649,21 @@ def _validate(scenario: Scenario) -> None:
                 spec.rate_per_s <= 0 or spec.in_flight < 1 or spec.records_per_send_max < 1)):
             raise ScenarioError("workload: counts >= 0, rate > 0, in_flight and records >= 1")
     for spec in scenario.producers:
-        if spec.transactional and (spec.client != "rivven" or spec.acks != -1
+        if spec.transactional and (spec.client not in REAL_CLIENTS or spec.acks != -1
                                    or spec.transaction_sends_max < 1
                                    or not 0 <= spec.abort_probability <= 1):
             raise ScenarioError("workload.producers: a transactional producer needs "
-                                "client = \"rivven\", acks = \"all\", transaction_sends_max "
+                                "a real client (\"rivven\"...), acks = \"all\", "
+                                "transaction_sends_max "
                                 ">= 1 and abort_probability in [0, 1]")
     for spec in scenario.consumers:
-        if spec.restart_every_ms and spec.client != "rivven":
-            raise ScenarioError("workload.consumers: restart_every needs client = \"rivven\"")
-        if spec.group is not None and (spec.client != "rivven" or spec.partitions is not None):
-            raise ScenarioError("workload.consumers: a group consumer needs client = "
-                                "\"rivven\" and subscribes to every partition")
+        if spec.restart_every_ms and spec.client not in REAL_CLIENTS:
+            raise ScenarioError("workload.consumers: restart_every needs a real client "
+                                f"(one of {REAL_CLIENTS})")
+        if spec.group is not None and (spec.client not in REAL_CLIENTS
+                                       or spec.partitions is not None):
+            raise ScenarioError("workload.consumers: a group consumer needs a real client "
+                                f"(one of {REAL_CLIENTS}) and subscribes to every partition")
         for p in spec.partitions or ():
             if not 0 <= p < topics[spec.topic].partitions:
                 raise ScenarioError(f"workload.consumers: no partition {p} in {spec.topic}")

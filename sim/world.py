@@ -69,7 +69,7 @@ from sim.membership_check import MembershipMonitor
 from sim.replication_check import ReplicationMonitor
 from sim.nemesis import Nemesis, realise_schedule
 from sim.net import SimNetwork
-from sim.scenario import Fault, Scenario
+from sim.scenario import REAL_CLIENTS, Fault, Scenario
 from sim.trace import Trace
 from sim.workload import (
     ConsumerProcess,
@@ -653,7 +653,8 @@ class World:
                 for spec in scenario.producers:
                     for _ in range(spec.count):
                         name = next(names)
-                        kind = ClientProducerProcess if spec.client == "rivven" else ProducerProcess
+                        kind = (ClientProducerProcess if spec.client in REAL_CLIENTS
+                                else ProducerProcess)
                         process = kind(name, spec, topics[spec.topic].partitions,
                                        **self._process_kwargs(name, spec.client))
                         nursery.start_soon(process.run)
@@ -662,7 +663,8 @@ class World:
                     partitions = cspec.partitions or tuple(range(topics[cspec.topic].partitions))
                     for _ in range(cspec.count):
                         name = next(names)
-                        reader = ClientConsumerProcess if cspec.client == "rivven" else ConsumerProcess
+                        reader = (ClientConsumerProcess if cspec.client in REAL_CLIENTS
+                                  else ConsumerProcess)
                         consumer = reader(
                             name, cspec, partitions, scenario.test.fetch_skip_probability,
                             observer=self.observe_poll, **self._process_kwargs(name, cspec.client))
@@ -673,7 +675,7 @@ class World:
         kwargs = {"net": self.network.endpoint(name), "target": self._target(),
                   "history": self.history, "rng": random.Random(f"{self.seed}/{name}/workload"),
                   "trace": self.trace}
-        if client == "rivven":
+        if client in REAL_CLIENTS:
             kwargs["seed"] = self.seed
         return kwargs
 

@@ -123,6 +123,8 @@ NONDETERMINISM_EXEMPT = {
     "rivven_broker.cli": "command-line entry points print wall-clock times and use sockets",
     "rivven_broker.bench": "the benchmark measures real time on real processes",
     "rivven_spark": "runs inside Spark executors with the blocking client",
+    "sim.program_thread": "the blocking client's caller on a thread that strictly alternates "
+                          "with the simulator's loop (real time only as a hang detector)",
 }
 BANNED_MODULES = {"time", "threading", "socket", "uuid", "secrets"}
 BANNED_ATTRIBUTES = {("os", "urandom"), ("uuid", "uuid4"), ("uuid", "uuid1")}

@@ -16,7 +16,7 @@ import inspect
 from typing import Any, Callable
 
 from rivven_broker.client._aio_admin import AsyncAdmin, open_admin
-from rivven_broker.client._loop_thread import LoopThread
+from rivven_broker.client._loop_thread import start_loop_thread
 from rivven_broker.client.config import bootstrap_and_topics
 from rivven_broker.client.errors import ClosedError
 
@@ -33,7 +33,7 @@ class Admin:
     def __init__(self, bootstrap: str | None = None, **options: Any) -> None:
         bootstrap, _ = bootstrap_and_topics(() if bootstrap is None else (bootstrap,), None,
                                             options, takes_topics=False)
-        self._loop = LoopThread("rivven-admin")
+        self._loop = start_loop_thread("rivven-admin")
         try:
             self._async = self._loop.host(open_admin, bootstrap, bridge=self._loop.bridge,
                                           **options)

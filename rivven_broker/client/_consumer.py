@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import queue
 import re
-import time
 from concurrent.futures import Future
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -35,7 +34,7 @@ import anyio
 
 from rivven_broker.client._aio_consumer import open_consumer
 from rivven_broker.client._collector import CollectorPause
-from rivven_broker.client._loop_thread import LoopThread
+from rivven_broker.client._loop_thread import start_loop_thread
 from rivven_broker.client.config import bootstrap_and_topics, deserialize
 from rivven_broker.client.errors import ClientTimeoutError
 from rivven_broker.client.membership import CommitCallback, ConsumerGroupMetadata
@@ -68,7 +67,7 @@ class Consumer:
     ) -> None:
         bootstrap, topics = bootstrap_and_topics(args, bootstrap, options, takes_topics=True)
         self.consumer_timeout_ms = consumer_timeout_ms
-        self._loop = LoopThread("rivven-consumer")
+        self._loop = start_loop_thread("rivven-consumer")
         bridge = self._loop.bridge
         try:
             self._async = self._loop.host(open_consumer, bootstrap, bridge=bridge, **options)
@@ -79,7 +78,7 @@ class Consumer:
         self._config = self._async._config
         self._conn_config = self._async._conn_config
         self._deserializing = self._async._deserializing
-        self._callbacks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._callbacks: queue.SimpleQueue[Any] = self._loop.handback_queue()
         if self._async._group is not None:
             self._async._group.run_callback = self._run_callback
         self._polls = self._records_returned = 0
@@ -99,7 +98,7 @@ class Consumer:
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the loop (awaited if a coroutine function), running the callbacks
         it hands back on this thread meanwhile; its result or exception."""
-        done: Future = self._loop.portal.start_task_soon(fn, *args)
+        done: Future = self._loop.start(fn, *args)
         done.add_done_callback(lambda _: self._callbacks.put(None))
         while not done.done():
             job = self._callbacks.get()
@@ -220,14 +219,15 @@ class Consumer:
             (default request_timeout_ms). The partition's error, if its reset failed.
         """
         timeout_ms = self._conn_config.request_timeout_ms if timeout_ms is None else timeout_ms
-        deadline = time.monotonic() + timeout_ms / 1000
+        monotonic = self._loop.monotonic
+        deadline = monotonic() + timeout_ms / 1000
         bridge = self._bridge
         with bridge.lock:
             while True:
                 position = self._async.position_now(partition)
                 if position is not None:
                     return position
-                remaining = deadline - time.monotonic()
+                remaining = deadline - monotonic()
                 if remaining <= 0:
                     tp = TopicPartition(partition[0], partition[1])
                     raise ClientTimeoutError(f"the position of {tp} did not resolve in time")
@@ -292,7 +292,8 @@ class Consumer:
         out: list[Record] = []
         consumer, bridge = self._async, self._bridge
         group = consumer._group
-        deadline = time.monotonic() + timeout_ms / 1000
+        monotonic = self._loop.monotonic
+        deadline = monotonic() + timeout_ms / 1000
         collector = CollectorPause(self._config.pause_gc_while_decoding)
         try:
             while True:
@@ -306,7 +307,7 @@ class Consumer:
                 collector.end()  # the wait below may block
                 if out:
                     break
-                remaining = deadline - time.monotonic()
+                remaining = deadline - monotonic()
                 if remaining <= 0:
                     break
                 with bridge.lock:

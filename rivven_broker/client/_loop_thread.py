@@ -14,12 +14,22 @@ trio's ``run_sync_soon``).
 ``host(open_client, ...)`` enters an async context manager (``open_producer`` ...) on the loop
 and returns what it yields; ``close`` leaves them all, stops the loop and joins the thread.
 A daemon thread: a client nobody closed does not keep the interpreter from exiting.
+
+Everything a blocking front waits on or reads the time from is its loop thread's: the portal
+(``call``, ``start``), the bridge (``bridge.wait``, ``bridge.call_soon``), ``handback_queue``
+and the clocks ``monotonic`` and ``time_ns``. So another implementation of this one class
+can run the fronts unchanged: a front gets its loop from ``start_loop_thread``, which builds
+what the ``loop_threads`` context variable names (``LoopThread`` unless the code constructing
+the client set it; the simulator sets it on its program threads, ``sim/program_thread.py``).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
+from concurrent.futures import Future
+from contextvars import ContextVar
 from typing import Any, Callable
 
 import anyio
@@ -28,7 +38,7 @@ import sniffio
 
 from rivven_broker.client._aio_net import Bridge
 
-__all__ = ["BACKEND", "LoopThread"]
+__all__ = ["BACKEND", "LoopThread", "loop_threads", "start_loop_thread"]
 
 #: The event loop a blocking client runs on: "asyncio" (default) or "trio".
 BACKEND = "asyncio"
@@ -57,6 +67,11 @@ def _loop_call_soon() -> Callable[..., Any]:
 
 class LoopThread:
     """One event loop on a daemon thread of its own, with a blocking portal into it."""
+
+    #: The clock a front's deadlines read (seconds) and the wall clock of its record
+    #: timestamps (nanoseconds since the epoch). Any thread may read them.
+    monotonic = staticmethod(time.monotonic)
+    time_ns = staticmethod(time.time_ns)
 
     def __init__(self, name: str, backend: str | None = None) -> None:
         self.bridge = Bridge()
@@ -89,6 +104,16 @@ class LoopThread:
         Blocks the calling thread (never call it from the loop's own thread)."""
         return self.portal.call(fn, *args)
 
+    def start(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Start ``fn(*args)`` (awaited if a coroutine) on the loop; a future of its outcome.
+        Never blocks."""
+        return self.portal.start_task_soon(fn, *args)
+
+    def handback_queue(self) -> queue.SimpleQueue:
+        """A queue for work the loop hands back to a caller's thread: ``put`` from any
+        thread, ``get`` blocks the caller until an item is there."""
+        return queue.SimpleQueue()
+
     def host(self, open_client: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Enter ``open_client(*args, **kwargs)`` (an async context manager) on the loop and
         return what it yields; ``close`` leaves it (as after a normal ``async with`` body)."""
@@ -112,3 +137,14 @@ class LoopThread:
             except RuntimeError:  # the loop is gone already
                 pass
             self._thread.join()
+
+
+#: What builds a blocking client's loop (called with a thread name): read by
+#: ``start_loop_thread`` in the context constructing the client.
+loop_threads: ContextVar[Callable[[str], LoopThread]] = ContextVar(
+    "rivven_loop_threads", default=LoopThread)
+
+
+def start_loop_thread(name: str) -> LoopThread:
+    """The loop a blocking client constructed here hosts its driver on (``loop_threads``)."""
+    return loop_threads.get()(name)

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import anyio
 
 from rivven_broker.client._aio_producer import open_producer
-from rivven_broker.client._loop_thread import LoopThread
+from rivven_broker.client._loop_thread import start_loop_thread
 from rivven_broker.client.config import bootstrap_and_topics, serialize
 from rivven_broker.client.errors import ClosedError, RivvenError
 from rivven_broker.client.types import RecordMetadata
@@ -67,7 +67,7 @@ class Producer:
     def __init__(self, bootstrap: str | None = None, **options: Any) -> None:
         bootstrap, _ = bootstrap_and_topics(() if bootstrap is None else (bootstrap,), None,
                                             options, takes_topics=False)
-        self._loop = LoopThread("rivven-producer")
+        self._loop = start_loop_thread("rivven-producer")
         bridge = self._loop.bridge
         try:
             self._async = self._loop.host(open_producer, bootstrap, bridge=bridge, **options)
@@ -82,6 +82,7 @@ class Producer:
         self._lock = bridge.lock
         self._append = self._async.append
         self._wake = self._async._wake
+        self._time_ns = self._loop.time_ns
         self._closed = False
 
     # --- the user's side ---------------------------------------------------------------------
@@ -114,7 +115,7 @@ class Producer:
             key, value = serialize(self._config, key, value)
         future = RecordFuture(self._futures_done)
         if timestamp_ms is None:
-            timestamp_ms = time.time_ns() // 1_000_000
+            timestamp_ms = self._time_ns() // 1_000_000
         with self._lock:
             try:
                 wake = self._append(topic, value, key, headers, partition, timestamp_ms, future)
@@ -131,11 +132,15 @@ class Producer:
         """``append`` once the topic's metadata is known and the buffer has room (lock held),
         at most ``max_block_ms``."""
         topic = record[0]
-        deadline = time.monotonic() + self._config.max_block_ms / 1000
+        monotonic = self._loop.monotonic
+        deadline = monotonic() + self._config.max_block_ms / 1000
+        if self._async.partition_count(topic) is None:
+            # The sender refreshes the metadata the append asked for, and steps on its own
+            # after that. Once only: a fire notifies this very wait, so firing again after
+            # each wake-up would bounce between the threads until the metadata arrived.
+            self._wake.fire()
         while True:
-            if self._async.partition_count(topic) is None:
-                self._wake.fire()  # the sender refreshes the metadata the append asked for
-            remaining = deadline - time.monotonic()
+            remaining = deadline - monotonic()
             if remaining <= 0:
                 raise self._async.capacity_error(topic)
             self._bridge.wait(min(remaining, _IDLE_WAIT_S))

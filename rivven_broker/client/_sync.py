@@ -15,7 +15,7 @@ import functools
 from typing import Any
 
 from rivven_broker.client._aio_net import open_cluster
-from rivven_broker.client._loop_thread import LoopThread
+from rivven_broker.client._loop_thread import start_loop_thread
 from rivven_broker.client.config import ConnectionConfig
 from rivven_broker.client.errors import ClosedError
 from rivven_broker.client.metadata import MetadataCache
@@ -36,7 +36,7 @@ class SyncClient:
     ) -> None:
         assert connect_attempts_max >= 1
         self.config = config
-        self._loop = LoopThread("rivven-sync")
+        self._loop = start_loop_thread("rivven-sync")
         try:
             self._cluster = self._loop.host(
                 open_cluster, bootstrap, config, bridge=self._loop.bridge,

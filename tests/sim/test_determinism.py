@@ -21,7 +21,7 @@ import sys
 import pytest
 import trio
 
-from sim.scenario import loads
+from sim.scenario import load, loads
 from sim.world import World, run_scenario, seeded_trio_scheduler
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -109,6 +109,30 @@ def test_same_trace_under_different_hash_seeds(tmp_path: pathlib.Path) -> None:
     checked = _cli([str(path), "--seed", "11", "--check-determinism"], "3", tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert f"deterministic: both runs traced {digests[0]}" in checked.stdout
+
+
+@pytest.mark.slow
+def test_the_blocking_client_scenario_is_deterministic(tmp_path: pathlib.Path) -> None:
+    """The blocking clients run on program threads that alternate with the loop
+    (``sim/program_thread.py``): one seed of ``client-blocking`` gives one trace (which holds
+    every history entry) twice in a process (``--check-determinism``, under another
+    ``PYTHONHASHSEED``, in a subprocess running meanwhile) and the same in this process."""
+    path = ROOT / "sim" / "scenarios" / "client-blocking.toml"
+    env = {**os.environ, "PYTHONHASHSEED": "5", "PYTHONPATH": str(ROOT)}
+    checked = subprocess.Popen([sys.executable, "-m", "sim", str(path), "--seed", "2",
+                                "--check-determinism"], cwd=tmp_path, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        scenario = load(str(path))
+        here = run_scenario(scenario, 2)
+        output, _ = checked.communicate(timeout=300)
+    finally:
+        checked.kill()
+    assert here.ok, here.violations
+    assert here.stats["faults"] >= 3 and here.stats.get("send.ok", 0) > 200
+    assert {e.process for e in here.history if e.f == "poll" and e.type == "ok"} >= {"c1", "c4"}
+    assert checked.returncode == 0, output
+    assert f"deterministic: both runs traced {here.trace_digest[:16]}" in output
 
 
 def test_jobs_run_seeds_in_workers_with_the_same_traces(tmp_path: pathlib.Path) -> None:

@@ -30,7 +30,7 @@ SWEEP_SEEDS = (1, 2, 3)
 
 def test_the_named_scenarios_are_shipped() -> None:
     names = {path.stem for path in SCENARIOS}
-    assert {"single-node-crash", "disk-faults", "client-partitions"} <= names
+    assert {"single-node-crash", "disk-faults", "client-partitions", "client-blocking"} <= names
     assert {"cluster-leader-crash", "cluster-partitions", "cluster-rolling-restart",
             "cluster-disk-faults", "cluster-groups-txn"} <= names
 
