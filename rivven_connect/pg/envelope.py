@@ -244,17 +244,52 @@ class EnvelopeBuilder:
         assert snapshot in ("true", "last", "incremental"), snapshot
         after = self._image(relation, row)
         key = _key(after.values, self._key_names(relation))
+        value = self._snapshot_value(relation, after.values, consistent_lsn, snapshot, now_ms)
+        return Record(value, key=key, headers=self._snapshot_headers(
+            relation, format_lsn(consistent_lsn), seq), timestamp_ms=now_ms,
+            table=relation.name, schema=relation.schema, op="r", position=position)
+
+    def encoded_snapshot(self, relation: Relation, afters: list[str], keys: list[str],
+                         consistent_lsn: int, first_seq: int, done: bool,
+                         first_position: Any, position: Any, now_ms: int) -> EncodedRecords:
+        """``snapshot_record``'s records of consecutive rows of ``relation``, encoded, from
+        their ``after`` images and keys as JSON texts Postgres wrote (``values_sql``: the
+        same bytes as the typed values' JSON); ``source.snapshot`` is ``"true"``, and
+        ``"last"`` for the final row when ``done``. The snapshot's encoded path."""
+        count = len(afters)
+        assert count and len(keys) == count
+        head, tail = self._snapshot_value_json(relation, consistent_lsn, "true", now_ms)
+        values = [f"{head}{after}{tail}".encode() for after in afters]
+        if done:
+            head, tail = self._snapshot_value_json(relation, consistent_lsn, "last", now_ms)
+            values[-1] = f"{head}{afters[-1]}{tail}".encode()
+        lsn_text = format_lsn(consistent_lsn)
+        headers = [self._snapshot_headers(relation, lsn_text, seq)
+                   for seq in range(first_seq, first_seq + count)]
+        return EncodedRecords(relation.schema, relation.name, [key.encode() for key in keys],
+                              values, headers, [now_ms] * count, position, first_position,
+                              (("r", count),))
+
+    def _snapshot_value(self, relation: Relation, after: Any, consistent_lsn: int,
+                        snapshot: str, now_ms: int) -> dict[str, Any]:
         source = {"connector": self.connector, "db": self.db, "schema": relation.schema,
                   "table": relation.name, "lsn": format_lsn(consistent_lsn), "txId": None,
                   "ts_ms": now_ms, "snapshot": snapshot}
-        value = {"before": None, "after": after.values, "op": "r", "source": source,
-                 "ts_ms": now_ms}
-        cdc_id = f"{format_lsn(consistent_lsn)}:r:{seq}".encode()
-        return Record(value, key=key, headers=(
-            (HEADER_ID, cdc_id), (HEADER_SCHEMA_VERSION, self._version(relation))),
-            timestamp_ms=now_ms,
-                      table=relation.name,
-                      schema=relation.schema, op="r", position=position)
+        return {"before": None, "after": after, "op": "r", "source": source, "ts_ms": now_ms}
+
+    def _snapshot_value_json(self, relation: Relation, consistent_lsn: int, snapshot: str,
+                             now_ms: int) -> tuple[str, str]:
+        """``_snapshot_value`` as JSON, split where the ``after`` image goes (one
+        ``_snapshot_value`` for both paths)."""
+        text = encode_json(self._snapshot_value(relation, _AFTER_PLACEHOLDER, consistent_lsn,
+                                                snapshot, now_ms))
+        head, tail = text.split(encode_json(_AFTER_PLACEHOLDER))  # (no name holds a NUL)
+        return head, tail
+
+    def _snapshot_headers(self, relation: Relation, lsn_text: str, seq: int
+                          ) -> tuple[Header, ...]:
+        return ((HEADER_ID, f"{lsn_text}:r:{seq}".encode()),
+                (HEADER_SCHEMA_VERSION, self._version(relation)))
 
     def _source(self, transaction: Transaction, relation: Relation | None, commit_ms: int,
                 lsn_text: str) -> dict[str, Any]:
@@ -391,8 +426,10 @@ class EnvelopeBuilder:
         return _Image(values, tuple(unavailable))
 
 
-#: Stands for a change's LSN text in ``_source_json`` (no name or LSN text holds a NUL).
+#: Stand for a change's LSN text in ``_source_json`` and a snapshot row's ``after`` image in
+#: ``_snapshot_value_json`` (no name or LSN text holds a NUL).
 _LSN_PLACEHOLDER = "\x00lsn\x00"
+_AFTER_PLACEHOLDER = "\x00after\x00"
 
 
 @attrs.define

@@ -137,7 +137,7 @@ from rivven_connect.sources.postgres_cdc_link import ReplicationLink
 from rivven_connect.sources.postgres_cdc_metrics import (
     cdc_metrics, count_encoded_events, count_events,
 )
-from rivven_connect.sources.postgres_cdc_snapshot import SnapshotRun
+from rivven_connect.sources.postgres_cdc_snapshot import JsonRows, SnapshotRun
 
 __all__ = ["PostgresCdcSource", "changes_per_transaction_max"]
 
@@ -518,23 +518,38 @@ class PostgresCdcSource:
         if plan.drop_slot:
             await trio.to_thread.run_sync(self.slot.drop)
         run = SnapshotRun(self.slot, info.key_columns, temporary=plan.temporary,
-                          stop_after=plan.stop_after)
+                          stop_after=plan.stop_after, encoded=self.encoded)
         self.snapshot = run  # closed by close() if what follows fails
         await trio.to_thread.run_sync(run.open)
 
-    async def _poll_snapshot(self, wanted: int) -> list[Record]:
-        """The next rows of the snapshot as ``r`` records; at its end, the handover:
-        streaming from the consistent LSN (or, for ``initial_only``, the end)."""
+    async def _poll_snapshot(self, wanted: int) -> list[Record | EncodedRecords]:
+        """The next rows of the snapshot as ``r`` records (``JsonRows`` as blocks); at its
+        end, the handover: streaming from the consistent LSN (or, for ``initial_only``, the
+        end)."""
         run = self.snapshot
-        assert run is not None and self.builder is not None
-        rows = await trio.to_thread.run_sync(
+        builder = self.builder
+        assert run is not None and builder is not None
+        items = await trio.to_thread.run_sync(
             lambda: run.next_rows(wanted, self.snapshot_chunk_rows))
         now_ms = self.clock_ms()
-        records = [self.builder.snapshot_record(
-            relation, row, run.consistent_lsn, position.rows - 1,
-            "last" if position.done else "true", position.to_json(), now_ms)
-            for relation, row, position in rows]
-        count_events(self.events, records)
+        records: list[Record | EncodedRecords] = []
+        for item in items:
+            if isinstance(item, JsonRows):
+                block = builder.encoded_snapshot(
+                    item.relation, item.afters, item.keys, run.consistent_lsn,
+                    item.first.rows - 1, item.last.done, item.first.to_json(),
+                    item.last.to_json(), now_ms)
+                count_encoded_events(self.events, [block])
+                self.queued_by_path["encoded"] += block.record_count
+                records.append(block)
+                continue
+            relation, row, position = item
+            record = builder.snapshot_record(
+                relation, row, run.consistent_lsn, position.rows - 1,
+                "last" if position.done else "true", position.to_json(), now_ms)
+            count_events(self.events, [record])
+            self.queued_by_path["record"] += 1
+            records.append(record)
         if run.exhausted:
             self.snapshot = None
             run.close()  # every row is read: the exported snapshot may go
