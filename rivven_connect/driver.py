@@ -400,13 +400,18 @@ class SourceRunner:
         for send in sends:
             if failure is not None:
                 break
-            topic = send.record.destination.topic  # type: ignore[union-attr]
+            record = send.record
+            topic = record.destination.topic  # type: ignore[union-attr]
+            # A block goes in slices: the producer's buffer bound is checked per slice.
+            parts = (record.slices(enqueue_checkpoint_records)
+                     if isinstance(record, EncodedRecords) else (record,))
             try:
-                queued += send.record.record_count
-                if queued >= enqueue_checkpoint_records:
-                    queued = 0
-                    await trio.lowlevel.checkpoint()
-                deliveries.append((topic, await self._send(producer, send.record)))
+                for part in parts:
+                    queued += part.record_count
+                    if queued >= enqueue_checkpoint_records:
+                        queued = 0
+                        await trio.lowlevel.checkpoint()
+                    deliveries.append((topic, await self._send(producer, part)))
             except (RivvenError, trio.TooSlowError) as error:
                 failure = error
                 outcomes.setdefault(topic, _outcome_of(error))
@@ -449,7 +454,9 @@ class SourceRunner:
 
     @staticmethod
     async def _send(producer: Any, record: Record | EncodedRecords) -> Any:
-        """Queue ``record`` (or a block's records, in one call); its ``Delivery``. Without a
+        """Queue ``record`` (or a block's records, in one call: ``send_many_nowait`` checks
+        the producer's buffer bound once, so ``_transact`` hands it slices of at most
+        ``enqueue_checkpoint_records``); its ``Delivery``. Without a
         checkpoint unless the producer must wait (the topic's metadata or buffer space):
         ``_transact`` queues a batch back to back, so the sender sees every partition of it
         at once."""

@@ -118,6 +118,19 @@ class EncodedRecords:
     def with_destination(self, destination: Destination | None) -> EncodedRecords:
         return attrs.evolve(self, destination=destination)
 
+    def slices(self, records_max: int) -> list[EncodedRecords]:
+        """This block as blocks of at most ``records_max`` records, in order (itself when it
+        is no larger; the slices keep its positions: they are for sending, not committing)."""
+        assert records_max > 0
+        count = len(self.keys)
+        if count <= records_max:
+            return [self]
+        return [attrs.evolve(self, keys=self.keys[at:at + records_max],
+                             values=self.values[at:at + records_max],
+                             headers=self.headers[at:at + records_max],
+                             timestamps_ms=self.timestamps_ms[at:at + records_max])
+                for at in range(0, count, records_max)]
+
 
 #: ``json.dumps`` with these options builds an encoder per call (~1 us; twice a record).
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)

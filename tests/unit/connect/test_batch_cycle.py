@@ -530,3 +530,14 @@ def test_per_record_configuration_keeps_blocks_out(source):
     cycle.start()
     with pytest.raises(AssertionError, match="per-record routing"):
         cycle.handle(bc.PollCompleted((_block(1, 2),), 0))
+
+
+def test_a_block_is_sent_in_slices_of_bounded_size_in_order():
+    block = EncodedRecords("public", "orders", [b"%d" % i for i in range(7)],
+                           [b"v%d" % i for i in range(7)], [()] * 7, list(range(7)),
+                           position=7, first_position=1)
+    assert block.slices(10) == [block]
+    parts = block.slices(3)
+    assert [part.record_count for part in parts] == [3, 3, 1]
+    assert [key for part in parts for key in part.keys] == block.keys
+    assert [t for part in parts for t in part.timestamps_ms] == block.timestamps_ms
