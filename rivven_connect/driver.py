@@ -82,7 +82,7 @@ from rivven_broker.client.types import TopicPartition
 from rivven_connect.core import batch_cycle as bc
 from rivven_connect.core.admission import Admission, AdmissionMode, SendOutcome
 from rivven_connect.core.config import OFFSETS_TOPIC, ConnectConfig, SourceConfig
-from rivven_connect.core.records import Record
+from rivven_connect.core.records import EncodedRecords, Record, encode_payload
 from rivven_connect.core.routing import Router
 from rivven_connect.core.transforms import build_chain
 from rivven_connect.crash_points import CrashPoints
@@ -176,17 +176,8 @@ def now_ms() -> int:
     return int(trio.current_time() * 1000)
 
 
-def encode(value: Any) -> bytes | None:
-    """A record key or value as bytes: bytes as is, text as UTF-8, the rest as JSON."""
-    if value is None or isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode()
-    return _JSON.encode(value).encode()
-
-
-#: ``json.dumps`` with these options builds an encoder per call (~1 us; twice a record).
-_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+#: A record key or value as bytes (``records.encode_payload``, shared with the encoded path).
+encode = encode_payload
 
 
 async def ensure_offsets_topic(bootstrap: str) -> None:
@@ -267,9 +258,12 @@ class SourceRunner:
         self._abandon_batch_id = cycle.batch.batch_id
         self._abandon.set()
         records = cycle.batch.records
+        first = records[0]
         _log.warning("%s: abandon-batch accepted: %d records from position %r to %r will be "
-                     "skipped (the last error: %s)", self.config.name, len(records),
-                     records[0].position, records[-1].position, cycle.last_error)
+                     "skipped (the last error: %s)", self.config.name,
+                     sum(record.record_count for record in records),
+                     getattr(first, "first_position", first.position), records[-1].position,
+                     cycle.last_error)
         return None
 
     async def run(self) -> bc.CycleStatus:
@@ -297,6 +291,9 @@ class SourceRunner:
             self.cycle = bc.BatchCycle(router, chain.apply, self.rng.random,
                                        stored_position=stored,
                                        position_key=self.source.position_key)
+            use_encoded = getattr(self.source, "use_encoded_records", None)
+            if use_encoded is not None and self.cycle.encoded_allowed:
+                use_encoded()  # nothing per-record configured: blocks may come
             try:
                 await self._drive(producer, admin)
             finally:
@@ -399,14 +396,22 @@ class SourceRunner:
                 for topic, error in refused.items():
                     outcomes[topic] = SendOutcome.PERMANENT_FAILURE
                     failure = error
-        for index, send in enumerate(sends):
+        queued = 0  # records queued since the last checkpoint
+        for send in sends:
             if failure is not None:
                 break
-            topic = send.record.destination.topic  # type: ignore[union-attr]
+            record = send.record
+            topic = record.destination.topic  # type: ignore[union-attr]
+            # A block goes in slices: the producer's buffer bound is checked per slice.
+            parts = (record.slices(enqueue_checkpoint_records)
+                     if isinstance(record, EncodedRecords) else (record,))
             try:
-                if index % enqueue_checkpoint_records == enqueue_checkpoint_records - 1:
-                    await trio.lowlevel.checkpoint()
-                deliveries.append((topic, await self._send(producer, send.record)))
+                for part in parts:
+                    queued += part.record_count
+                    if queued >= enqueue_checkpoint_records:
+                        queued = 0
+                        await trio.lowlevel.checkpoint()
+                    deliveries.append((topic, await self._send(producer, part)))
             except (RivvenError, trio.TooSlowError) as error:
                 failure = error
                 outcomes.setdefault(topic, _outcome_of(error))
@@ -448,12 +453,23 @@ class SourceRunner:
         return None
 
     @staticmethod
-    async def _send(producer: Any, record: Record) -> Any:
-        """Queue ``record``; its ``Delivery``. Without a checkpoint unless the producer must
-        wait (the topic's metadata or buffer space): ``_transact`` queues a batch back to back,
-        so the sender sees every partition of it at once."""
+    async def _send(producer: Any, record: Record | EncodedRecords) -> Any:
+        """Queue ``record`` (or a block's records, in one call: ``send_many_nowait`` checks
+        the producer's buffer bound once, so ``_transact`` hands it slices of at most
+        ``enqueue_checkpoint_records``); its ``Delivery``. Without a
+        checkpoint unless the producer must wait (the topic's metadata or buffer space):
+        ``_transact`` queues a batch back to back, so the sender sees every partition of it
+        at once."""
         destination = record.destination
         assert destination is not None
+        if isinstance(record, EncodedRecords):  # keyed by their own keys, as records are
+            assert destination.key is None and destination.partition is None
+            block = (destination.topic, record.keys, record.values, record.headers,
+                     record.timestamps_ms)
+            try:
+                return producer.send_many_nowait(*block)
+            except anyio.WouldBlock:
+                return await producer.enqueue_many(*block)
         key = destination.key if destination.key is not None else encode(record.key)
         arguments = (destination.topic, encode(record.value), key, list(record.headers),
                      destination.partition, record.timestamp_ms)

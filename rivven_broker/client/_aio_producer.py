@@ -17,12 +17,17 @@ time, to any broker) and feeds the answer back; the transactional methods wait o
 Time is ``env.clock`` (the event loop's clock by default, a virtual one in the simulator).
 A ``Delivery`` makes its event only when awaited before it resolved: most are resolved first
 (``enqueue`` callers await many at once, or none), and an event per record costs.
+
+``send_many_nowait`` queues the records of one topic in one call (one lock, one metadata
+and buffer check, one ``Delivery``; each record's token is a ``_SharedDelivery`` that
+resolves it when the last of them settles): a caller with many records at hand (the
+connector runtime's encoded path) pays the per-call costs once, not per record.
 """
 
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 import anyio
 import anyio.lowlevel
@@ -107,6 +112,24 @@ class Delivery:
         self._done = True
         if self._event is not None:
             self._event.set()
+
+
+class _SharedDelivery:
+    """The token of every record of one ``send_many_nowait``: resolves its ``Delivery`` when
+    the last of them settles (with the first error, if one failed)."""
+
+    __slots__ = ("delivery", "left", "error")
+
+    def __init__(self, delivery: Delivery, count: int) -> None:
+        self.delivery, self.left = delivery, count
+        self.error: RivvenError | None = None
+
+    def _resolve(self, result: RecordMetadata | None, error: RivvenError | None) -> None:
+        if error is not None and self.error is None:
+            self.error = error
+        self.left -= 1
+        if self.left == 0:
+            self.delivery._resolve(None if self.error is not None else result, self.error)
 
 
 class AsyncProducer:
@@ -199,6 +222,60 @@ class AsyncProducer:
             self._wake.fire()
         return delivery
 
+    def send_many_nowait(self, topic: str, keys: Sequence[bytes | None],
+                         values: Sequence[bytes | None], headers: Sequence[Any],
+                         timestamps_ms: Sequence[int]) -> Delivery:
+        """Queue records of ``topic`` without waiting: the sequences are parallel, one entry
+        per record; partitions as ``send_nowait`` picks them (no explicit partition). One
+        ``Delivery`` for them all: done when every record is acknowledged (its result: the
+        last one's metadata) or with the first error. The buffer bound is checked once,
+        before the first record (the call may take the buffer past it by its own records).
+
+        Raises ``anyio.WouldBlock`` (nothing queued) when the topic's metadata is not known
+        yet or the buffer is full (``enqueue_many`` waits instead); else what ``send_nowait``
+        raises (then the records before the offending one may be queued: a transaction
+        must be aborted)."""
+        count = len(keys)
+        assert count and len(values) == len(headers) == len(timestamps_ms) == count
+        assert self.settle is settle_deliveries, "a blocking front settles its own tokens"
+        if self._serializing:
+            keys, values = map(list, zip(*(serialize(self._config, key, value)
+                                           for key, value in zip(keys, values))))
+        delivery = Delivery()
+        share = _SharedDelivery(delivery, count)
+        with self._lock:
+            wake = self._append_many(topic, keys, values, headers, timestamps_ms, share)
+        if wake:
+            self._wake.fire()
+        return delivery
+
+    async def enqueue_many(self, topic: str, keys: Sequence[bytes | None],
+                           values: Sequence[bytes | None], headers: Sequence[Any],
+                           timestamps_ms: Sequence[int]) -> Delivery:
+        """``send_many_nowait``, waiting (at most ``max_block_ms``) for the topic's metadata
+        or buffer space as ``enqueue`` does. Always a checkpoint."""
+        deadline = self._clock.monotonic_ms() + self._config.max_block_ms
+        while True:
+            try:
+                delivery = self.send_many_nowait(topic, keys, values, headers, timestamps_ms)
+            except anyio.WouldBlock:
+                self._wake.fire()
+                await self._wait_for_capacity(topic, deadline)
+                continue
+            await anyio.lowlevel.checkpoint()
+            return delivery
+
+    def _append_many(self, topic: str, keys: Sequence[bytes | None],
+                     values: Sequence[bytes | None], headers: Sequence[Any],
+                     timestamps_ms: Sequence[int], token: Any) -> bool:
+        """``append`` for many records of one topic (``_lock`` held): the checks once."""
+        count = self._checked_partition_count(topic, None)
+        try:
+            return self._acc.append_many(topic, timestamps_ms, keys, values, headers, token,
+                                         self._clock.monotonic_ms(), count)
+        except RecordTooLargeError as error:
+            raise MessageTooLargeError(str(error)) from error
+
     def append(self, topic: str, value: bytes | None, key: bytes | None, headers: Any,
                partition: int | None, timestamp_ms: int, token: Any) -> bool:
         """Append one (serialized) record with ``token`` to the accumulator; call with
@@ -211,6 +288,17 @@ class AsyncProducer:
             ClosedError, BrokerError (invalid topic, partition out of range),
             MessageTooLargeError, TypeError: as the blocking ``Producer.send``.
         """
+        count = self._checked_partition_count(topic, partition)
+        try:
+            return self._acc.append(topic, partition, timestamp_ms, key, value, headers or (),
+                                    token, self._clock.monotonic_ms(), count)
+        except RecordTooLargeError as error:
+            raise MessageTooLargeError(str(error)) from error
+
+    def _checked_partition_count(self, topic: str, partition: int | None) -> int:
+        """The checks before an append (``_lock`` held): open, the transaction's state,
+        the topic's partition count (which it returns), ``partition`` in range, room in the
+        buffer. Raises as ``append``."""
         if self._closed:
             raise ClosedError("send after the producer closed")
         if self._txn_check is not None:
@@ -224,11 +312,7 @@ class AsyncProducer:
             )
         if not self._acc.has_room():
             raise anyio.WouldBlock
-        try:
-            return self._acc.append(topic, partition, timestamp_ms, key, value, headers or (),
-                                    token, self._clock.monotonic_ms(), count)
-        except RecordTooLargeError as error:
-            raise MessageTooLargeError(str(error)) from error
+        return count
 
     def capacity_error(self, topic: str) -> RivvenError:
         """Why a record for ``topic`` could not be queued within ``max_block_ms`` (``_lock``

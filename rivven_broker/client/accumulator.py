@@ -277,6 +277,29 @@ class RecordAccumulator:
         self._accept(batch, timestamp_ms, key, value, token)
         return True
 
+    def append_many(
+        self,
+        topic: str,
+        timestamps_ms: Any,
+        keys: Any,
+        values: Any,
+        headers: Any,
+        token: Any,
+        now_ms: int,
+        num_partitions: int,
+    ) -> bool:
+        """``append`` each record of parallel sequences (partitions picked as for
+        ``partition`` None; every record gets ``token``); True when the sender should wake.
+        Raises as ``append``: the records before the one refused stay added."""
+        append = self.append
+        wake = False
+        for timestamp_ms, key, value, record_headers in zip(timestamps_ms, keys, values,
+                                                            headers):
+            if append(topic, None, timestamp_ms, key, value, record_headers, token, now_ms,
+                      num_partitions):
+                wake = True
+        return wake
+
     def _drop_empty(self, batch: ProducerBatch) -> None:
         """Undo ``_new_batch`` for a batch whose first record was refused."""
         tp = (batch.topic, batch.partition)

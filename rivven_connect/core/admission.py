@@ -195,11 +195,14 @@ class Admission:
         self.counters = AdmissionCounters()
 
     # --- asking -------------------------------------------------------------------------------
-    def admit(self, destination: Destination, batch_id: int, now_ms: int) -> RejectReason | None:
-        """None if a record for ``destination`` in batch ``batch_id`` may be sent now."""
+    def admit(self, destination: Destination, batch_id: int, now_ms: int, *,
+              records: int = 1) -> RejectReason | None:
+        """None if a record for ``destination`` in batch ``batch_id`` may be sent now
+        (``records``: the answer is for that many records of one batch, each counted)."""
+        assert records >= 1
         reason = self._check(destination, batch_id, now_ms)
         if reason is not None:
-            self.counters.rejected[reason] += 1
+            self.counters.rejected[reason] += records
         return reason
 
     def _check(self, destination: Destination, batch_id: int, now_ms: int) -> RejectReason | None:
@@ -281,8 +284,8 @@ class Admission:
             state.probe_batch_id = None
         self._check_destination(topic, state)  # only this one changed (all of them: O(N^2))
 
-    def note_unmatched(self, action: str) -> None:
-        self.counters.unmatched[action] += 1
+    def note_unmatched(self, action: str, records: int = 1) -> None:
+        self.counters.unmatched[action] += records
 
     # --- reading ------------------------------------------------------------------------------
     @property

@@ -48,6 +48,12 @@ flight at a time (the phase says where it is):
     so the records are skipped exactly once and never replayed. ``abandoned_batches``,
     ``abandoned_records`` and ``last_abandon_at_ms`` count it; a batch counts in
     ``batches``, its records in neither ``records`` nor ``dropped``.
+Blocks (``EncodedRecords``, the encoded path: only when ``routing.encoded_path_allowed``,
+asserted): a polled item may stand for many records of one table. The replay filter keeps
+or drops it whole (it never straddles the committed position: a source's blocks end where
+it may commit); in ``PRODUCING`` it skips the transform chain (there is none) and is
+dispatched once — every count (sent, dropped, routed, rejected) counts its records — and
+its ``Send`` carries the whole block.
 ``DONE``
     ``Halt`` was issued (``stopped`` or ``error``); later events are ignored.
 
@@ -71,8 +77,8 @@ import attrs
 
 from rivven_connect.core.admission import SendOutcome
 from rivven_connect.core.config import OFFSETS_TOPIC
-from rivven_connect.core.records import Destination, Record
-from rivven_connect.core.routing import Action, Router
+from rivven_connect.core.records import Destination, EncodedRecords, Record
+from rivven_connect.core.routing import Action, Router, encoded_path_allowed
 
 __all__ = [
     "AbandonRequested",
@@ -144,7 +150,7 @@ class Phase(enum.Enum):
 
 @attrs.frozen
 class PollCompleted:
-    records: tuple[Record, ...]
+    records: tuple[Record | EncodedRecords, ...]
     now_ms: int
 
 
@@ -214,7 +220,7 @@ class BeginTransaction:
 @attrs.frozen
 class Send:
     batch_id: int
-    record: Record
+    record: Record | EncodedRecords
 
 
 @attrs.frozen
@@ -270,7 +276,7 @@ class CycleStatus:
 @attrs.define
 class _Batch:
     batch_id: int
-    records: tuple[Record, ...]  # as polled, replays removed
+    records: tuple[Record | EncodedRecords, ...]  # as polled, replays removed
     last_position: Any
     transaction_open: bool = False
     #: Records sent per admitted topic in the current attempt.
@@ -297,6 +303,8 @@ class BatchCycle:
     ) -> None:
         self.router = router
         self.source = router.source
+        #: Whether polled ``EncodedRecords`` are allowed (the source was told so).
+        self.encoded_allowed = encoded_path_allowed(router.source)
         self.transform = transform
         self.jitter = jitter
         self.position_key = position_key
@@ -395,7 +403,7 @@ class BatchCycle:
     # --- polling ------------------------------------------------------------------------------
     def _on_polled(self, event: PollCompleted) -> list[Instruction]:
         polled = event.records
-        assert len(polled) <= batch_records_max
+        assert sum(record.record_count for record in polled) <= batch_records_max
         keys = [self.position_key(record.position) for record in polled]
         assert all(record.position is not None for record in polled)
         assert all(a <= b for a, b in zip(keys, keys[1:])), "positions go backwards"
@@ -405,6 +413,11 @@ class BatchCycle:
                      else self.position_key(self.committed_position))
         fresh = tuple(record for record, key in zip(polled, keys)
                       if committed is None or key > committed)
+        for record in fresh:
+            if isinstance(record, EncodedRecords):  # kept whole: none of it is a replay
+                assert self.encoded_allowed, "a block polled with per-record routing on"
+                assert committed is None or self.position_key(
+                    record.first_position) > committed, "a block straddles the committed position"
         batch_id = self.next_batch_id
         self.next_batch_id += 1
         if not fresh:  # only replays: redo the side effect of what is committed
@@ -429,39 +442,54 @@ class BatchCycle:
         for polled in batch.records:
             if polled.position_only:
                 continue  # a heartbeat: only its position is committed (the offset record)
-            record, dead_letter, problem = self._transformed(polled)
-            if problem is not None:
-                self._release_topics(now_ms)
-                return self._halt_error(problem)
-            if dead_letter is not None:  # the transform failed: straight to the DLQ
-                batch.dead_lettered += 1
-                sends.append(Send(batch.batch_id, dead_letter))
-                continue
-            if record is None:  # filtered out by the chain
-                batch.dropped += 1
-                continue
-            verdict = self.router.dispatch(record, batch.batch_id, now_ms)
-            if verdict.action is Action.ERROR:
-                assert verdict.error is not None
-                self._release_topics(now_ms)
-                if verdict.retriable:
-                    return self._retry_later(verdict.error, now_ms)
-                return self._halt_error(verdict.error)
-            if verdict.action is Action.DROP:
-                batch.dropped += 1
-                continue
-            assert verdict.record is not None and verdict.record.destination is not None
-            if verdict.action is Action.SEND:
-                topic = verdict.record.destination.topic
-                batch.topics[topic] = batch.topics.get(topic, 0) + 1
-                batch.sent += 1
+            if isinstance(polled, EncodedRecords):  # no transforms: dispatched as it is
+                record: Record | EncodedRecords | None = polled
             else:
-                batch.dead_lettered += 1
-            sends.append(Send(batch.batch_id, verdict.record))
+                record, dead_letter, problem = self._transformed(polled)
+                if problem is not None:
+                    self._release_topics(now_ms)
+                    return self._halt_error(problem)
+                if dead_letter is not None:  # the transform failed: straight to the DLQ
+                    batch.dead_lettered += 1
+                    sends.append(Send(batch.batch_id, dead_letter))
+                    continue
+                if record is None:  # filtered out by the chain
+                    batch.dropped += 1
+                    continue
+            stopped = self._dispatch(record, sends, now_ms)
+            if stopped is not None:
+                return stopped
         batch.transaction_open = True
         return [BeginTransaction(batch.batch_id), *sends,
                 Send(batch.batch_id, self._offset_record(batch.last_position)),
                 CommitTransaction(batch.batch_id)]
+
+    def _dispatch(self, record: Record | EncodedRecords, sends: list[Instruction],
+                  now_ms: int) -> list[Instruction] | None:
+        """Route ``record`` (or a block: its records alike) into ``sends`` and the batch's
+        counts; the instructions that end the attempt if the verdict stops it."""
+        batch = self.batch
+        assert batch is not None
+        verdict = self.router.dispatch(record, batch.batch_id, now_ms)
+        if verdict.action is Action.ERROR:
+            assert verdict.error is not None
+            self._release_topics(now_ms)
+            if verdict.retriable:
+                return self._retry_later(verdict.error, now_ms)
+            return self._halt_error(verdict.error)
+        count = record.record_count
+        if verdict.action is Action.DROP:
+            batch.dropped += count
+            return None
+        assert verdict.record is not None and verdict.record.destination is not None
+        if verdict.action is Action.SEND:
+            topic = verdict.record.destination.topic
+            batch.topics[topic] = batch.topics.get(topic, 0) + count
+            batch.sent += count
+        else:
+            batch.dead_lettered += count
+        sends.append(Send(batch.batch_id, verdict.record))
+        return None
 
     def _transformed(self, polled: Record) -> tuple[Record | None, Record | None, str | None]:
         """(the record after source routing and the transform chain — None if the chain
@@ -496,7 +524,7 @@ class BatchCycle:
         self.dead_lettered += batch.dead_lettered
         if batch.abandoned:
             self.abandoned_batches += 1
-            self.abandoned_records += len(batch.records)
+            self.abandoned_records += sum(record.record_count for record in batch.records)
             self.last_abandon_at_ms = event.now_ms
         for topic, count in batch.topics.items():
             self.router.admission.record_outcome(topic, SendOutcome.DELIVERED, event.now_ms,

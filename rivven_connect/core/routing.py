@@ -26,6 +26,14 @@ A record's destination is decided in a fixed order (the Iggy proposal's dispatch
    breaker, which closes by itself — every other rejection is a configuration matter).
 
 ``dispatch`` returns a ``Verdict``; the batch cycle acts on it. Pure; never blocks.
+
+The encoded path (``records.EncodedRecords``): when nothing per-record is configured —
+no transforms, no routing at the source, no key column, and admission failures that do
+not go to the DLQ (``encoded_path_allowed``) — every record of one table gets the same
+verdict, so a block of them is dispatched once: the ``topic`` template (or
+``on_missing_destination``) and admission decide for all of its records, and the counters
+count each record as the per-record path would. A dead letter is a record's own (its
+position in a header), so a configured DLQ keeps the per-record path.
 """
 
 from __future__ import annotations
@@ -38,9 +46,10 @@ import attrs
 
 from rivven_connect.core.admission import Admission, RejectReason
 from rivven_connect.core.config import SourceConfig, TopicTemplate
-from rivven_connect.core.records import Destination, Record
+from rivven_connect.core.records import Destination, EncodedRecords, Record
 
-__all__ = ["Action", "Router", "Verdict", "DLQ_HEADERS", "dead_letter"]
+__all__ = ["Action", "Router", "Verdict", "DLQ_HEADERS", "dead_letter",
+           "encoded_path_allowed"]
 
 #: The context headers of a dead-lettered record, in this order.
 DLQ_HEADERS = (
@@ -53,6 +62,13 @@ DLQ_HEADERS = (
 )
 
 
+def encoded_path_allowed(source: SourceConfig) -> bool:
+    """Whether ``source``'s records may travel as ``EncodedRecords`` (module docstring)."""
+    routing = source.routing
+    return (not source.transforms and not routing.routes_at_source
+            and routing.key_column is None and routing.on_admission_failure != "dlq")
+
+
 class Action(enum.Enum):
     SEND = "send"  # ``record`` to its destination
     DROP = "drop"  # counted, not sent
@@ -63,7 +79,7 @@ class Action(enum.Enum):
 @attrs.frozen
 class Verdict:
     action: Action
-    record: Record | None = None
+    record: Record | EncodedRecords | None = None
     #: ``RejectReason`` value, ``missing_destination`` or ``transform_error``.
     reason: str | None = None
     error: str | None = None
@@ -140,12 +156,15 @@ class Router:
         return None
 
     # --- step 3: after transforms -------------------------------------------------------------
-    def dispatch(self, record: Record, batch_id: int, now_ms: int) -> Verdict:
-        """What to do with ``record`` (transformed) in batch ``batch_id``."""
+    def dispatch(self, record: Record | EncodedRecords, batch_id: int, now_ms: int
+                 ) -> Verdict:
+        """What to do with ``record`` (transformed; or a block of them: each gets the
+        verdict) in batch ``batch_id``."""
         destination = record.destination
+        count = record.record_count
         if destination is None:
             action = self.routing.on_missing_destination
-            self.admission.note_unmatched(action)
+            self.admission.note_unmatched(action, count)
             if action == "drop":
                 return Verdict(Action.DROP, reason="missing_destination")
             if action == "error":
@@ -154,22 +173,24 @@ class Router:
                                      f"{record.position!r} (on_missing_destination: error)")
             topic = self.source.topic.render(record.schema, record.table)
             if topic is None:
-                self.admission.counters.rejected[RejectReason.INVALID_TOPIC] += 1
+                self.admission.counters.rejected[RejectReason.INVALID_TOPIC] += count
                 return self._rejected(record, RejectReason.INVALID_TOPIC, self.source.topic.text)
             destination = Destination(topic)
-        rejection = self.admission.admit(destination, batch_id, now_ms)
+        rejection = self.admission.admit(destination, batch_id, now_ms, records=count)
         if rejection is not None:
             return self._rejected(record, rejection, destination.topic)
         if destination is not record.destination:
             record = record.with_destination(destination)
         return Verdict(Action.SEND, record)
 
-    def _rejected(self, record: Record, reason: RejectReason, topic: str) -> Verdict:
+    def _rejected(self, record: Record | EncodedRecords, reason: RejectReason, topic: str
+                  ) -> Verdict:
         message = f"destination {topic!r} not admitted: {reason.value}"
         policy = self.routing.on_admission_failure
         if policy == "drop":
             return Verdict(Action.DROP, reason=reason.value)
         if policy == "dlq":
+            assert isinstance(record, Record), "a block never meets a DLQ policy"
             return Verdict(Action.DLQ, self.dead_letter(
                 record, stage="admission", reason=reason.value, error=message,
                 original_topic=topic), reason=reason.value)

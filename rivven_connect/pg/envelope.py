@@ -46,6 +46,7 @@ changes"). A pure function of the columns: stable across restarts and replays.
 from __future__ import annotations
 
 import base64
+import collections
 import hashlib
 import json
 from collections.abc import Callable, Mapping
@@ -53,7 +54,9 @@ from typing import Any
 
 import attrs
 
-from rivven_connect.core.records import Header, Record
+from rivven_connect.core.records import (
+    EncodedRecords, Header, Record, encode_json, encode_payload,
+)
 
 from .pgoutput import (
     ColumnValue, Delete, Insert, LogicalMessage, Relation, Truncate, Update, format_lsn,
@@ -141,9 +144,7 @@ class EnvelopeBuilder:
         """The records of one transaction, in order; each record's position is its
         ``CdcPosition``, or ``position(it)`` when given (the driver's JSON form). Raises
         ``EnvelopeError``."""
-        drafts: list[tuple[Any, Any, Change, str | None, Relation | None, list[Header]]] = []
-        for change in transaction.changes:
-            drafts.extend(self._change(change))
+        drafts = self._drafts(transaction)
         records = []
         commit_text = format_lsn(transaction.commit_lsn)
         commit_ms = pg_timestamp_to_unix_ms(transaction.commit_ts_us)
@@ -151,17 +152,75 @@ class EnvelopeBuilder:
         for seq, (value, key, change, op, relation, headers) in enumerate(drafts):
             at = CdcPosition(transaction.end_lsn, transaction.commit_lsn, seq, seq == last)
             if value is not None:
-                value = {**value, "source": self._source(transaction, change, relation,
-                                                         commit_ms), "ts_ms": now_ms}
-            cdc_id = f"{commit_text}:{seq}".encode()
-            if relation is not None:
-                headers = [(HEADER_SCHEMA_VERSION, self._version(relation)), *headers]
+                value = {**value, "source": self._source(
+                    transaction, relation, commit_ms, format_lsn(change.lsn)), "ts_ms": now_ms}
             records.append(Record(
-                value, key=key, headers=((HEADER_ID, cdc_id), *headers),
+                value, key=key, headers=self._headers(commit_text, seq, relation, headers),
                 timestamp_ms=commit_ms, table=relation.name if relation else None,
                 schema=relation.schema if relation else None, op=op,
                 position=at if position is None else position(at)))
         return records
+
+    def encoded(self, transaction: Transaction, now_ms: int,
+                position: Callable[[CdcPosition], Any]) -> list[EncodedRecords]:
+        """The records of one transaction as ``records`` makes them, already encoded
+        (``encode_payload`` of each key and value, byte for byte), one block per run of
+        records of one table, in order (the encoded path: docs/connect.md). Raises
+        ``EnvelopeError``."""
+        drafts = self._drafts(transaction)
+        commit_text = format_lsn(transaction.commit_lsn)
+        commit_ms = pg_timestamp_to_unix_ms(transaction.commit_ts_us)
+        now_text = str(now_ms)
+        last = len(drafts) - 1
+        blocks: list[EncodedRecords] = []
+        run: _Run | None = None
+        for seq, (value, key, change, op, relation, headers) in enumerate(drafts):
+            if run is None or relation is not run.relation:
+                if run is not None:
+                    blocks.append(run.block(transaction, seq - 1, last, position))
+                run = _Run(relation, self._source_json(transaction, relation, commit_ms),
+                           seq)
+            if value is not None:  # {**value, "source": ..., "ts_ms": ...} as JSON
+                head, tail = run.source_json
+                run.values.append(f"{encode_json(value)[:-1]},\"source\":{head}"
+                                  f"{format_lsn(change.lsn)}{tail},\"ts_ms\":{now_text}}}"
+                                  .encode())
+                if relation is not None:  # (as ``count_events`` counts records)
+                    run.ops[op] += 1
+            else:
+                run.values.append(None)
+            run.keys.append(encode_payload(key))
+            run.headers.append(self._headers(commit_text, seq, relation, headers))
+            run.timestamps_ms.append(commit_ms)
+        if run is not None:
+            blocks.append(run.block(transaction, last, last, position))
+        return blocks
+
+    def _drafts(self, transaction: Transaction) -> list[tuple[Any, Any, Change, str | None,
+                                                               Relation | None, list[Header]]]:
+        """Per record of ``transaction``: (value without ``source``/``ts_ms`` or None for a
+        tombstone, key, change, op, relation, headers after the id and schema version)."""
+        drafts: list[tuple[Any, Any, Change, str | None, Relation | None, list[Header]]] = []
+        for change in transaction.changes:
+            drafts.extend(self._change(change))
+        return drafts
+
+    def _headers(self, commit_text: str, seq: int, relation: Relation | None,
+                 headers: list[Header]) -> tuple[Header, ...]:
+        cdc_id = f"{commit_text}:{seq}".encode()
+        if relation is None:
+            return ((HEADER_ID, cdc_id), *headers)
+        return ((HEADER_ID, cdc_id), (HEADER_SCHEMA_VERSION, self._version(relation)),
+                *headers)
+
+    def _source_json(self, transaction: Transaction, relation: Relation | None,
+                     commit_ms: int) -> tuple[str, str]:
+        """``_source`` of a change of ``relation`` in ``transaction`` as JSON, split where
+        the change's LSN text goes: the same object as the records' (one ``_source``), so the
+        encoded values cannot drift from them."""
+        text = encode_json(self._source(transaction, relation, commit_ms, _LSN_PLACEHOLDER))
+        head, tail = text.split(encode_json(_LSN_PLACEHOLDER))  # (one: no name holds a NUL)
+        return head + '"', '"' + tail  # an LSN's text needs no escaping
 
     def _version(self, relation: Relation) -> bytes:
         """``schema_version(relation)`` as bytes, computed once per Relation object (it is
@@ -185,25 +244,60 @@ class EnvelopeBuilder:
         assert snapshot in ("true", "last", "incremental"), snapshot
         after = self._image(relation, row)
         key = _key(after.values, self._key_names(relation))
+        value = self._snapshot_value(relation, after.values, consistent_lsn, snapshot, now_ms)
+        return Record(value, key=key, headers=self._snapshot_headers(
+            relation, format_lsn(consistent_lsn), seq), timestamp_ms=now_ms,
+            table=relation.name, schema=relation.schema, op="r", position=position)
+
+    def encoded_snapshot(self, relation: Relation, afters: list[str], keys: list[str],
+                         consistent_lsn: int, first_seq: int, done: bool,
+                         first_position: Any, position: Any, now_ms: int) -> EncodedRecords:
+        """``snapshot_record``'s records of consecutive rows of ``relation``, encoded, from
+        their ``after`` images and keys as JSON texts Postgres wrote (``values_sql``: the
+        same bytes as the typed values' JSON); ``source.snapshot`` is ``"true"``, and
+        ``"last"`` for the final row when ``done``. The snapshot's encoded path."""
+        count = len(afters)
+        assert count and len(keys) == count
+        head, tail = self._snapshot_value_json(relation, consistent_lsn, "true", now_ms)
+        values = [f"{head}{after}{tail}".encode() for after in afters]
+        if done:
+            head, tail = self._snapshot_value_json(relation, consistent_lsn, "last", now_ms)
+            values[-1] = f"{head}{afters[-1]}{tail}".encode()
+        lsn_text = format_lsn(consistent_lsn)
+        headers = [self._snapshot_headers(relation, lsn_text, seq)
+                   for seq in range(first_seq, first_seq + count)]
+        return EncodedRecords(relation.schema, relation.name, [key.encode() for key in keys],
+                              values, headers, [now_ms] * count, position, first_position,
+                              (("r", count),))
+
+    def _snapshot_value(self, relation: Relation, after: Any, consistent_lsn: int,
+                        snapshot: str, now_ms: int) -> dict[str, Any]:
         source = {"connector": self.connector, "db": self.db, "schema": relation.schema,
                   "table": relation.name, "lsn": format_lsn(consistent_lsn), "txId": None,
                   "ts_ms": now_ms, "snapshot": snapshot}
-        value = {"before": None, "after": after.values, "op": "r", "source": source,
-                 "ts_ms": now_ms}
-        cdc_id = f"{format_lsn(consistent_lsn)}:r:{seq}".encode()
-        return Record(value, key=key, headers=(
-            (HEADER_ID, cdc_id), (HEADER_SCHEMA_VERSION, self._version(relation))),
-            timestamp_ms=now_ms,
-                      table=relation.name,
-                      schema=relation.schema, op="r", position=position)
+        return {"before": None, "after": after, "op": "r", "source": source, "ts_ms": now_ms}
 
-    def _source(self, transaction: Transaction, change: Change,
-                relation: Relation | None, commit_ms: int) -> dict[str, Any]:
+    def _snapshot_value_json(self, relation: Relation, consistent_lsn: int, snapshot: str,
+                             now_ms: int) -> tuple[str, str]:
+        """``_snapshot_value`` as JSON, split where the ``after`` image goes (one
+        ``_snapshot_value`` for both paths)."""
+        text = encode_json(self._snapshot_value(relation, _AFTER_PLACEHOLDER, consistent_lsn,
+                                                snapshot, now_ms))
+        head, tail = text.split(encode_json(_AFTER_PLACEHOLDER))  # (no name holds a NUL)
+        return head, tail
+
+    def _snapshot_headers(self, relation: Relation, lsn_text: str, seq: int
+                          ) -> tuple[Header, ...]:
+        return ((HEADER_ID, f"{lsn_text}:r:{seq}".encode()),
+                (HEADER_SCHEMA_VERSION, self._version(relation)))
+
+    def _source(self, transaction: Transaction, relation: Relation | None, commit_ms: int,
+                lsn_text: str) -> dict[str, Any]:
         return {"connector": self.connector, "db": self.db,
                 "schema": relation.schema if relation else None,
                 "table": relation.name if relation else None,
-                "lsn": format_lsn(change.lsn), "txId": transaction.xid,
-                "ts_ms": commit_ms, "snapshot": "false"}
+                "lsn": lsn_text, "txId": transaction.xid, "ts_ms": commit_ms,
+                "snapshot": "false"}
 
     def _change(self, change: Change) -> list:
         message = change.message
@@ -330,6 +424,38 @@ class EnvelopeBuilder:
                         f"{relation.schema}.{relation.name}.{column.name} (type oid "
                         f"{column.type_oid}): {error}") from None
         return _Image(values, tuple(unavailable))
+
+
+#: Stand for a change's LSN text in ``_source_json`` and a snapshot row's ``after`` image in
+#: ``_snapshot_value_json`` (no name or LSN text holds a NUL).
+_LSN_PLACEHOLDER = "\x00lsn\x00"
+_AFTER_PLACEHOLDER = "\x00after\x00"
+
+
+@attrs.define
+class _Run:
+    """The records of one table being collected into a block (``EnvelopeBuilder.encoded``)."""
+
+    relation: Relation | None
+    source_json: tuple[str, str]
+    first_seq: int
+    keys: list[bytes | None] = attrs.Factory(list)
+    values: list[bytes | None] = attrs.Factory(list)
+    headers: list[tuple[Header, ...]] = attrs.Factory(list)
+    timestamps_ms: list[int] = attrs.Factory(list)
+    ops: collections.Counter[str] = attrs.Factory(collections.Counter)
+
+    def block(self, transaction: Transaction, last_seq: int, transaction_last: int,
+              position: Callable[[CdcPosition], Any]) -> EncodedRecords:
+        relation = self.relation
+        end, commit = transaction.end_lsn, transaction.commit_lsn
+        return EncodedRecords(
+            relation.schema if relation else None, relation.name if relation else None,
+            self.keys, self.values, self.headers, self.timestamps_ms,
+            position(CdcPosition(end, commit, last_seq, last_seq == transaction_last)),
+            position(CdcPosition(end, commit, self.first_seq,
+                                 self.first_seq == transaction_last)),
+            tuple(sorted(self.ops.items())))
 
 
 def _key(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any] | None:

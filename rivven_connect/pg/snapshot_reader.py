@@ -24,7 +24,11 @@ caster returns the text untouched for every column type), so ``values.py`` types
 exactly as streamed rows. ``read_chunk(relation, key, after, limit)`` is ``SELECT cols
 FROM t [WHERE (key) > (after)] ORDER BY key LIMIT limit``; ``after`` is the key's text,
 compared by Postgres with the columns' own types and collations (the same order as
-``ORDER BY``), so no row is read twice or skipped.
+``ORDER BY``), so no row is read twice or skipped. ``read_chunk_json`` is the same read
+with Postgres writing each row's ``after`` image and key as JSON (``values_sql``: the
+encoded path, for tables whose every column type has an expression), plus the key's text
+for the keyset; the transaction runs at ``TimeZone = UTC`` for it (the per-row path's
+values do not depend on the zone).
 
 ``WindowReader`` (incremental snapshots, ``pg.incremental``) reuses ``describe`` and
 ``read_chunk`` on an autocommit connection without an imported snapshot: per chunk it
@@ -44,6 +48,7 @@ from psycopg2 import sql
 
 from .pgoutput import Column, Relation, parse_lsn
 from .slot import PgConnectConfig, SlotError, slot_error, statement_timeout_ms
+from .values_sql import column_json_sql
 
 __all__ = ["ExportedSnapshot", "SnapshotReader", "WATERMARK_MESSAGE_PREFIX", "WindowReader"]
 
@@ -98,6 +103,7 @@ class SnapshotReader:
             with connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
                 cursor.execute(f"SET LOCAL statement_timeout = {statement_timeout_ms}")
+                cursor.execute("SET LOCAL TimeZone = 'UTC'")  # (read_chunk_json)
         except psycopg2.Error as error:
             connection.close()
             raise SlotError(f"importing snapshot {snapshot_name} failed: "
@@ -112,13 +118,15 @@ class SnapshotReader:
                             f"by primary key (give it one, or use snapshot mode never)")
         try:
             with self._connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT c.oid, a.attname, a.atttypid, a.atttypmod FROM pg_class c JOIN "
+                cursor.execute(  # numbers as text: the caster below may hold int and oid
+                    "SELECT c.oid::text, a.attname, a.atttypid::text, a.atttypmod::text "
+                    "FROM pg_class c JOIN "
                     "pg_namespace n ON n.oid = c.relnamespace JOIN pg_attribute a ON "
                     "a.attrelid = c.oid WHERE n.nspname = %s AND c.relname = %s AND "
                     "a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' "
                     "ORDER BY a.attnum", (schema, name))
-                rows = cursor.fetchall()
+                rows = [(int(oid), column, int(type_oid), int(modifier))
+                        for oid, column, type_oid, modifier in cursor.fetchall()]
         except psycopg2.Error as error:
             raise slot_error(f"reading the columns of {schema}.{name} failed",
                              error) from error
@@ -149,6 +157,45 @@ class SnapshotReader:
             with self._connection.cursor() as cursor:
                 cursor.execute(query, tuple(after) if after is not None else None)
                 return [tuple(row) for row in cursor.fetchall()]
+        except psycopg2.Error as error:
+            raise slot_error(f"snapshot read of {relation.schema}.{relation.name} failed",
+                             error) from error
+
+    def read_chunk_json(self, relation: Relation, key: Sequence[str],
+                        after: Sequence[str] | None, limit: int
+                        ) -> list[tuple[str, ...]]:
+        """``read_chunk`` with each row as ``(after image JSON, key JSON, *key texts)``,
+        the JSON written by Postgres (``values_sql.column_json_sql``; every column must have
+        an expression: ``table_json_supported``). Raises ``SlotError``."""
+        assert key and limit > 0 and (after is None or len(after) == len(key))
+        by_name = {column.name: column for column in relation.columns}
+
+        def expression(name: str) -> sql.Composable:
+            column = by_name[name]
+            made = column_json_sql(column.type_oid, sql.Identifier("t", name))
+            assert made is not None, (relation, name)
+            return sql.SQL("{} AS {}").format(made, sql.Identifier(name))
+
+        def row_json(names: Sequence[str], alias: str) -> sql.Composable:
+            return sql.SQL("(SELECT row_to_json({a})::text FROM (SELECT {}) AS {a})").format(
+                sql.SQL(", ").join(expression(name) for name in names),
+                a=sql.Identifier(alias))
+
+        order = sql.SQL(", ").join(sql.Identifier("t", column) for column in key)
+        query = sql.SQL("SELECT {}, {}, {} FROM {} AS t").format(
+            row_json([column.name for column in relation.columns], "after"),
+            row_json(key, "key"),
+            sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier("t", column))
+                               for column in key),
+            sql.Identifier(relation.schema, relation.name))
+        if after is not None:
+            query += sql.SQL(" WHERE ({}) > ({})").format(
+                order, sql.SQL(", ").join(sql.Placeholder() * len(key)))
+        query += sql.SQL(" ORDER BY {} LIMIT {}").format(order, sql.Literal(limit))
+        try:
+            with self._connection.cursor() as cursor:  # (always parameters: ``%%`` is ``%``)
+                cursor.execute(query, tuple(after) if after is not None else ())
+                return cursor.fetchall()
         except psycopg2.Error as error:
             raise slot_error(f"snapshot read of {relation.schema}.{relation.name} failed",
                              error) from error

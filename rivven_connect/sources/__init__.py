@@ -14,7 +14,10 @@ the batch cycle, the producer or the offsets topic; it only
 - ``close()``;
 - optionally ``metrics()`` — the source's own ``http_api.Metric``s (postgres-cdc: its slot's
   retained WAL, the replication lag, changes per table and op), read by the HTTP API; never
-  blocks, never raises.
+  blocks, never raises;
+- optionally ``use_encoded_records()`` — called once, before the first ``poll``, when nothing
+  per-record is configured (``routing.encoded_path_allowed``): ``poll`` may then return
+  ``EncodedRecords`` blocks among its records (docs/connect.md "The encoded path").
 
 ``build_source(config)`` checks the connector's own ``config`` block and raises
 ``ConnectConfigError`` naming ``sources.NAME.config.OPTION``; it does no I/O, so a bad file

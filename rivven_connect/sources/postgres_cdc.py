@@ -82,6 +82,12 @@ configured tables: a bounded label), the reconnects and failed attempts
 (``ReplicationLink``), and, once streaming, the incremental chunks emitted or read again,
 the chunk rows superseded and the signals accepted or refused (``postgres_cdc_metrics``).
 
+The encoded path (docs/connect.md "The encoded path"): once the runtime calls
+``use_encoded_records`` (nothing per-record is configured), a transaction that
+``IncrementalRunner.take_unchanged`` lets through is queued as ``EnvelopeBuilder.encoded``
+blocks — the same records, byte for byte, with no ``Record`` per row; the others (a
+snapshot running, the signal table, logical messages) and heartbeats stay ``Record``s.
+
 The ``config`` block is checked by ``postgres_cdc_config.parse_config``.
 
 Non-transactional logical messages (our own ``rivven.cdc.resume`` among them) and, in this
@@ -99,7 +105,7 @@ from typing import Any, Callable, Mapping
 import trio
 
 from rivven_connect.core.batch_cycle import batch_records_max
-from rivven_connect.core.records import Record
+from rivven_connect.core.records import EncodedRecords, Record
 from rivven_connect.http_api import Metric
 from rivven_connect.pg.envelope import EnvelopeBuilder, EnvelopeError
 from rivven_connect.pg.pgoutput import (
@@ -128,8 +134,10 @@ from rivven_connect.sources.postgres_cdc_incremental import (
     IncrementalRunner, position_json, signal_message,
 )
 from rivven_connect.sources.postgres_cdc_link import ReplicationLink
-from rivven_connect.sources.postgres_cdc_metrics import cdc_metrics, count_events
-from rivven_connect.sources.postgres_cdc_snapshot import SnapshotRun
+from rivven_connect.sources.postgres_cdc_metrics import (
+    cdc_metrics, count_encoded_events, count_events,
+)
+from rivven_connect.sources.postgres_cdc_snapshot import JsonRows, SnapshotRun
 
 __all__ = ["PostgresCdcSource", "changes_per_transaction_max"]
 
@@ -197,14 +205,19 @@ class PostgresCdcSource:
         #: Frames read but not decoded yet; transactions decoded but not returned yet
         #: (their record count: ``_queued``). Kept here, so a cancelled poll loses nothing.
         self._frames: collections.deque[tuple[int, bytes]] = collections.deque()
-        self._transactions: collections.deque[list[Record]] = collections.deque()
+        self._transactions: collections.deque[tuple[list[Record | EncodedRecords], int]] = \
+            collections.deque()  # (a transaction's records or blocks, its record count)
         self._queued = 0
+        #: The runtime allows ``EncodedRecords`` (``use_encoded_records``).
+        self.encoded = False
         #: For ``metrics()``: the slot's retained WAL (None: not read yet) and when it was
         #: read; the end LSN of the last transaction read; changes read by (table, op).
         self.retained_wal_bytes: int | None = None
         self._slot_stats_at_ms: int | None = None
         self.received_end_lsn: int | None = None
         self.events: collections.Counter[tuple[str, str]] = collections.Counter()
+        #: Records queued (heartbeats not counted) by path: ``encoded`` or ``record``.
+        self.queued_by_path: collections.Counter[str] = collections.Counter()
         self._key_columns: dict[tuple[str, str], tuple[str, ...]] = {}
         #: Heartbeats: the interval (0 = off), when the next one is due, the server's WAL
         #: insert position after the last one (none is written while it has not moved).
@@ -226,10 +239,15 @@ class PostgresCdcSource:
         return cls(slot, **options)
 
     # --- the Source protocol ------------------------------------------------------------------
+    def use_encoded_records(self) -> None:
+        """Nothing per-record is configured: streamed transactions may be queued as
+        ``EncodedRecords`` (module docstring). Never blocks."""
+        self.encoded = True
+
     def resume(self, position: Any) -> None:
         self.stored = position  # checked in the first poll (resume does no I/O, raises nothing)
 
-    async def poll(self, max_records: int) -> list[Record] | None:
+    async def poll(self, max_records: int) -> list[Record | EncodedRecords] | None:
         """The records of whole transactions, at least one transaction (waits for one), or
         a heartbeat (a position-only record) after ``heartbeat_interval_ms`` of nothing.
         Raises ``SourceError``. A checkpoint."""
@@ -328,13 +346,24 @@ class PostgresCdcSource:
             lsn, payload = self._frames.popleft()
             result = assembler.feed(decode_message(payload), lsn)
             if isinstance(result, Transaction):
+                self.received_end_lsn = result.end_lsn
+                if self.encoded and incremental.take_unchanged(result):
+                    blocks = builder.encoded(result, self.clock_ms(), position_json)
+                    count_encoded_events(self.events, blocks)
+                    count = sum(block.record_count for block in blocks)
+                    if count:
+                        self._transactions.append((blocks, count))  # type: ignore[arg-type]
+                        self._queued += count
+                        self.queued_by_path["encoded"] += count
+                    continue
                 records = incremental.process(
                     result, builder.records(result, self.clock_ms(), position_json))
-                self.received_end_lsn = result.end_lsn
                 count_events(self.events, records)
                 if records:
-                    self._transactions.append(records)
+                    self._transactions.append((records, len(records)))  # type: ignore
                     self._queued += len(records)
+                    self.queued_by_path["record"] += sum(
+                        1 for record in records if not record.position_only)
             elif isinstance(result, LogicalMessage) and self._is_our_heartbeat(result):
                 # Everything before it is queued: its position follows them (key (M, 2, 0)).
                 marker_lsn = lsn or result.lsn
@@ -344,7 +373,7 @@ class PostgresCdcSource:
                 position = heartbeat_position(marker_lsn)
                 if incremental.core.state is not None:
                     position["incremental"] = incremental.state_json()
-                self._transactions.append([Record.heartbeat(position)])
+                self._transactions.append(([Record.heartbeat(position)], 1))
                 self._queued += 1
                 self.heartbeats += 1
             else:  # other non-transactional messages (our resume marker among them): dropped
@@ -354,16 +383,19 @@ class PostgresCdcSource:
         return (message.prefix == HEARTBEAT_MESSAGE_PREFIX and not message.transactional
                 and message.content == self.slot.slot_name.encode())
 
-    def _take(self, wanted: int) -> list[Record]:
+    def _take(self, wanted: int) -> list[Record | EncodedRecords]:
         """Whole queued transactions: at least one, then more while under ``wanted`` and
-        the cycle's ``batch_records_max``."""
-        out: list[Record] = []
-        while self._transactions and (not out or (
-                len(out) < wanted
-                and len(out) + len(self._transactions[0]) <= batch_records_max)):
-            out.extend(self._transactions.popleft())
-        self._queued -= len(out)
-        assert out and len(out) <= batch_records_max
+        the cycle's ``batch_records_max`` records."""
+        out: list[Record | EncodedRecords] = []
+        taken = 0
+        transactions = self._transactions
+        while transactions and (not out or (
+                taken < wanted and taken + transactions[0][1] <= batch_records_max)):
+            items, count = transactions.popleft()
+            out.extend(items)
+            taken += count
+        self._queued -= taken
+        assert out and taken <= batch_records_max
         return out
 
     async def _start(self) -> None:
@@ -486,23 +518,38 @@ class PostgresCdcSource:
         if plan.drop_slot:
             await trio.to_thread.run_sync(self.slot.drop)
         run = SnapshotRun(self.slot, info.key_columns, temporary=plan.temporary,
-                          stop_after=plan.stop_after)
+                          stop_after=plan.stop_after, encoded=self.encoded)
         self.snapshot = run  # closed by close() if what follows fails
         await trio.to_thread.run_sync(run.open)
 
-    async def _poll_snapshot(self, wanted: int) -> list[Record]:
-        """The next rows of the snapshot as ``r`` records; at its end, the handover:
-        streaming from the consistent LSN (or, for ``initial_only``, the end)."""
+    async def _poll_snapshot(self, wanted: int) -> list[Record | EncodedRecords]:
+        """The next rows of the snapshot as ``r`` records (``JsonRows`` as blocks); at its
+        end, the handover: streaming from the consistent LSN (or, for ``initial_only``, the
+        end)."""
         run = self.snapshot
-        assert run is not None and self.builder is not None
-        rows = await trio.to_thread.run_sync(
+        builder = self.builder
+        assert run is not None and builder is not None
+        items = await trio.to_thread.run_sync(
             lambda: run.next_rows(wanted, self.snapshot_chunk_rows))
         now_ms = self.clock_ms()
-        records = [self.builder.snapshot_record(
-            relation, row, run.consistent_lsn, position.rows - 1,
-            "last" if position.done else "true", position.to_json(), now_ms)
-            for relation, row, position in rows]
-        count_events(self.events, records)
+        records: list[Record | EncodedRecords] = []
+        for item in items:
+            if isinstance(item, JsonRows):
+                block = builder.encoded_snapshot(
+                    item.relation, item.afters, item.keys, run.consistent_lsn,
+                    item.first.rows - 1, item.last.done, item.first.to_json(),
+                    item.last.to_json(), now_ms)
+                count_encoded_events(self.events, [block])
+                self.queued_by_path["encoded"] += block.record_count
+                records.append(block)
+                continue
+            relation, row, position = item
+            record = builder.snapshot_record(
+                relation, row, run.consistent_lsn, position.rows - 1,
+                "last" if position.done else "true", position.to_json(), now_ms)
+            count_events(self.events, [record])
+            self.queued_by_path["record"] += 1
+            records.append(record)
         if run.exhausted:
             self.snapshot = None
             run.close()  # every row is read: the exported snapshot may go
@@ -551,7 +598,8 @@ class PostgresCdcSource:
         return cdc_metrics(
             retained_wal_bytes=self.retained_wal_bytes, confirmed_lsn=self.link.confirmed_lsn,
             received_end_lsn=self.received_end_lsn, stream_from=self.stream_from,
-            link_metrics=self.link.metrics(), incremental=self.incremental, events=self.events)
+            link_metrics=self.link.metrics(), incremental=self.incremental, events=self.events,
+            queued_by_path=self.queued_by_path)
 
     def position_key(self, position: Any) -> tuple[int, int, int]:
         """``(lsn, phase, n)``: snapshot rows (phase 0) by count under their consistent

@@ -136,6 +136,24 @@ class IncrementalRunner:
                       request.table)
 
     # --- the stream ---------------------------------------------------------------------------
+    def take_unchanged(self, transaction: Transaction) -> bool:
+        """If ``process`` would return ``transaction``'s records as the builder made them
+        (no snapshot running or chunk in flight, no change of the signal table, no logical
+        message), note the transaction as ``process`` does and say True: the caller may
+        queue them without ``process`` (the source's encoded path). Else False, noting
+        nothing."""
+        core = self.core
+        if core.state is not None or core.chunk is not None:
+            return False
+        signal_table = self.slot.signal_table
+        for change in transaction.changes:
+            relations = change.relations
+            if not relations or any((relation.schema, relation.name) == signal_table
+                                    for relation in relations):
+                return False  # a logical message, or the signal table
+        core.on_transaction(transaction.xid)
+        return True
+
     def process(self, transaction: Transaction, records: list[Record]) -> list[Record]:
         """The records to queue for ``transaction`` (module docstring); ``records`` are the
         builder's, positioned by ``position_json``. Raises ``IncrementalSnapshotError``."""

@@ -15,14 +15,16 @@ the replication link's counters and, once streaming, the incremental snapshot's 
 - the link's ``cdc_reconnects`` and ``cdc_reconnect_failures``;
 - ``cdc_incremental_chunks{outcome}``, ``cdc_incremental_rows_superseded`` and
   ``cdc_signals{outcome}`` once streaming;
-- ``cdc_events{table, op}``: ``table`` is one of the configured tables, a bounded label.
+- ``cdc_events{table, op}``: ``table`` is one of the configured tables, a bounded label;
+- ``cdc_records_queued{path}``: records queued for the runtime (heartbeats not counted),
+  by ``path``: ``encoded`` (``EncodedRecords`` blocks) or ``record`` (``Record``s).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
-from rivven_connect.core.records import Record
+from rivven_connect.core.records import EncodedRecords, Record
 from rivven_connect.http_api import Metric
 
 if TYPE_CHECKING:
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 
     from rivven_connect.sources.postgres_cdc_incremental import IncrementalRunner
 
-__all__ = ["cdc_metrics", "count_events"]
+__all__ = ["cdc_metrics", "count_encoded_events", "count_events"]
 
 
 def count_events(events: collections.Counter[tuple[str, str]],
@@ -41,10 +43,21 @@ def count_events(events: collections.Counter[tuple[str, str]],
             events[(f"{record.schema}.{record.table}", record.op)] += 1
 
 
+def count_encoded_events(events: collections.Counter[tuple[str, str]],
+                         blocks: Iterable[EncodedRecords]) -> None:
+    """``count_events`` for blocks (their ``op_counts``)."""
+    for block in blocks:
+        if block.table is not None:
+            table = f"{block.schema}.{block.table}"
+            for op, count in block.op_counts:
+                events[(table, op)] += count
+
+
 def cdc_metrics(*, retained_wal_bytes: int | None, confirmed_lsn: int | None,
                 received_end_lsn: int | None, stream_from: int,
                 link_metrics: Sequence[Metric], incremental: IncrementalRunner | None,
-                events: collections.Counter[tuple[str, str]]) -> list[Metric]:
+                events: collections.Counter[tuple[str, str]],
+                queued_by_path: Mapping[str, int]) -> list[Metric]:
     """The source's gauges and counters (module docstring)."""
     out = []
     if retained_wal_bytes is not None:
@@ -79,4 +92,9 @@ def cdc_metrics(*, retained_wal_bytes: int | None, confirmed_lsn: int | None,
                           "Changes read from Postgres, by table (one of the configured "
                           "tables) and op (c, u, d, t, r).", count,
                           (("table", table), ("op", op))))
+    for path in ("encoded", "record"):
+        out.append(Metric("cdc_records_queued", "counter",
+                          "Records queued for the runtime, by path: encoded (blocks of "
+                          "records already in wire form) or record (one object each).",
+                          queued_by_path.get(path, 0), (("path", path),)))
     return out

@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rivven_connect.core import batch_cycle as bc
-from rivven_connect.core.admission import Admission
+from rivven_connect.core.admission import Admission, RejectReason
 from rivven_connect.core.config import OFFSETS_TOPIC, load_config
-from rivven_connect.core.records import Record
-from rivven_connect.core.routing import DLQ_HEADERS, Router
+from rivven_connect.core.records import EncodedRecords, Record
+from rivven_connect.core.routing import DLQ_HEADERS, Router, encoded_path_allowed
 
 
 def _cycle(routing=None, transform=lambda r: r, stored=None, errors=None):
@@ -459,3 +459,85 @@ def test_abandon_is_refused_for_a_failing_side_effect_and_a_halted_cycle():
     batch_id = _drive_to_commit(halted)[0].batch_id
     halted.handle(bc.TransactionFailed(batch_id, "fenced", False, 0))
     assert halted.abandon_refusal() == "no batch to abandon: the cycle is error and done"
+
+
+# --- the encoded path (EncodedRecords blocks) ---------------------------------------------------
+def _block(first, last, table="orders", rows=None):
+    rows = rows if rows is not None else last - first + 1
+    return EncodedRecords("public", table, [b"k"] * rows, [b"v"] * rows, [()] * rows,
+                          [0] * rows, position=last, first_position=first,
+                          op_counts=(("c", rows),))
+
+
+def test_a_block_is_routed_admitted_and_sent_whole_and_counted_per_record():
+    cycle = _cycle(routing={"admission": {"max_destinations": 4}})
+    assert cycle.encoded_allowed
+    cycle.start()
+    blocks = (_block(1, 3), Record.heartbeat(4), _block(5, 9, table="items"))
+    out = cycle.handle(bc.PollCompleted(blocks, 0))
+    sends = [i.record for i in out if isinstance(i, bc.Send)]
+    assert [(s.destination.topic, s.record_count) for s in sends] == [
+        ("t", 3), ("t", 5), (OFFSETS_TOPIC, 1)]
+    assert sends[0].keys is blocks[0].keys  # the block itself, not a copy per record
+    assert sends[-1].value == {"connector": "db", "position": 9}
+    out = cycle.handle(bc.TransactionCommitted(out[0].batch_id, 0))
+    status = cycle.status()
+    assert (status.records, status.batches) == (8, 1)
+    assert cycle.router.admission.counters.routed == 8
+    assert cycle.router.admission.counters.unmatched["default"] == 8  # the topic template
+
+
+def test_a_block_takes_the_verdict_of_its_destination_for_each_record():
+    cycle = _cycle(routing={"on_missing_destination": "drop"})
+    cycle.start()
+    out = cycle.handle(bc.PollCompleted((_block(1, 4),), 0))
+    assert [i.record.destination.topic for i in out if isinstance(i, bc.Send)] == [
+        OFFSETS_TOPIC]
+    cycle.handle(bc.TransactionCommitted(out[0].batch_id, 0))
+    assert cycle.status().dropped == 4
+    refused = _cycle(routing={"admission": {"mode": "allowlist", "topics": ["other"]},
+                              "on_admission_failure": "error"})
+    refused.start()
+    assert refused.handle(bc.PollCompleted((_block(1, 4),), 0)) == [bc.Halt(bc.Status.ERROR)]
+    assert refused.router.admission.counters.rejected[RejectReason.NOT_ALLOWED] == 4
+
+
+def test_replayed_blocks_are_dropped_whole():
+    cycle = _cycle(stored=5)
+    cycle.start()
+    cycle.handle(bc.SideEffectCompleted(1, 0))
+    out = cycle.handle(bc.PollCompleted((_block(1, 5), _block(6, 7)), 0))
+    assert [i.record.record_count for i in out if isinstance(i, bc.Send)] == [2, 1]
+    straddling = _cycle(stored=5)
+    straddling.start()
+    straddling.handle(bc.SideEffectCompleted(1, 0))
+    with pytest.raises(AssertionError, match="straddles"):
+        straddling.handle(bc.PollCompleted((_block(4, 7),), 0))
+
+
+@pytest.mark.parametrize("source", [
+    {"transforms": [{"type": "Filter", "keep": {"table": "a"}}]},
+    {"routing": {"topic_column": "to", "default_topic": "t"}},
+    {"routing": {"key_column": "id"}},
+    {"routing": {"on_admission_failure": "dlq", "dlq_topic": "dlq"}},
+])
+def test_per_record_configuration_keeps_blocks_out(source):
+    config = load_config({"sources": {"db": {"connector": "postgres-cdc", "topic": "t",
+                                             **source}}}, {}).sources["db"]
+    assert not encoded_path_allowed(config)
+    cycle = bc.BatchCycle(Router(config, Admission(config.routing.admission)), lambda r: r,
+                          jitter=lambda: 0.5)
+    cycle.start()
+    with pytest.raises(AssertionError, match="per-record routing"):
+        cycle.handle(bc.PollCompleted((_block(1, 2),), 0))
+
+
+def test_a_block_is_sent_in_slices_of_bounded_size_in_order():
+    block = EncodedRecords("public", "orders", [b"%d" % i for i in range(7)],
+                           [b"v%d" % i for i in range(7)], [()] * 7, list(range(7)),
+                           position=7, first_position=1)
+    assert block.slices(10) == [block]
+    parts = block.slices(3)
+    assert [part.record_count for part in parts] == [3, 3, 1]
+    assert [key for part in parts for key in part.keys] == block.keys
+    assert [t for part in parts for t in part.timestamps_ms] == block.timestamps_ms

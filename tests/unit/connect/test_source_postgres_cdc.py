@@ -107,8 +107,11 @@ def test_snapshot_options_and_positions():
 
 def test_metrics_are_the_lag_the_retained_wal_once_read_and_the_changes_per_table():
     source = _build()
+    queued = [("cdc_records_queued", 0, (("path", "encoded"),)),
+              ("cdc_records_queued", 0, (("path", "record"),))]
     assert [(m.name, m.value) for m in source.metrics()] == [
-        ("cdc_replication_lag_bytes", 0), ("cdc_reconnects", 0), ("cdc_reconnect_failures", 0)]
+        ("cdc_replication_lag_bytes", 0), ("cdc_reconnects", 0), ("cdc_reconnect_failures", 0),
+        ("cdc_records_queued", 0), ("cdc_records_queued", 0)]
     source.stream_from = 0x1000  # resumed at a stored end LSN: that much is confirmed
     source.received_end_lsn = 0x1800
     source.events.update({("public.orders", "c"): 2, ("public.items", "d"): 1})
@@ -119,7 +122,7 @@ def test_metrics_are_the_lag_the_retained_wal_once_read_and_the_changes_per_tabl
         ("cdc_reconnects", 0, ()),
         ("cdc_reconnect_failures", 0, ()),
         ("cdc_events", 1, (("table", "public.items"), ("op", "d"))),
-        ("cdc_events", 2, (("table", "public.orders"), ("op", "c")))]
+        ("cdc_events", 2, (("table", "public.orders"), ("op", "c"))), *queued]
     source.link.confirmed_lsn = 0x17ff  # confirmed at end_lsn - 1: caught up
     assert source.metrics()[1].value == 0
 
@@ -257,3 +260,25 @@ async def test_a_poll_returns_queued_transactions_without_waiting_for_a_full_bat
     assert [record.key["id"] for record in records] == [0]
     assert slot.waits[-1] == 0 and slot.waits[0] > 0
     assert [r.key["id"] for r in await source.poll(100)] == [1]
+
+
+async def test_with_encoded_records_on_transactions_come_as_blocks_and_signals_as_records():
+    clock = [0]
+    slot = TrickleSlot(clock, transactions=2)
+    slot.signal_table = ("public", "signals")
+    source = _streaming(slot, clock, 0)
+    source.builder = EnvelopeBuilder(db="shop", key_columns={("public", "orders"): ("id",)},
+                                     emit_messages=False)
+    source.use_encoded_records()
+    [block] = await source.poll(100)
+    assert block.keys == [b'{"id":0}'] and block.position["last"] is True
+    assert source.events[("public.orders", "c")] == 1
+    # The signal table's rows are the incremental runner's (the per-record path), the next
+    # transaction is a block again.
+    signal = [(lsn, payload.replace(b"orders", b"signals")) for lsn, payload in
+              _transaction_frames(1)]
+    slot.pending = [signal + _transaction_frames(2)]
+    [block] = await source.poll(100)
+    assert block.keys == [b'{"id":2}']
+    assert source.incremental.signals["refused"] == 1  # (a row without a type)
+    assert source.queued_by_path == {"encoded": 2}

@@ -10,7 +10,8 @@ every insert or update writing the next value of the writer's own sequence. A ch
 identified by its op and a sequence number: an insert's or update's new ``seq`` (``after``),
 a delete's deleted ``seq`` (``before``: the table is REPLICA IDENTITY FULL; a row version is
 deleted at most once). The slot is checked never to be ahead of the stored offset after
-every kill."""
+every kill. The configuration has no transforms and no routing at the source, so the changes
+take the encoded path (``EncodedRecords``): the last run's ``/metrics`` must say so."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import psycopg2
 import trio
 
 from rivven_connect.crash_points import CRASH_AT_ENV, POINTS
+from tests.integration.connect.pg.test_postgres_cdc_guards import _free_port, _metrics
 from rivven_connect.driver import read_position
 from tests.integration.connect.helpers import read_committed
 from tests.integration.connect.pg.test_postgres_cdc_source import (
@@ -112,11 +114,11 @@ class Connector:
         return self.wait(30)
 
 
-def _config(path, database: str, bootstrap: str) -> None:
+def _config(path, database: str, bootstrap: str, http: str = "off") -> None:
     path.write_text(f"""
 version: "1.0"
 broker: {{ bootstrap: "{bootstrap}" }}
-http: off
+http: {http}
 sources:
   {SOURCE}:
     connector: postgres-cdc
@@ -196,12 +198,20 @@ def test_kill_9_at_random_and_at_each_crash_point_while_four_writers_commit(
                 assert f"crash point {crash_at} reached" in log.read_text(), log.read_text()
             _slot_not_ahead(dsn, bootstrap)
             assert all(writer.error is None for writer in writers)
-        connector = Connector(config, postgres_server.port, log)  # the last run drains
+        http_port = _free_port()  # the last run drains, and says which path the records took
+        _config(config, pg_database, bootstrap, http=f'"127.0.0.1:{http_port}"')
+        connector = Connector(config, postgres_server.port, log)
         for writer in writers:
             writer.join()
         assert all(writer.error is None for writer in writers), [w.error for w in writers]
         _wait(lambda: len(_items(bootstrap)) >= CHANGES, f"{CHANGES} changes", timeout_s=120)
         time.sleep(1)  # nothing more arrives
+        _sql(dsn, "INSERT INTO pulse DEFAULT VALUES")  # at least one change in this run
+        label = f'connector="{SOURCE}",path='
+        _wait(lambda: _metrics(http_port).get(
+            f'rivven_connect_cdc_records_queued_total{{{label}"encoded"}}', 0) > 0,
+            "an encoded record", timeout_s=30)
+        assert _metrics(http_port)[f'rivven_connect_cdc_records_queued_total{{{label}"record"}}'] == 0
         connector.popen.terminate()
         assert connector.wait(60) == 0, log.read_text()
     finally:
