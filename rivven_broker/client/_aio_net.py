@@ -921,17 +921,23 @@ class Cluster:
         Raises:
             BrokerError: the topic's error, or UnknownTopicOrPartitionError.
         """
-        with self._lock:
-            self.metadata.add_topics([topic])
-            node = self.metadata.leader_for(topic, partition)
-            request = metadata_request(self.metadata.request_topics(), False)
+        node = self.known_leader(topic, partition)
         if node is None:
+            with self._lock:
+                request = metadata_request(self.metadata.request_topics(), False)
             response = check_response(await self.call(request, timeout_ms=timeout_ms),
                                       m.MetadataResponse)
             with self._lock:
                 self.metadata.on_update(response, self.now_ms())
                 node = self.metadata.leader_or_raise(topic, partition)
         return node
+
+    def known_leader(self, topic: str, partition: int) -> int | None:
+        """The partition's leader if the cache knows it (the topic is tracked from now on);
+        never waits: ``leader_for`` without its Metadata request."""
+        with self._lock:
+            self.metadata.add_topics([topic])
+            return self.metadata.leader_for(topic, partition)
 
     def update_metadata(self, response: Any) -> None:
         """Take a Metadata answer a caller asked for itself."""
