@@ -421,11 +421,18 @@ class AsyncProducer:
     def _step_after_answers(self) -> None:
         """A connection's reader paired the answers of one receive: step now, on its turn,
         if a Produce answer among them asked for it (no task switch between an answer and
-        the requests it lets out). The sender task is woken only when this step wants an
-        earlier next step than the one it sleeps until."""
-        if not self._step_due or self._stopped:
+        the requests it lets out)."""
+        if self._step_due:
+            self._step_due = False
+            self.step_now()
+
+    def step_now(self) -> None:
+        """Step outside the sender task, on the loop (a reader after answers; a blocking
+        front's wake-up, called soon on the loop: one hop instead of a signal and a task
+        switch). The sender task is woken only when this step wants an earlier next step
+        than the one it sleeps until."""
+        if self._stopped:
             return
-        self._step_due = False
         wait_ms = self._step()
         if self._clock.monotonic_ms() + wait_ms < self._sender_wake_at_ms:
             self._wake.fire()
