@@ -433,7 +433,11 @@ class AsyncProducer:
         than the one it sleeps until."""
         if self._stopped:
             return
-        wait_ms = self._step()
+        steps_max = self._config.max_in_flight_requests_per_connection + 1
+        for _ in range(steps_max):  # again while the core has more for ready nodes now
+            wait_ms = self._step()
+            if wait_ms > 0:
+                break
         if self._clock.monotonic_ms() + wait_ms < self._sender_wake_at_ms:
             self._wake.fire()
 
