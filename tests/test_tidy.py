@@ -84,7 +84,7 @@ CLIENT_DRIVERS = {
     "rivven_broker.client._collector": "pauses the process's garbage collector around decodes",
     "rivven_broker.client._consumer": "blocking Consumer over the async one: waits, a queue",
     "rivven_broker.client._producer": "blocking Producer over the async one: futures, a lock",
-    "rivven_broker.client._sync": "blocking request/response through a portal",
+    "rivven_broker.client._sync": "blocking request/response on a loop the caller runs",
     "rivven_broker.client.aio": "the async driver's front module (trio and asyncio)",
     "rivven_broker.client._aio_admin": "async Admin (AnyIO)",
     "rivven_broker.client._aio_consumer": "async Consumer: fetch tasks (AnyIO)",

@@ -3,10 +3,13 @@
 Theory of operation
 -------------------
 ``AsyncConsumer`` keeps a ``FetchState``; a fetch task steps the core's ``FetcherCore``: it
-starts one task per position reset and per Fetch
-the step plans (one in flight per leader), dials the leaders the step names, and fires a
-signal when data lands. ``poll`` takes a completed fetch (making its partition
-fetchable again, so the next Fetch overlaps the caller's work), decodes it and hands out up to
+starts one task per position reset, sends each Fetch the step plans (one in flight per
+leader) at once on its connection (``Connection.request_soon``: the reader hands the answer
+to the core; a task only when the socket is busy or simulated), dials the leaders the step
+names, and fires a signal when data lands. ``poll`` takes a completed fetch (making its
+partition fetchable again, so the next Fetch overlaps the caller's work) and has the fetcher
+step on the loop at once (``step_now``: from a blocking front's thread one ``call_soon``,
+no signal and no task switch before the next Fetch leaves), decodes it and hands out up to
 ``max_poll_records`` records. The fetch state is touched under the ``Bridge`` lock (never
 across an await): a blocking front (``_consumer.Consumer``) calls ``poll``'s part that takes
 and decodes completed fetches (``fill``) and the plain methods on its caller's thread.
@@ -116,6 +119,8 @@ class AsyncConsumer:
         self._wake = Signal(bridge)  # the fetch task has something to do
         self._cluster.on_update = self._wake.fire  # a refresh or a dial ended: step again
         self._arrived = Signal(bridge)  # data, a reset or an error landed
+        #: when the fetch task steps again unless woken (its last step's answer)
+        self._fetcher_wake_at_ms = 0
         self._inline: list | None = None
         self._closed = False
         self._group: GroupMember | None = None
@@ -427,7 +432,9 @@ class AsyncConsumer:
                     raise error
                 if completed is None:
                     return
-                self._wake.fire()  # prefetch the partition's next chunk meanwhile
+                # prefetch the partition's next chunk meanwhile: the fetcher steps on the
+                # loop at once (from another thread, one call_soon; no signal, no task switch)
+                self._bridge.call_soon(self.step_now)
                 collector.begin()
                 records, corruption = decode_completed(completed, check_crc=self._config.check_crcs)
                 if corruption is not None or not records:
@@ -475,26 +482,42 @@ class AsyncConsumer:
 
     # --- the fetch task --------------------------------------------------------------------------
     async def _run_fetcher(self) -> None:
-        def node_ready(node_id: int) -> bool | None:
-            address = self._metadata.address_of(node_id)
-            return None if self._cluster.connection(address) is None else True
-
-        lock = self._lock
         while not self._closed:
-            now = self._clock.monotonic_ms()
-            with lock:
-                step = self._fetcher.step(now, node_ready)
-            if step.metadata_due:
-                self._cluster.refresh_soon()  # its end wakes this task (on_update)
-            wake_at = step.wake_at_ms
-            retry_at = self._cluster.dial_waiting(step.dial, now)  # a dial's end wakes it too
-            if retry_at is not None:
-                wake_at = min(wake_at, max(retry_at, now + 1))
-            for node, entries in step.resets:
-                self._nursery.start_soon(self._reset_offsets, node, entries)
-            for plan in step.fetches:
-                self._nursery.start_soon(self._fetch, plan)
-            await self._wake.wait(max(0, wake_at - now))
+            wait_ms = max(0, self._step_fetcher())
+            self._fetcher_wake_at_ms = self._clock.monotonic_ms() + wait_ms
+            await self._wake.wait(wait_ms)
+
+    def step_now(self) -> None:
+        """Step the fetcher outside its task, on the loop (``fill`` took a completed fetch:
+        its partition's next Fetch leaves at once). The task is woken only when this step
+        wants an earlier next step than the one it sleeps until."""
+        if self._closed:
+            return
+        wait_ms = self._step_fetcher()
+        if self._clock.monotonic_ms() + wait_ms < self._fetcher_wake_at_ms:
+            self._wake.fire()
+
+    def _node_ready(self, node_id: int) -> bool | None:
+        address = self._metadata.address_of(node_id)
+        return None if self._cluster.connection(address) is None else True
+
+    def _step_fetcher(self) -> int:
+        """One step of the fetcher (never awaits): what the core says, started; returns the
+        ms until the next step is due."""
+        now = self._clock.monotonic_ms()
+        with self._lock:
+            step = self._fetcher.step(now, self._node_ready)
+        if step.metadata_due:
+            self._cluster.refresh_soon()  # its end wakes the fetch task (on_update)
+        wake_at = step.wake_at_ms
+        retry_at = self._cluster.dial_waiting(step.dial, now)  # a dial's end wakes it too
+        if retry_at is not None:
+            wake_at = min(wake_at, max(retry_at, now + 1))
+        for node, entries in step.resets:
+            self._nursery.start_soon(self._reset_offsets, node, entries)
+        for plan in step.fetches:
+            self._fetch_soon(plan)
+        return wake_at - now
 
     async def _request(self, node_id: int, request: Any, timeout_ms: int) -> tuple[Any, Any]:
         """``(response, None)`` or ``(None, error)`` of one request to a connected leader."""
@@ -515,11 +538,29 @@ class AsyncConsumer:
         self._arrived.fire()
         self._wake.fire()
 
+    def _fetch_soon(self, plan: FetchPlan) -> None:
+        """Send one Fetch: at once, its answer handled by the connection's reader
+        (``request_soon``), or, when the connection cannot take it so, by a task."""
+        conn = self._cluster.connection(self._metadata.address_of(plan.node_id))
+        if conn is not None:
+            with self._lock:
+                request = self._fetcher.fetch_request(plan)
+
+            def on_answer(response: Any, error: RivvenError | None) -> None:
+                self._fetch_answered(plan, response, error)
+
+            if conn.request_soon(request, self._fetcher.fetch_timeout_ms, on_answer):
+                return
+        self._nursery.start_soon(self._fetch, plan)
+
     async def _fetch(self, plan: FetchPlan) -> None:
         with self._lock:
             request = self._fetcher.fetch_request(plan)
         response, error = await self._request(plan.node_id, request,
                                               self._fetcher.fetch_timeout_ms)
+        self._fetch_answered(plan, response, error)
+
+    def _fetch_answered(self, plan: FetchPlan, response: Any, error: RivvenError | None) -> None:
         with self._lock:
             self._fetcher.on_fetch_answer(plan, response, error, self._clock.monotonic_ms())
         self._arrived.fire()

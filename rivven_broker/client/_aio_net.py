@@ -23,7 +23,9 @@ responses): one wake-up per MiB instead of one per loopback segment.
 client's task group) pairs responses with waiters in order. A request that times out, a
 protocol violation or a lost stream breaks the connection: every waiter gets the error
 (responses cannot be skipped on a pipelined stream), and the pool dials again on next use
-after a backoff. New connections send a ``Handshake`` first.
+after a backoff. New connections send a ``Handshake`` first. After pairing the answers of one
+receive the reader calls the cluster's ``after_answers`` (the producer steps its sender there:
+an answer and the requests it lets out without a task switch).
 
 ``Cluster`` is the pool plus the ``MetadataCache``: ``any_connection`` (the cache's
 ``candidates``: known brokers, then the bootstrap list round robin), ``refresh`` (one Metadata
@@ -436,11 +438,19 @@ class _Waiter:
 
 
 class Connection:
-    """One pipelined stream to one broker."""
+    """One pipelined stream to one broker.
+
+    ``after_answers()``, when given, is called by the reader once it paired the answers of
+    one receive with their waiters (not after a receive that answered nothing; after
+    ``fail`` when the connection broke meanwhile): a client that follows answers with
+    requests (the producer's sender) steps there, on the reader's turn, instead of in a task
+    woken for it. An answer's callback may break the connection (a request it sends finds
+    the stream gone): the reader then stops at once, pairing nothing more (its waiters were
+    failed)."""
 
     def __init__(
         self, address: Address, stream: Any, in_flight_max: int, nursery: Spawner,
-        clock: Any = None,
+        clock: Any = None, after_answers: Callable[[], None] | None = None,
     ) -> None:
         self.address = address
         self.stream = stream
@@ -454,6 +464,7 @@ class Connection:
         self._deadlines = Signal()
         self.error: RivvenError | None = None
         self.api_versions: dict[int, tuple[int, int]] = {}
+        self.after_answers = after_answers
 
     @property
     def in_flight(self) -> int:
@@ -568,6 +579,7 @@ class Connection:
         core, stream = self.core, self.stream
         receive_into = getattr(stream, "receive_into", None)  # a SocketStream's tricks
         wake_when = getattr(stream, "wake_when", None)
+        answered = False  # answers paired since ``after_answers`` was last called
         try:
             while self.error is None:
                 try:
@@ -593,8 +605,17 @@ class Connection:
                     wake_when(core.body_missing)
                 while (event := core.next_event()) is not None:
                     self.waiters.popleft().settle(event.response, None)
+                    answered = True
+                    if self.error is not None:  # an answer's callback broke the connection:
+                        return  # its waiters are failed; the rest of the bytes answer nobody
+                if answered and self.after_answers is not None:
+                    answered = False
+                    self.after_answers()
         except ProtocolError as exc:
             self.fail(error_for(exc.code, f"from {self.address}: {exc}"))
+        finally:  # broken after some answers: they are still owed their step (after ``fail``)
+            if answered and self.after_answers is not None:
+                self.after_answers()
 
     def fail(self, error: RivvenError) -> None:
         """Break the connection: every waiter gets ``error``; the stream is closed."""
@@ -654,6 +675,9 @@ class Cluster:
         self.changed = Signal(self.bridge)  # fires when metadata changes (or a refresh failed)
         #: called after every refresh (its answer or failure): a driver's wake-up
         self.on_update: Callable[[], None] | None = None
+        #: given to every new connection (``Connection``'s docstring): the producer's sender
+        #: steps right after a receive brought answers
+        self.after_answers: Callable[[], None] | None = None
         self.backoff = ReconnectBackoff(
             config.reconnect_backoff_ms, config.reconnect_backoff_max_ms, self.rng
         )
@@ -729,7 +753,8 @@ class Cluster:
                 error = ConnectionFailedError(f"cannot connect to {address}: {exc!r}")
                 self._dial_failed(address, error)
                 raise error from exc
-            conn = Connection(address, stream, self.in_flight_max, self.nursery, self.clock)
+            conn = Connection(address, stream, self.in_flight_max, self.nursery, self.clock,
+                              self.after_answers)
             self.nursery.start_soon(conn.read_loop)
             self.nursery.start_soon(conn.watch_deadlines)
             await self._handshake(conn)
@@ -896,17 +921,23 @@ class Cluster:
         Raises:
             BrokerError: the topic's error, or UnknownTopicOrPartitionError.
         """
-        with self._lock:
-            self.metadata.add_topics([topic])
-            node = self.metadata.leader_for(topic, partition)
-            request = metadata_request(self.metadata.request_topics(), False)
+        node = self.known_leader(topic, partition)
         if node is None:
+            with self._lock:
+                request = metadata_request(self.metadata.request_topics(), False)
             response = check_response(await self.call(request, timeout_ms=timeout_ms),
                                       m.MetadataResponse)
             with self._lock:
                 self.metadata.on_update(response, self.now_ms())
                 node = self.metadata.leader_or_raise(topic, partition)
         return node
+
+    def known_leader(self, topic: str, partition: int) -> int | None:
+        """The partition's leader if the cache knows it (the topic is tracked from now on);
+        never waits: ``leader_for`` without its Metadata request."""
+        with self._lock:
+            self.metadata.add_topics([topic])
+            return self.metadata.leader_for(topic, partition)
 
     def update_metadata(self, response: Any) -> None:
         """Take a Metadata answer a caller asked for itself."""

@@ -4,10 +4,29 @@ Theory of operation
 -------------------
 ``send``/``enqueue``/``send_nowait`` append to the ``ProducerCore``'s accumulator (no awaits in
 between, so no lock is needed) with a ``Delivery`` handle as the record's token, and wake the
-sender task. The sender task steps the core: it dials leaders, seals batches and starts one task
-per Produce request (at most ``max_in_flight_requests_per_connection`` per broker); each request
-task feeds the answer back to the core and resolves the deliveries. ``flush`` waits until every
-record buffered when it was called completed; leaving ``open_producer`` flushes, then stops.
+sender task. The sender task steps the core: it dials leaders, seals batches and sends each
+Produce request (at most ``max_in_flight_requests_per_connection`` per broker) at once on its
+connection (``Connection.request_soon``; a task only when the socket is busy or simulated).
+The connection's reader feeds each answer back to the core and resolves the deliveries, and
+once it paired the answers of one receive it steps the sender itself (``after_answers``), so
+an answer and the requests it lets out follow each other without a task switch (as the old
+blocking driver's one thread did: answers, step, send). The sender task still steps whenever
+it is woken (records, failures, metadata, dials) or its timer is due. ``flush`` waits until
+every record buffered when it was called completed; leaving ``open_producer`` flushes, then
+stops.
+
+Stepping on the reader's turn is safe, and so would be a step between two answers of one
+connection (settled 2026-11-27; an attempt that stepped after each answer had failed
+``test_100k_idempotent_records_through_duplicates_and_dropped_connections``). For the core, a
+step taken before an answer is handled is the same as a step taken just before that answer
+arrived, a timing it must survive anyway: a batch sent ahead of an earlier one of its
+partition that is failing gets ``OUT_OF_ORDER_SEQUENCE`` and is retried while the earlier one
+is unfinished (``producer_core._retry_in_sequence``). The failures had two other causes: the
+reader went on pairing answers after a request sent from an answer's step had broken the
+connection (its waiters failed and gone: an ``IndexError``; the reader now stops), and the
+test's faulty proxy let the answer of a duplicated request through twice when the broker
+answered the first copy quickly (the client saw one answer twice: a protocol error failing
+the connection's requests for good, hence broken sequences; fixed in the proxy).
 
 Exactly-once: as in the blocking producer, the sender task also starts one task per
 coordinator request the core asks for (``InitProducerId`` and the transaction apis, one at a
@@ -159,6 +178,11 @@ class AsyncProducer:
         rng = env_rng(env, "producer")
         self._wake = Signal(bridge)
         self._cluster.on_update = self._wake.fire  # a refresh or a dial ended: step again
+        self._cluster.after_answers = self._step_after_answers
+        #: a Produce answer came in on a reader's turn: that reader steps (``_plan_answered``)
+        self._step_due = False
+        #: when the sender task steps again unless woken (its last step's answer)
+        self._sender_wake_at_ms = 0
         self._core = ProducerCore(self._config, conn_config, self._metadata, rng)
         self._acc = self._core.accumulator
         txn = self._core.txn
@@ -474,8 +498,32 @@ class AsyncProducer:
     # --- the sender task -----------------------------------------------------------------------
     async def _run_sender(self) -> None:
         while not self._stopped:
+            wait_ms = max(0, min(self._step(), _IDLE_WAIT_MS))
+            self._sender_wake_at_ms = self._clock.monotonic_ms() + wait_ms
+            await self._wake.wait(wait_ms)
+
+    def _step_after_answers(self) -> None:
+        """A connection's reader paired the answers of one receive: step now, on its turn,
+        if a Produce answer among them asked for it (no task switch between an answer and
+        the requests it lets out)."""
+        if self._step_due:
+            self._step_due = False
+            self.step_now()
+
+    def step_now(self) -> None:
+        """Step outside the sender task, on the loop (a reader after answers; a blocking
+        front's wake-up, called soon on the loop: one hop instead of a signal and a task
+        switch). The sender task is woken only when this step wants an earlier next step
+        than the one it sleeps until."""
+        if self._stopped:
+            return
+        steps_max = self._config.max_in_flight_requests_per_connection + 1
+        for _ in range(steps_max):  # again while the core has more for ready nodes now
             wait_ms = self._step()
-            await self._wake.wait(max(0, min(wait_ms, _IDLE_WAIT_MS)))
+            if wait_ms > 0:
+                break
+        if self._clock.monotonic_ms() + wait_ms < self._sender_wake_at_ms:
+            self._wake.fire()
 
     def _node_ready(self, node_id: int) -> bool | None:
         address = self._metadata.address_of(node_id)
@@ -544,7 +592,10 @@ class AsyncProducer:
                 request = self._core.produce_request(plan)
 
             def on_answer(response: Any, error: RivvenError | None) -> None:
-                self._plan_answered(plan, address, response, error)
+                # an answer (not a failure, nor "sent, no answer expected") comes from the
+                # connection's reader, which then steps the sender (``after_answers``)
+                self._plan_answered(plan, address, response, error,
+                                    reader_steps=response is not None)
 
             if conn.request_soon(request, self._request_timeout_ms, on_answer):
                 return
@@ -567,8 +618,10 @@ class AsyncProducer:
         self._plan_answered(plan, address, response, error)
 
     def _plan_answered(self, plan: ProducePlan, address: Address, response: Any,
-                       error: RivvenError | None) -> None:
-        """A Produce request's answer (or failure) back to the core; settle what finished."""
+                       error: RivvenError | None, *, reader_steps: bool = False) -> None:
+        """A Produce request's answer (or failure) back to the core; settle what finished.
+        Then the sender steps: at once in the reader's ``after_answers`` (``reader_steps``),
+        else in its task, woken here."""
         try:
             if self._stopped:  # shut down meanwhile: its batches were failed there
                 return
@@ -584,7 +637,10 @@ class AsyncProducer:
             self._finish(outcomes)
         finally:
             self._in_flight[address] -= 1
-            self._wake.fire()
+            if reader_steps:
+                self._step_due = True
+            else:
+                self._wake.fire()
 
     def _finish(self, outcomes: list[BatchOutcome]) -> None:
         """Settle the tokens of finished batches (never with ``_lock`` held: a delivery

@@ -9,8 +9,9 @@ needs, and keeps the per-record path off the portal:
 - ``send`` is the hot path. On the caller's thread, under the driver's ``Bridge`` lock, it
   appends the record to the accumulator (``AsyncProducer.append``, the same admission checks
   as the async ``send_nowait``) with a ``RecordFuture`` as its token, and wakes the loop only
-  when a batch opened or sealed (``Signal.fire`` from a foreign thread is one
-  ``call_soon_threadsafe``). It blocks only when the topic's metadata is unknown or the buffer
+  when a batch opened or sealed: one ``call_soon_threadsafe`` of ``AsyncProducer.step_now``,
+  which steps the sender right there on the loop (no signal, no task switch before the
+  request leaves). It blocks only when the topic's metadata is unknown or the buffer
   is full, waiting on the bridge's condition (every signal of the driver notifies it) for at
   most ``max_block_ms``.
 - Finished batches settle their futures a batch per lock hold (``resolve_futures``, the
@@ -24,6 +25,7 @@ which fails anything left with ``ClosedError``, and stops the loop thread.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from concurrent.futures import Future
@@ -83,6 +85,8 @@ class Producer:
         self._append = self._async.append
         self._wake = self._async._wake
         self._time_ns = self._loop.time_ns
+        #: a batch opened or sealed: the sender steps on the loop as soon as it can
+        self._step_soon = functools.partial(bridge.call_soon, self._async.step_now)
         self._closed = False
 
     # --- the user's side ---------------------------------------------------------------------
@@ -123,7 +127,7 @@ class Producer:
                 wake = self._append_when_possible(topic, value, key, headers, partition,
                                                   timestamp_ms, future)
         if wake:
-            self._wake.fire()
+            self._step_soon()
         if on_delivery is not None:
             future.add_done_callback(_delivery_adapter(on_delivery))
         return future

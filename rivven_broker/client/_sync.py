@@ -1,30 +1,129 @@
-"""Raw request/response calls for blocking callers: a ``Cluster`` through a portal.
+"""Raw request/response calls for blocking callers: a ``Cluster`` run on the caller's thread.
 
 Theory of operation
 -------------------
 ``SyncClient`` hosts one ``Cluster`` (``_aio_net.py``: connections, metadata, and ``call``,
-whose retries are the core's ``CallRetry``) on a ``LoopThread``; ``call``, ``fetch_metadata``
-and ``leader_for`` run it there and block the caller until the answer. For callers that move
-record batches as bytes themselves (the Spark executors) and the CLI. Thread-safe (the portal
-serialises nothing: concurrent calls run concurrently on the loop).
+whose retries are the core's ``CallRetry``) on a ``CallerLoop``: an asyncio event loop of its
+own that runs only inside a call, on the calling thread (``run_until_complete``), and is
+stopped in between. ``call``, ``fetch_metadata`` and ``leader_for`` run the driver's
+coroutine there, so the socket I/O of a request, and the receive of its answer (MiBs for a
+fetch, straight into the answer's buffer), happen on the caller's thread: no loop thread, no
+portal, no hand-off of the answer between threads (which made the executors' decoding thread
+and a loop thread take turns on the GIL), and no thread to start per client (a Spark task
+opens one). For callers that move record batches as bytes themselves (the Spark executors)
+and the CLI.
+
+Between calls nothing runs: the connections' reader and deadline tasks wait, suspended, and
+see what happened meanwhile (an answer, a closed socket) in the next call, as the blocking
+driver's select loop used to. Thread-safe: one lock serialises calls (a call from a thread
+that is running an event loop of its own runs on a short-lived helper thread instead, since
+a thread can run one loop at a time).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import functools
-from typing import Any
+import threading
+from typing import Any, Callable, Coroutine
 
-from rivven_broker.client._aio_net import open_cluster
-from rivven_broker.client._loop_thread import start_loop_thread
+import sniffio
+
+from rivven_broker.client._aio_net import Bridge, open_cluster
 from rivven_broker.client.config import ConnectionConfig
 from rivven_broker.client.errors import ClosedError
 from rivven_broker.client.metadata import MetadataCache
 
-__all__ = ["SyncClient"]
+__all__ = ["CallerLoop", "SyncClient"]
+
+
+class CallerLoop:
+    """An asyncio event loop run by its callers, one call at a time (the lock), on their
+    own threads. ``host`` enters an async context manager in a task that lives from call to
+    call; ``close`` leaves it and closes the loop."""
+
+    def __init__(self) -> None:
+        self.bridge = Bridge()  # never attached: the loop runs on the caller's thread
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._hosts: list[tuple[asyncio.Event, asyncio.Task]] = []
+
+    def call(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> Any:
+        """Run ``await fn(*args)`` on the loop, on this thread; its result or exception."""
+        with self._lock:
+            return self._run(fn(*args))
+
+    def _run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        # A fresh context: the caller's may name another event loop to sniffio (a trio
+        # thread), and AnyIO would then use that one's primitives here.
+        task = self._loop.create_task(coroutine, context=contextvars.Context())
+        try:
+            sniffio.current_async_library()  # asyncio's, or trio's (a thread-local)
+        except sniffio.AsyncLibraryNotFoundError:  # the common case: no loop on this thread
+            return self._loop.run_until_complete(task)
+        outcome: list[Any] = []  # [result] or [None, exception]
+
+        def run() -> None:
+            try:
+                outcome.append(self._loop.run_until_complete(task))
+            except BaseException as exc:  # raised again on the calling thread
+                outcome[:] = [None, exc]
+
+        helper = threading.Thread(target=run, name="rivven-sync-call", daemon=True)
+        helper.start()
+        helper.join()
+        if len(outcome) == 2:
+            raise outcome[1]
+        return outcome[0]
+
+    def host(self, open_client: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Enter ``open_client(*args, **kwargs)`` (an async context manager) on the loop and
+        return what it yields; ``close`` leaves it (as after a normal ``async with`` body)."""
+        entered: asyncio.Future = self._loop.create_future()
+        leave = asyncio.Event()
+
+        async def keep() -> None:
+            try:
+                async with open_client(*args, **kwargs) as value:
+                    entered.set_result(value)
+                    await leave.wait()
+            except BaseException as exc:
+                if not entered.done():
+                    entered.set_exception(exc)
+                raise
+
+        with self._lock:
+            task = self._loop.create_task(keep(), context=contextvars.Context())
+            self._hosts.append((leave, task))
+            return self._run(_wait_for(entered))
+
+    def close(self) -> None:
+        """Leave every hosted client (newest first) and close the loop. Idempotent."""
+        with self._lock:
+            if self._loop.is_closed():
+                return
+            try:
+                while self._hosts:
+                    leave, task = self._hosts.pop()
+                    leave.set()
+                    self._run(_wait_for(task, swallow=True))
+            finally:
+                self._loop.close()
+
+
+async def _wait_for(future: Any, swallow: bool = False) -> Any:
+    """``await future`` (a host task's end: its failure was seen at ``host`` already)."""
+    try:
+        return await future
+    except Exception:
+        if not swallow:
+            raise
+        return None
 
 
 class SyncClient:
-    """Blocking request/response over a private ``Cluster``."""
+    """Blocking request/response over a private ``Cluster``, on the caller's thread."""
 
     def __init__(
         self,
@@ -36,7 +135,7 @@ class SyncClient:
     ) -> None:
         assert connect_attempts_max >= 1
         self.config = config
-        self._loop = start_loop_thread("rivven-sync")
+        self._loop = CallerLoop()
         try:
             self._cluster = self._loop.host(
                 open_cluster, bootstrap, config, bridge=self._loop.bridge,
@@ -77,6 +176,11 @@ class SyncClient:
             BrokerError: the topic's error (unknown topic ...), or
                 ``UnknownTopicOrPartitionError`` for a partition out of range / leaderless.
         """
+        if self._closed:
+            raise ClosedError("the client is closed")
+        node = self._cluster.known_leader(topic, partition)  # no loop to run when known
+        if node is not None:
+            return node
         return self._run(self._cluster.leader_for, topic, partition, timeout_ms=timeout_ms)
 
     def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -344,7 +344,10 @@ class RecordAccumulator:
     ) -> DrainResult:
         """Take the ready batches, grouped into at most one request per ready node.
         ``partition_ready(tp)`` False holds a partition back (no producer id yet, or not yet
-        added to the transaction)."""
+        added to the transaction). A request takes one batch per partition; when the
+        partition's next batch is full too (or the buffer is), ``next_ready_ms`` is now: the
+        driver steps again at once, so the node's pipeline fills up to its in-flight limit
+        instead of waiting for the next answer or the next batch sealed."""
         # a full buffer sends what lingers: a sender blocked on room must not wait out linger_ms
         force = self.flushes_in_progress > 0 or self.closing or not self.has_room()
         by_node: dict[int, list[ProducerBatch]] = {}
@@ -386,6 +389,8 @@ class RecordAccumulator:
                 del self._open[tp]
             batch.sealed = True
             by_node.setdefault(node, []).append(batch)
+            if queue and queue[0].retry_at_ms <= now_ms and (queue[0].sealed or force):
+                next_ready_ms = now_ms  # its next full batch: in the node's next request
         plans = [ProducePlan(node, batches) for node, batches in by_node.items()]
         return DrainResult(plans, next_ready_ms, unknown_leader)
 

@@ -114,10 +114,17 @@ class FaultyProxy:
                         self.dropped_before += 1
                         cut()
                         return
-                    await upstream.send_all(frame)
-                    if seen > self.spare_frames and self._roll(self.duplicate_p):
+                    # Decided (and the answer marked to swallow) before the first copy
+                    # leaves: ``send_all`` is a checkpoint, and the broker's first answer
+                    # may come back through ``_answers`` before it returns; marked only
+                    # then, both answers would reach the client (one answer twice: a
+                    # protocol error that fails every request on the connection for good).
+                    duplicate = seen > self.spare_frames and self._roll(self.duplicate_p)
+                    if duplicate:
                         self.duplicated += 1
                         swallow.add(correlation_id)
+                    await upstream.send_all(frame)
+                    if duplicate:
                         await upstream.send_all(frame)
                     if seen > self.spare_frames and self._roll(self.drop_after_p):
                         self.dropped_after += 1

@@ -171,8 +171,19 @@ def test_one_batch_per_partition_per_request_and_unready_nodes_wait():
     for i in range(30):
         acc.append("t", 0, 0, None, b"x" * 100, (), i, now_ms=0, num_partitions=1)
     assert drain(acc, 0, ready=lambda node: False).plans == []
-    [plan] = drain(acc, 0).plans
+    first = drain(acc, 0)
+    [plan] = first.plans
     assert len(plan.batches) == 1
+    assert first.next_ready_ms == 0  # the partition's next full batch: the next request, now
+
+
+def test_a_partitions_open_batch_behind_a_drained_one_waits_its_linger():
+    acc = make(batch_size_bytes=1024, linger_ms=5)
+    for i in range(12):  # one full batch, then an open one
+        acc.append("t", 0, 0, None, b"x" * 100, (), i, now_ms=0, num_partitions=1)
+    first = drain(acc, 0)
+    assert len(first.plans) == 1 and first.next_ready_ms is None  # asked again when woken
+    assert drain(acc, 0).plans == [] and drain(acc, 5).plans != []
 
 
 def test_unknown_leader_is_reported():

@@ -177,3 +177,61 @@ async def test_an_answer_arriving_after_the_connection_failed_is_dropped_not_a_c
         connection.fail(RequestTimedOutError("no answer in time"))
         await server_end.send_all(answer)
     assert isinstance(waiter.error, RequestTimedOutError) and waiter.response is None
+
+
+def _answered_pings(connection, count: int) -> tuple[list, bytes]:
+    """``count`` Pings "sent" on ``connection`` (waiters with callbacks recording their
+    outcome) and the bytes answering all of them."""
+    from rivven_broker.client._aio_net import _Waiter
+
+    server = ServerConnection()
+    outcomes: list = []
+    answers = b""
+    for _ in range(count):
+        _, request_bytes = connection.core.send_request(m.Ping())
+        connection.waiters.append(_Waiter(0, lambda r, e: outcomes.append((r, e))))
+        server.receive_data(request_bytes)
+        event = server.next_event()
+        answers += server.send_response(event.correlation_id, m.Pong())
+    return outcomes, answers
+
+
+async def test_the_reader_steps_its_client_once_per_receive_of_answers():
+    """Three answers in one receive: three callbacks, then one ``after_answers``."""
+    from rivven_broker.client._aio_net import Connection
+
+    client_end, server_end = trio.testing.memory_stream_pair()
+    steps: list[int] = []
+    async with trio.open_nursery() as nursery:
+        connection = Connection(("memory", 1), client_end, 8, nursery,
+                                after_answers=lambda: steps.append(len(outcomes)))
+        outcomes, answers = _answered_pings(connection, 3)
+        nursery.start_soon(connection.read_loop)
+        await server_end.send_all(answers)
+        await trio.testing.wait_all_tasks_blocked()
+        assert [type(r).__name__ for r, _ in outcomes] == ["Pong"] * 3
+        assert steps == [3]
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_answer_whose_callback_breaks_the_connection_ends_the_reader():
+    """The first answer's callback fails the connection (as a request sent from the
+    producer's step does when the stream is gone): the second answer, already received, is
+    not paired with a waiter that is gone (it was failed), and the client still gets its
+    step, after the failure."""
+    from rivven_broker.client._aio_net import Connection
+    from rivven_broker.client.errors import ConnectionFailedError as Lost
+
+    client_end, server_end = trio.testing.memory_stream_pair()
+    seen: list = []
+    async with trio.open_nursery() as nursery:
+        connection = Connection(("memory", 1), client_end, 8, nursery,
+                                after_answers=lambda: seen.append(connection.error))
+        outcomes, answers = _answered_pings(connection, 2)
+        first = connection.waiters[0]
+        first.on_answer = lambda r, e: connection.fail(Lost("the stream is gone"))
+        nursery.start_soon(connection.read_loop)
+        await server_end.send_all(answers)
+        await trio.testing.wait_all_tasks_blocked()
+    assert len(outcomes) == 1 and isinstance(outcomes[0][1], Lost)  # the second: failed
+    assert len(seen) == 1 and isinstance(seen[0], Lost)
