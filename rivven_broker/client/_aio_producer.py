@@ -45,8 +45,9 @@ connector runtime's encoded path) pays the per-call costs once, not per record.
 
 from __future__ import annotations
 
+import functools
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 import anyio
 import anyio.lowlevel
@@ -219,16 +220,8 @@ class AsyncProducer:
             BrokerError (invalid topic, partition out of range), MessageTooLargeError,
             TypeError: as the blocking ``Producer.send``.
         """
-        deadline = self._clock.monotonic_ms() + self._config.max_block_ms
-        while True:
-            try:
-                delivery = self.send_nowait(topic, value, key, headers, partition, timestamp_ms)
-            except anyio.WouldBlock:
-                self._wake.fire()
-                await self._wait_for_capacity(topic, deadline)
-                continue
-            await anyio.lowlevel.checkpoint()
-            return delivery
+        return await self._queue_when_possible(topic, functools.partial(
+            self.send_nowait, topic, value, key, headers, partition, timestamp_ms))
 
     def send_nowait(self, topic: str, value: bytes | None = None, key: bytes | None = None,
                     headers: Any = None, partition: int | None = None,
@@ -278,10 +271,16 @@ class AsyncProducer:
                            timestamps_ms: Sequence[int]) -> Delivery:
         """``send_many_nowait``, waiting (at most ``max_block_ms``) for the topic's metadata
         or buffer space as ``enqueue`` does. Always a checkpoint."""
+        return await self._queue_when_possible(topic, functools.partial(
+            self.send_many_nowait, topic, keys, values, headers, timestamps_ms))
+
+    async def _queue_when_possible(self, topic: str, queue: Callable[[], Delivery]) -> Delivery:
+        """``queue()`` (a ``send_nowait``), waiting while it would block for the topic's
+        metadata or buffer space, at most ``max_block_ms``. Always a checkpoint."""
         deadline = self._clock.monotonic_ms() + self._config.max_block_ms
         while True:
             try:
-                delivery = self.send_many_nowait(topic, keys, values, headers, timestamps_ms)
+                delivery = queue()
             except anyio.WouldBlock:
                 self._wake.fire()
                 await self._wait_for_capacity(topic, deadline)
