@@ -59,6 +59,7 @@ answered: it propagates and stops the broker.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Callable
 
@@ -116,6 +117,7 @@ from rivven_broker.storage.partition import CommitRule, Partition, TxnCheck
 from rivven_broker.storage.staged_appends import StagedWrite
 
 if TYPE_CHECKING:
+    from rivven_broker.server.metrics import BrokerMetrics
     from rivven_broker.storage.partition_log import PartitionLog
 
 __all__ = ["DataPath"]
@@ -226,8 +228,12 @@ class DataPath:
                     fresh_only = False  # its original may be covered already
                     continue
                 count = info.last_offset - info.base_offset + 1
-                records_in += count
-                context.metrics.topic_in(topic.name, count, len(part.records))
+                if appended.staged is None:
+                    records_in += count
+                    context.metrics.topic_in(topic.name, count, len(part.records))
+                else:  # counted once written: a write that fails stored nothing
+                    appended.staged.on_written.append(functools.partial(
+                        _count_in, context.metrics, topic.name, count, len(part.records)))
                 outcome[key] = produce_partition_appended(
                     part.partition, info.base_offset, info.log_append_time_ms,
                     plog.log_start_offset,
@@ -615,6 +621,12 @@ def _record_at_time(plog: PartitionLog, timestamp_ms: int, below: int) -> tuple[
             if record.offset >= base and record.timestamp_ms >= timestamp_ms:
                 return (record.offset, record.timestamp_ms) if record.offset < below else (-1, -1)
         start = read.next_offset
+
+
+def _count_in(metrics: BrokerMetrics, topic: str, records: int, size: int) -> None:
+    """Records in, counted when a staged append was written (``StagedWrite.on_written``)."""
+    metrics.records_in(records)
+    metrics.topic_in(topic, records, size)
 
 
 def _produce_error(partition: int, error: _PartitionError) -> ProducePartitionResponse:

@@ -448,7 +448,7 @@ class Partition:
             staged.done = True
             self._wake()  # a failure is progress: the requests staged answer it now
             return
-        staged.done = True
+        staged.written()
         self.state.release()
         try:
             self._after_append()

@@ -34,7 +34,7 @@ that nothing is staged). Pure bookkeeping; the I/O is the log's.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 import attrs
 
@@ -44,10 +44,20 @@ __all__ = ["AppendPass", "StagedBatches", "StagedWrite"]
 @attrs.define(eq=False)
 class StagedWrite:
     """The fate of every request staged in one partition in one pass: ``done`` once the
-    pass wrote them, ``error`` set when the write failed (nothing of them was written)."""
+    pass wrote them, ``error`` set when the write failed (nothing of them was written).
+    ``on_written``: called once the write succeeded (the broker counts records in then,
+    never for a write that failed)."""
 
     done: bool = False
     error: Exception | None = None
+    on_written: list[Callable[[], None]] = attrs.field(factory=list)
+
+    def written(self) -> None:
+        """The write succeeded: mark it done and run ``on_written``."""
+        self.done = True
+        callbacks, self.on_written = self.on_written, []
+        for callback in callbacks:
+            callback()
 
 
 @attrs.define(eq=False, slots=True)

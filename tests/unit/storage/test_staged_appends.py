@@ -168,3 +168,26 @@ def test_a_failed_write_fails_every_staged_request_and_undoes_the_state() -> Non
     partition.check_invariants()
     again = partition.append_as_leader(batch(pid=5, seq=1), 0, allow)  # as if never sent
     assert again.info is not None and again.info.base_offset == end and again.staged is None
+
+
+def test_what_is_counted_once_written_is_counted_only_for_a_write_that_succeeded() -> None:
+    staging = AppendPass()
+    partition, store = open_partition(staging)
+    counted: list[str] = []
+    staging.open()
+    failing = partition.append_as_leader(batch(), 0, allow)
+    failing.staged.on_written.append(lambda: counted.append("failed pass"))
+    store.fault_hook = _full_disk
+    staging.close()
+    store.fault_hook = None
+    staging.open()
+    good = partition.append_as_leader(batch(), 0, allow)
+    good.staged.on_written.append(lambda: counted.append("written pass"))
+    assert counted == []  # nothing before the write
+    staging.close()
+    assert counted == ["written pass"] and good.staged.on_written == []
+
+
+def _full_disk(op: str, path: str) -> None:
+    if op == "pwritev":
+        raise OSError(errno.ENOSPC, "No space left on device")
