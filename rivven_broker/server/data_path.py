@@ -231,9 +231,13 @@ class DataPath:
                 if appended.staged is None:
                     records_in += count
                     context.metrics.topic_in(topic.name, count, len(part.records))
-                else:  # counted once written: a write that fails stored nothing
-                    appended.staged.on_written.append(functools.partial(
-                        _count_in, context.metrics, topic.name, count, len(part.records)))
+                else:  # counted once written (a write that fails stored nothing): one
+                    staged_write = appended.staged  # callback per partition and pass
+                    if not staged_write.records:
+                        staged_write.on_written.append(functools.partial(
+                            _count_in, context.metrics, topic.name, staged_write))
+                    staged_write.records += count
+                    staged_write.size += len(part.records)
                 outcome[key] = produce_partition_appended(
                     part.partition, info.base_offset, info.log_append_time_ms,
                     plog.log_start_offset,
@@ -623,10 +627,11 @@ def _record_at_time(plog: PartitionLog, timestamp_ms: int, below: int) -> tuple[
         start = read.next_offset
 
 
-def _count_in(metrics: BrokerMetrics, topic: str, records: int, size: int) -> None:
-    """Records in, counted when a staged append was written (``StagedWrite.on_written``)."""
-    metrics.records_in(records)
-    metrics.topic_in(topic, records, size)
+def _count_in(metrics: BrokerMetrics, topic: str, written: StagedWrite) -> None:
+    """Records in, counted when a pass's staged appends to one partition were written
+    (``StagedWrite.on_written``)."""
+    metrics.records_in(written.records)
+    metrics.topic_in(topic, written.records, written.size)
 
 
 def _produce_error(partition: int, error: _PartitionError) -> ProducePartitionResponse:

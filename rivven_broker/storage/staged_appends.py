@@ -45,12 +45,15 @@ __all__ = ["AppendPass", "StagedBatches", "StagedWrite"]
 class StagedWrite:
     """The fate of every request staged in one partition in one pass: ``done`` once the
     pass wrote them, ``error`` set when the write failed (nothing of them was written).
-    ``on_written``: called once the write succeeded (the broker counts records in then,
-    never for a write that failed)."""
+    ``on_written``: called once the write succeeded; ``records`` and ``size``: what the
+    broker counts in then (its requests' records and bytes, added as it stages them), never
+    for a write that failed."""
 
     done: bool = False
     error: Exception | None = None
     on_written: list[Callable[[], None]] = attrs.field(factory=list)
+    records: int = 0
+    size: int = 0
 
     def written(self) -> None:
         """The write succeeded: mark it done and run ``on_written``."""
