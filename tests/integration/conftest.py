@@ -76,6 +76,19 @@ class RunningBroker:
         return f"127.0.0.1:{self.port}"
 
 
+def _loopback_broker(directory: pathlib.Path, overrides: dict[str, Any]) -> Broker:
+    """A broker on ephemeral loopback ports (clients and HTTP) with its data in ``directory``."""
+    settings: dict[str, Any] = {
+        "data_dir": str(directory),
+        "listen": HostPort("127.0.0.1", 0),
+        "http": HostPort("127.0.0.1", 0),
+        "shutdown_timeout_ms": 5_000,
+    }
+    settings.update(overrides)
+    config = BrokerConfig(**settings)
+    return Broker(RealEnv(config.data_dir), config)
+
+
 @pytest.fixture
 async def start_broker(
     nursery: trio.Nursery, tmp_path: pathlib.Path
@@ -84,18 +97,11 @@ async def start_broker(
 
     async def start(*, data_dir: pathlib.Path | None = None, **overrides: Any) -> RunningBroker:
         directory = data_dir or tmp_path / f"broker-data-{len(started)}"
-        settings: dict[str, Any] = {
-            "data_dir": str(directory),
-            "listen": HostPort("127.0.0.1", 0),
-            "http": HostPort("127.0.0.1", 0),
-            "shutdown_timeout_ms": 5_000,
-        }
-        settings.update(overrides)
-        config = BrokerConfig(**settings)
-        broker = Broker(RealEnv(config.data_dir), config)
+        broker = _loopback_broker(directory, overrides)
         addresses = await nursery.start(broker.serve)
         http_port = addresses.http.port if addresses.http is not None else None
-        running = RunningBroker(broker, directory, addresses.listen.port, http_port)
+        running = RunningBroker(broker, pathlib.Path(broker.config.data_dir),
+                                addresses.listen.port, http_port)
         started.append(running)
         return running
 
@@ -172,18 +178,10 @@ def threaded_broker(
     started: list[RunningBroker] = []
 
     def start(**overrides: Any) -> RunningBroker:
-        settings: dict[str, Any] = {
-            "data_dir": str(tmp_path / f"threaded-broker-{len(started)}"),
-            "listen": HostPort("127.0.0.1", 0),
-            "http": HostPort("127.0.0.1", 0),
-            "shutdown_timeout_ms": 5_000,
-        }
-        settings.update(overrides)
-        config = BrokerConfig(**settings)
-        broker = Broker(RealEnv(config.data_dir), config)
+        broker = _loopback_broker(tmp_path / f"threaded-broker-{len(started)}", overrides)
         addresses = trio_thread.start(broker.serve)
         http_port = addresses.http.port if addresses.http is not None else None
-        running = RunningBroker(broker, pathlib.Path(config.data_dir), addresses.listen.port,
+        running = RunningBroker(broker, pathlib.Path(broker.config.data_dir), addresses.listen.port,
                                 http_port)
         started.append(running)
         return running
