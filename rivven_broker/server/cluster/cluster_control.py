@@ -17,7 +17,14 @@ replica of it and answers from what it has applied. This module is the server's 
 - *reconciliation*: the local topic registry is a cache of the applied metadata. After every
   applied command (and once at start, when the log has been applied up to the commit index the
   leader announced), local logs are created for topics the metadata has and deleted for topics
-  it does not — nothing else creates or deletes topics on a clustered broker;
+  it does not — nothing else creates or deletes topics on a clustered broker. Before a new
+  image's changes reach the disk, its applied index is written durably (``reconciled.checkpoint``
+  in the controller's directory: the *reconciled floor*), and a restarted broker reconciles
+  nothing older than that floor. The commit index PySyncObj declares the log ready at is the
+  one an AppendEntries carried, which a new Raft leader may announce lagging; without the floor
+  a restarted broker could act on an image older than one its previous process acted on — bring
+  back a topic that process deleted (an empty log: no epoch checkpoint remembers that the topic's
+  epoch 0 was led, so it would be led again), or delete a newer topic of the same name;
 - *coordinators*: the Raft leader creates ``__consumer_offsets`` (and ``__transaction_state``)
   in the metadata once
   min(3, voters) brokers are live (``_internal_topics_loop``); after every applied change the
@@ -75,6 +82,7 @@ from rivven_broker.server.env import Env
 from rivven_broker.server.group_driver import is_internal_topic, offsets_topic_config
 from rivven_broker.server.local_control import LocalControl, clip
 from rivven_broker.server.local_topics import LocalTopics
+from rivven_broker.storage.checkpoint import read_checkpoint, write_checkpoint
 from rivven_broker.storage.errors import StorageError, TopicExistsError, stop_on_io_error
 from rivven_broker.storage.topic_config import TopicConfig
 from rivven_cluster.membership import KeyRing, Member, MemberState
@@ -104,6 +112,10 @@ log = logging.getLogger(__name__)
 AdminAnswer = tuple[ErrorCode, str | None]
 _OK: AdminAnswer = (ErrorCode.NONE, None)
 _CONTROLLER_DIRECTORY = ".controller"
+#: The applied index of the newest image whose changes may have reached the local logs.
+_RECONCILED_FLOOR_FILE = "reconciled.checkpoint"
+#: How soon a reconciliation whose floor could not be written (a full disk) is tried again.
+_FLOOR_RETRY_S = 0.5
 _REGISTER_RETRY_S = 0.5
 _CONFLICT_RETRIES = 3
 _AUTO_CREATES_MAX = 64
@@ -398,10 +410,23 @@ class ClusterControl:
 
     async def _reconcile_loop(self) -> None:
         assert self.host is not None
+        floor = await self._env.run_sync(read_checkpoint, self._env.disk,
+                                         _CONTROLLER_DIRECTORY, _RECONCILED_FLOOR_FILE) or 0
         await self.host.ready.wait()
+        if self.image().applied_index < floor:
+            log.info("waiting for the controller's log to reach index %d, the last one this "
+                     "broker reconciled (applied: %d)", floor, self.image().applied_index)
+        while self.image().applied_index < floor:
+            await self.host.changed()
         while True:
             changed = self.host.next_change()  # taken before reconciling: none is missed
             image = self.image()
+            if image.applied_index > floor:
+                if not await self._raise_floor(image.applied_index):
+                    with trio.move_on_after(_FLOOR_RETRY_S):
+                        await changed.wait()
+                    continue
+                floor = image.applied_index
             await self._reconcile(image)
             if self.replicas is not None:
                 self.replicas.apply(image)
@@ -411,6 +436,19 @@ class ClusterControl:
             self._reconciled_changed.set()
             self._reconciled_changed = trio.Event()
             await changed.wait()
+
+    async def _raise_floor(self, index: int) -> bool:
+        """Make ``index`` the reconciled floor, durably, before any change of its image
+        reaches the local logs; False when the disk refused (full: the caller retries)."""
+        try:
+            await self._env.run_sync(write_checkpoint, self._env.disk, _CONTROLLER_DIRECTORY,
+                                     _RECONCILED_FLOOR_FILE, index)
+        except (StorageError, OSError) as exc:
+            stop_on_io_error(exc, "writing the reconciled floor")
+            log.error("could not write the reconciled floor %d (the metadata is applied "
+                      "locally once it is written): %s", index, exc)
+            return False
+        return True
 
     async def _reconcile(self, image: MetadataImage) -> None:
         local = self._local.topics()
