@@ -7,7 +7,7 @@ In a ``[nodes] cluster = true`` scenario every broker runs the real ``ReplicaMan
 replicas (``ReplicaManager.views()``: role, leader epoch, high watermark) and the batch headers
 of their logs, and keeps what it learns across crashes. It only reads (headers through the
 log's own ``iter_headers``, which draws no randomness and writes nothing), so a run with the
-monitor is the run without it. Three invariants of docs/invariants.md:
+monitor is the run without it. Three invariants of docs/invariants.md are judged throughout:
 
 - ``replication_replicas_agree``: below the high watermark every replica holds the same
   batches. A replica's *committed view* ends at the smaller of the high watermark it knows
@@ -26,7 +26,12 @@ monitor is the run without it. Three invariants of docs/invariants.md:
   that the data below stays is ``replication_replicas_agree``'s to judge.
 
 At the end of the run ``check_led`` adds a ``liveness`` judgement: every partition some serving
-node replicates has a serving leader. Sampling misses what lasts less than ``sample_ms``; the checkers are as strong as the
+node replicates has a serving leader; and ``check_told`` a fourth invariant,
+``replication_high_watermark_told``: every follower that holds the data below its leader's high
+watermark *knows* that high watermark, once it has stood still for longer than a follower's
+long poll (``fetch_wait_ms``) plus two samples — a leader that stopped telling quiet
+partitions' high watermarks would leave its followers starting low when they lead, which no
+safety checker sees. Sampling misses what lasts less than ``sample_ms``; the checkers are as strong as the
 samples, and the final sample is taken after the run has settled.
 """
 
@@ -46,6 +51,7 @@ REPLICATION_INVARIANTS = (
     "replication_replicas_agree",
     "replication_one_leader_per_epoch",
     "replication_epochs_grow",
+    "replication_high_watermark_told",
 )
 _SAMPLE_MS = 100
 #: Violations reported per invariant (the first ones say what happened; more are noise).
@@ -75,8 +81,12 @@ class ReplicationMonitor:
         self._led: dict[tuple[str, Key], int] = {}
         #: (node, incarnation, key, epoch) -> the leader's high watermark last sampled
         self._high_watermarks: dict[tuple[str, int, Key, int], int] = {}
+        #: (node, incarnation, key, epoch) -> (the leader's high watermark, since when, ms)
+        self._steady: dict[tuple[str, int, Key, int], tuple[int, float]] = {}
         self.violations: list[Violation] = []
         self.samples = 0
+        #: followers judged at the end on whether they know their leader's high watermark
+        self.followers_judged = 0
 
     async def run(self) -> None:
         while True:
@@ -119,6 +129,48 @@ class ReplicationMonitor:
         for key in sorted(replicated - led):
             self._report("liveness", f"{_name(key)} has no serving leader at the end of the run")
 
+    def check_told(self, now_ms: float) -> None:
+        """``replication_high_watermark_told``, at the end of the run (``now_ms``, virtual):
+        every follower holding the data below its leader's high watermark knows it, once it
+        has stood still for a long poll and two samples."""
+        #: (key, leader id, epoch) -> (its steady high watermark, for how long it must stand)
+        leaders: dict[tuple[Key, int, int], tuple[int, int]] = {}
+        serving = []
+        for name, host in sorted(self._world.nodes.items()):
+            broker = host.broker
+            if not host.up or broker is None or broker.state != BrokerState.SERVING \
+                    or broker.cluster is None or broker.cluster.replicas is None:
+                continue
+            serving.append((name, broker))
+            # a high watermark that stood still for a long poll and two samples has been told
+            settled_ms = broker.cluster.replicas.config.fetch_wait_ms + 2 * self.sample_ms
+            for key, view in broker.cluster.replicas.views().items():
+                steady = self._steady.get((name, host.incarnation, key, view.leader_epoch))
+                if view.leading and steady is not None and steady[0] == view.high_watermark \
+                        and now_ms - steady[1] >= settled_ms:
+                    leaders[(key, broker.cluster.node_id, view.leader_epoch)] = \
+                        (view.high_watermark, settled_ms)
+        for name, broker in serving:
+            for key, view in sorted(broker.cluster.replicas.views().items()):
+                steady = leaders.get((key, view.leader, view.leader_epoch))
+                if view.leading or steady is None:
+                    continue
+                if view.high_watermark >= steady[0]:
+                    self.followers_judged += 1
+                    continue
+                high_watermark, settled_ms = steady
+                try:
+                    held = broker.context.logs.get_log(*key).durable_offset
+                except UnknownTopicOrPartitionError:
+                    continue
+                self.followers_judged += held >= high_watermark
+                if held >= high_watermark:
+                    self._report("replication_high_watermark_told",
+                                 f"{name} follows {_name(key)} (epoch {view.leader_epoch}) "
+                                 f"holding offsets below {held} but knows high watermark "
+                                 f"{view.high_watermark}; its leader's has been "
+                                 f"{high_watermark} for over {settled_ms} ms")
+
     # -- the three invariants ----------------------------------------------------------------
 
     def _judge_epochs(self, node: str, incarnation: int, key: Key, view: Any) -> None:
@@ -148,6 +200,9 @@ class ReplicationMonitor:
                          f"{node}#{incarnation}'s high watermark of {_name(key)} went from "
                          f"{before} to {view.high_watermark} in epoch {epoch}")
         self._high_watermarks[hw_key] = max(before, view.high_watermark)
+        steady = self._steady.get(hw_key)
+        if steady is None or steady[0] != view.high_watermark:
+            self._steady[hw_key] = (view.high_watermark, trio.current_time() * 1000)
 
     def _compare(self, node: str, key: Key, plog: Any, limit: int) -> None:
         verified = self._verified.get((node, key), 0)
@@ -195,7 +250,8 @@ class ReplicationMonitor:
     def stats(self) -> dict[str, int]:
         return {"replication_samples": self.samples,
                 "replication_epochs": len(self.leaders),
-                "replication_batches_compared": sum(len(b) for b in self.committed.values())}
+                "replication_batches_compared": sum(len(b) for b in self.committed.values()),
+                "replication_followers_judged": self.followers_judged}
 
 
 def _name(key: Key) -> str:

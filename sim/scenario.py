@@ -164,7 +164,8 @@ _CLIENT_CONSUMER = attrs.fields(ConsumerConfig)
 CLIENTS = ("thin", "rivven", "rivven-blocking")
 REAL_CLIENTS = ("rivven", "rivven-blocking")
 REPLICATION_BUGS = ("hw_ignores_followers", "truncate_to_hw", "elect_outside_isr",
-                    "coordinator_skips_load", "lead_same_epoch_again", "stamp_first_epoch")
+                    "coordinator_skips_load", "lead_same_epoch_again", "stamp_first_epoch",
+                    "hw_untold")
 
 
 @attrs.frozen
@@ -260,8 +261,9 @@ class TestSwitches:
     raft_lying_fsync_probability: float = 0.0
     #: A replication bug (``REPLICATION_BUGS``): the high watermark ignores the followers,
     #: followers truncate to the high watermark instead of by epoch, the controller elects
-    #: leaders outside the ISR, a new group coordinator does not load its groups, or a
-    #: restarted broker leads an epoch its log already holds.
+    #: leaders outside the ISR, a new group coordinator does not load its groups, a
+    #: restarted broker leads an epoch its log already holds, a leader stamps a stale epoch,
+    #: or a leader never tells a quiet partition's high watermark (``hw_untold``).
     replication_bug: str = ""
 
     @property

@@ -307,7 +307,8 @@ class NodeHost:
                                    elect_outside_isr=bug == "elect_outside_isr",
                                    coordinator_skips_load=bug == "coordinator_skips_load",
                                    lead_same_epoch_again=bug == "lead_same_epoch_again",
-                                   stamp_first_epoch=bug == "stamp_first_epoch")
+                                   stamp_first_epoch=bug == "stamp_first_epoch",
+                                   high_watermark_untold=bug == "hw_untold")
         broker = self.broker = Broker(env, self.config(), key_ring=self.key_ring(),
                                       controller_observer=self.world.controller_monitor,
                                       replication_faults=faults,
@@ -561,6 +562,7 @@ class World:
             if self.replication_monitor is not None:
                 self.replication_monitor.sample()
                 self.replication_monitor.check_led()
+                self.replication_monitor.check_told(trio.current_time() * 1000)
             end_ms = trio.current_time() * 1000
             nursery.cancel_scope.cancel()
         if self.guard.report is not None:

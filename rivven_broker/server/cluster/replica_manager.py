@@ -121,6 +121,10 @@ class ReplicationFaults:
     #: A leader stamps its batches with the first epoch this process led the partition at
     #: (a stale cached value), not the epoch it leads now: the epochs of a log go back.
     stamp_first_epoch: bool = False
+    #: A leader leaves a quiet partition out of its answers even when its high watermark
+    #: moved: a follower learns the high watermark only with records, so it never learns the
+    #: last one.
+    high_watermark_untold: bool = False
 
 
 @attrs.frozen
@@ -480,7 +484,7 @@ class ReplicaManager:
                 saying.append((key, (-1, -1)))  # said, but not as a quiet partition
             else:
                 said = (answer.high_watermark, answer.log_start_offset)
-                if told.get(key) == said:
+                if told.get(key) == said or self.config.faults.high_watermark_untold:
                     continue
                 saying.append((key, said))
             answers.append(answer)
