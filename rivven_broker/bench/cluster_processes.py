@@ -18,6 +18,7 @@ import tempfile
 import time
 from typing import Any, Callable
 
+from rivven_broker.bench.servers import process_cpu_seconds
 from rivven_broker.server.cluster.key_file import generate_key
 
 __all__ = ["LocalCluster", "free_ports", "wait_for"]
@@ -96,6 +97,10 @@ class LocalCluster:
             raise RuntimeError(f"broker {node} did not start: {line!r}")
         self.processes[node] = popen
         return popen
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds used so far by every broker process running now."""
+        return sum(process_cpu_seconds(p.pid) for p in self.processes.values())
 
     def kill(self, node: int) -> None:
         popen = self.processes.pop(node)

@@ -91,8 +91,10 @@ class LineResult:
         return self.server_cpu_s / (self.records / 1e6)
 
 
-def _spawn_workers(specs: list[WorkerSpec], server: servers.ServerProcess | None) -> tuple[list[WorkerResult], float]:
-    """Run ``specs`` as processes from a common start; (results, server CPU s in the window)."""
+def _spawn_workers(specs: list[WorkerSpec], server: servers.ServerProcess | LocalCluster | None
+                   ) -> tuple[list[WorkerResult], float]:
+    """Run ``specs`` as processes from a common start; (results, server CPU s in the window:
+    the broker's, or every broker's of a cluster together)."""
     context = multiprocessing.get_context("spawn")
     running = []
     try:
@@ -319,7 +321,7 @@ def _rivven_line(options: BenchOptions, round_index: int, cpus: tuple[int | None
         elif options.mode == "e2e":
             specs += _consumer_specs("rivven-consume", options, address, topic, load_cpu, 0,
                                      options.consumers)
-        results, line.server_cpu_s = _spawn_workers(specs, server)
+        results, line.server_cpu_s = _spawn_workers(specs, server or cluster)
         consumers = [r for r in results if r.kind.endswith("consume")]
         if options.mode == "e2e":
             producers = [r for r in results if r.kind.endswith("produce")]

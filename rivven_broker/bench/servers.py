@@ -93,13 +93,7 @@ class ServerProcess:
 
     def cpu_seconds(self) -> float:
         """User + system CPU seconds used so far by every thread of the server."""
-        try:
-            with open(f"/proc/{self.pid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        # After the ")" closing the command name: state is field 3, utime 14, stime 15.
-        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+        return process_cpu_seconds(self.pid)
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -277,3 +271,15 @@ def server_versions() -> dict[str, str]:
         except (OSError, subprocess.TimeoutExpired, IndexError):
             found[name] = "unknown"
     return found
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds used so far by every thread of process ``pid`` (0 once it
+    is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # After the ")" closing the command name: state is field 3, utime 14, stime 15.
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS

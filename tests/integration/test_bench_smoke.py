@@ -89,3 +89,4 @@ def test_produce_bench_cluster_line():
     summary = _bench("produce", "--duration", "1", "--warmup", "0.5", "--cluster", "3")
     _check_line(summary["cluster"])
     assert summary["cluster_vs_single"] > 0
+    assert summary["cluster"]["broker_cpu_s_per_million"] > 0  # the three brokers' CPU
