@@ -66,10 +66,16 @@ class RecordingLocalTopics:
         self.created.append(name)
 
 
-async def _run_until_ready(control: ClusterControl, port: int, nursery: trio.Nursery) -> None:
+async def _started(tmp_path, port: int, local: RecordingLocalTopics,
+                   nursery: trio.Nursery) -> ClusterControl:
+    """A one-voter ClusterControl of broker 1 (boot 100) on ``tmp_path``, running."""
+    members = [_member(1, 100)]
+    control = ClusterControl(RealEnv(str(tmp_path)), node_id=1, rack=None, voters={},
+                             ring=lambda: RING, local=local, members=lambda: members)
     await nursery.start(functools.partial(
         control.run, boot_id=100, advertised=("127.0.0.1", 9092),
         listen=("127.0.0.1", port)))
+    return control
 
 
 async def test_a_restarted_broker_reconciles_no_image_older_than_its_last_one(tmp_path):
@@ -77,12 +83,9 @@ async def test_a_restarted_broker_reconciles_no_image_older_than_its_last_one(tm
     reach the local logs, and a restarted broker (whose log may be applied only up to a commit
     index a new Raft leader announced lagging) acts on no image below it."""
     (port,) = free_cluster_ports(1)
-    members = [_member(1, 100)]
     first = RecordingLocalTopics()
-    control = ClusterControl(RealEnv(str(tmp_path)), node_id=1, rack=None, voters={},
-                             ring=lambda: RING, local=first, members=lambda: members)
     async with trio.open_nursery() as nursery:
-        await _run_until_ready(control, port, nursery)
+        control = await _started(tmp_path, port, first, nursery)
         with trio.fail_after(10):
             while not control.ready:
                 await trio.sleep(0.02)
@@ -98,10 +101,8 @@ async def test_a_restarted_broker_reconciles_no_image_older_than_its_last_one(tm
     write_checkpoint(OsFileStore(str(tmp_path)), ".controller", "reconciled.checkpoint",
                      applied + 5)
     second = RecordingLocalTopics()
-    control = ClusterControl(RealEnv(str(tmp_path)), node_id=1, rack=None, voters={},
-                             ring=lambda: RING, local=second, members=lambda: members)
     async with trio.open_nursery() as nursery:
-        await _run_until_ready(control, port, nursery)
+        control = await _started(tmp_path, port, second, nursery)
         with trio.fail_after(10):
             while control.image().applied_index < applied:
                 await trio.sleep(0.02)
