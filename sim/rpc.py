@@ -123,7 +123,8 @@ class RpcConnection:
 async def open_rpc(net: SimNet, host: str, port: int) -> AsyncIterator[RpcConnection]:
     """Dial ``host:port`` and yield a connection with its reader running; close on exit.
 
-    Raises ``OSError`` when the dial fails.
+    Raises ``OSError`` when the dial fails. An error of the body leaves as itself, not
+    wrapped in the reader's nursery's exception group (callers catch ``ConnectionLost``).
     """
     stream = await net.open_tcp_stream(host, port)
     connection = RpcConnection(stream)
@@ -134,5 +135,9 @@ async def open_rpc(net: SimNet, host: str, port: int) -> AsyncIterator[RpcConnec
                 yield connection
             finally:
                 nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as errors:
+        if len(errors.exceptions) == 1:
+            raise errors.exceptions[0] from None
+        raise
     finally:
         await trio.aclose_forcefully(stream)
