@@ -63,7 +63,7 @@ from .pgoutput import (
     pg_timestamp_to_unix_ms,
 )
 from .transactions import Change, Transaction
-from .values import decode_text, decode_value
+from .values import decode_value, text_decoder
 
 __all__ = [
     "HEADER_ID",
@@ -137,6 +137,9 @@ class EnvelopeBuilder:
         factory=dict, init=False, eq=False, repr=False)
     #: ``_key_names`` per Relation object, kept the same way.
     _keys: dict[int, tuple[Relation, tuple[str, ...]]] = attrs.field(
+        factory=dict, init=False, eq=False, repr=False)
+    #: ``_typers`` per Relation object, kept the same way.
+    _typed: dict[int, tuple[Relation, tuple[str, ...], tuple[Any, ...]]] = attrs.field(
         factory=dict, init=False, eq=False, repr=False)
 
     def records(self, transaction: Transaction, now_ms: int,
@@ -397,33 +400,53 @@ class EnvelopeBuilder:
 
     def _image(self, relation: Relation, tuple_: tuple[ColumnValue, ...],
                previous: _Image | None = None) -> _Image:
-        if len(tuple_) != len(relation.columns):
+        names, decoders = self._typers(relation)
+        if len(tuple_) != len(names):
             raise EnvelopeError(
                 f"{relation.schema}.{relation.name}: tuple has {len(tuple_)} columns, the "
                 f"Relation {len(relation.columns)}")
         values: dict[str, Any] = {}
-        unavailable = []
-        for column, value in zip(relation.columns, tuple_):
-            if value.kind == "n":
-                values[column.name] = None
-            elif value.kind == "u":
-                old = previous.values.get(column.name, UNAVAILABLE_VALUE) if previous else \
+        unavailable = None
+        for name, decode, value in zip(names, decoders, tuple_):
+            kind = value.kind
+            if kind == "t":  # (the common case first: one typed call, no other test)
+                try:
+                    values[name] = decode(value.data)
+                except ValueError as error:
+                    raise self._value_error(relation, name, error) from None
+            elif kind == "n":
+                values[name] = None
+            elif kind == "u":
+                old = previous.values.get(name, UNAVAILABLE_VALUE) if previous else \
                     UNAVAILABLE_VALUE
                 if old == UNAVAILABLE_VALUE:
-                    unavailable.append(column.name)
-                values[column.name] = old
+                    unavailable = [*(unavailable or ()), name]
+                values[name] = old
             else:
                 assert value.data is not None
                 try:
-                    values[column.name] = (
-                        decode_text(column.type_oid, value.data.decode("utf-8"))
-                        if value.kind == "t" else
-                        decode_value(column.type_oid, value.kind, value.data))
+                    values[name] = decode_value(0, kind, value.data)  # (binary: any type)
                 except ValueError as error:
-                    raise EnvelopeError(
-                        f"{relation.schema}.{relation.name}.{column.name} (type oid "
-                        f"{column.type_oid}): {error}") from None
-        return _Image(values, tuple(unavailable))
+                    raise self._value_error(relation, name, error) from None
+        return _Image(values, tuple(unavailable) if unavailable else ())
+
+    def _typers(self, relation: Relation) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+        """``relation``'s column names and, per column, the function that types its text
+        (``values.text_decoder``), once per Relation object."""
+        cached = self._typed.get(id(relation))
+        if cached is None or cached[0] is not relation:
+            if len(self._typed) >= relation_versions_cached_max:
+                self._typed.clear()
+            cached = (relation, tuple(column.name for column in relation.columns),
+                      tuple(text_decoder(column.type_oid) for column in relation.columns))
+            self._typed[id(relation)] = cached
+        return cached[1], cached[2]
+
+    @staticmethod
+    def _value_error(relation: Relation, name: str, error: ValueError) -> EnvelopeError:
+        type_oid = next(column.type_oid for column in relation.columns if column.name == name)
+        return EnvelopeError(f"{relation.schema}.{relation.name}.{name} (type oid "
+                             f"{type_oid}): {error}")
 
 
 #: Stand for a change's LSN text in ``_source_json`` and a snapshot row's ``after`` image in
