@@ -109,6 +109,7 @@ import logging
 import random
 from typing import Any, Callable, Mapping
 
+import outcome
 import trio
 
 from rivven_connect.core.batch_cycle import batch_records_max
@@ -222,6 +223,9 @@ class PostgresCdcSource:
         #: and an error it met, raised by the next poll.
         self._prepared: list[Record | EncodedRecords] | None = None
         self._prepare_error: Exception | None = None
+        #: The snapshot chunk being read in a worker thread (``_start_chunk_fetch``): set
+        #: when its rows (or error) are in the list.
+        self._chunk_fetch: tuple[trio.Event, list[outcome.Outcome]] | None = None
         #: The runtime allows ``EncodedRecords`` (``use_encoded_records``).
         self.encoded = False
         #: For ``metrics()``: the slot's retained WAL (None: not read yet) and when it was
@@ -584,8 +588,12 @@ class PostgresCdcSource:
         run = self.snapshot
         builder = self.builder
         assert run is not None and builder is not None
-        items = await trio.to_thread.run_sync(
-            lambda: run.next_rows(wanted, self.snapshot_chunk_rows))
+        chunk_rows = self.snapshot_chunk_rows
+        while run.chunk_needed(wanted):
+            run.add_chunk(await self._fetched_chunk(run), chunk_rows)
+        items = run.take(wanted)
+        if run.chunk_needed(wanted):  # the next poll needs a chunk: read it meanwhile
+            self._start_chunk_fetch(run)
         now_ms = self.clock_ms()
         records: list[Record | EncodedRecords] = []
         for item in items:
@@ -611,6 +619,38 @@ class PostgresCdcSource:
             self.finished = run.stop_after
             self.stream_from = run.consistent_lsn
         return records
+
+    def _start_chunk_fetch(self, run: SnapshotRun) -> None:
+        """Read the snapshot's next chunk in a worker thread, not waited for here
+        (``_fetched_chunk`` takes its rows): the query runs while the rows before it are
+        built, sent and committed. One at a time; only ``add_chunk`` moves the keyset."""
+        assert self._chunk_fetch is None
+        done = trio.Event()
+        fetched: list[outcome.Outcome] = []
+        token = trio.lowlevel.current_trio_token()
+
+        def deliver(result: outcome.Outcome) -> None:  # (in the worker thread)
+            fetched.append(result)
+            try:
+                token.run_sync_soon(done.set)
+            except trio.RunFinishedError:
+                pass  # the runtime ended first: nobody waits for these rows
+
+        chunk_rows = self.snapshot_chunk_rows
+        trio.lowlevel.start_thread_soon(lambda: run.fetch_chunk(chunk_rows), deliver)
+        self._chunk_fetch = (done, fetched)
+
+    async def _fetched_chunk(self, run: SnapshotRun) -> list[tuple[str | None, ...]]:
+        """The rows of the chunk fetch in flight (started now if none is). A cancel leaves
+        the fetch in flight and its rows for the next call: nothing read is lost. Raises
+        what ``fetch_chunk`` raises (``SlotError``)."""
+        if self._chunk_fetch is None:
+            self._start_chunk_fetch(run)
+        assert self._chunk_fetch is not None
+        done, fetched = self._chunk_fetch
+        await done.wait()
+        self._chunk_fetch = None
+        return fetched[0].unwrap()
 
     async def side_effect(self, position: Any) -> None:
         """Confirm the slot for the committed ``position`` (the end of a transaction), now
@@ -671,6 +711,8 @@ class PostgresCdcSource:
         return parse_lsn(position["end_lsn"]), phase, int(position["seq"])
 
     def close(self) -> None:
+        """Close the connections (a snapshot chunk still being read finishes first: psycopg2
+        closes a connection only between its queries). Blocks."""
         if self.snapshot is not None:
             self.snapshot.close()
             self.snapshot = None

@@ -89,3 +89,32 @@ def test_a_prepared_snapshot_is_the_polled_one_and_stays_one_chunk_ahead(
     assert prepared == polled
     assert sum(count for batch in polled for _, count in batch) == ROWS
     assert ahead_max <= CHUNK + BATCH  # one chunk ahead of what the next poll takes
+
+
+def test_a_poll_cancelled_while_its_chunk_is_read_loses_no_row(postgres_server, pg_database):
+    """The next chunk is read in a worker thread while the rows before it go out; a poll
+    cancelled while it waits for that read (a stop) leaves the read and its rows to the
+    next poll, so every row is still handed out once, in order."""
+    dsn = postgres_server.dsn(pg_database)
+    _sql(dsn, f"CREATE TABLE items (id int PRIMARY KEY, body text); "
+              f"INSERT INTO items SELECT n, 'row ' || n FROM generate_series(1, {ROWS}) n")
+
+    async def main() -> list[int]:
+        source = _source(postgres_server.port, pg_database, "prep_cancel")
+        source.use_encoded_records()
+        ids: list[int] = []
+        cancelled = 0
+        try:
+            while source.snapshot is not None or not ids:
+                if source._chunk_fetch is not None:  # a read in flight: cancel the wait
+                    with trio.move_on_after(0):
+                        await source.poll(100)
+                        raise AssertionError("not cancelled")  # pragma: no cover
+                    cancelled += 1
+                ids.extend(key["id"] for key in _keys(await source.poll(100)))
+            assert cancelled >= ROWS // CHUNK - 1  # (every chunk after the first)
+            return ids
+        finally:
+            source.close()
+
+    assert trio.run(main) == list(range(1, ROWS + 1))
