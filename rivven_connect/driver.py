@@ -22,6 +22,13 @@ A ``SourceRunner`` holds no protocol state of its own — the cycle has it. It
    ``AbortTransaction`` (then ``WakeAt``) → ``TimerFired`` via ``trio.sleep_until``;
    ``Halt`` ends the task. The clock is trio's (``now_ms`` from ``trio.current_time``).
 
+The overlap: while ``commit_transaction`` waits for the broker, a source that has
+``prepare_poll`` reads and builds its next poll's records (``_commit_preparing_next``: the
+commit is sent first and both end before the cycle hears of the commit, so the side effect
+never runs beside a preparation, and nothing prepared is sent before the cycle's ``Poll``:
+one transaction in flight per source, as before; docs/connect.md "Preparing the next
+poll").
+
 ``stop`` (SIGTERM/SIGINT in the CLI) becomes one ``StopRequested``. A poll or a backoff wait
 in progress is cancelled for it (the cycle halts at once; the uncommitted batch is replayed
 after a restart); a transaction or side effect in flight finishes first, then the cycle
@@ -418,7 +425,7 @@ class SourceRunner:
         if failure is None:
             failure = await self._guard(self.crash.before_commit(producer))  # (test-only)
         if failure is None:
-            failure = await self._guard(producer.commit_transaction())
+            failure = await self._commit_preparing_next(producer)
         self._learn_partition_counts(producer, topics)
         if failure is None:
             self.crash.reach("after_commit_before_side_effect")  # (test-only)
@@ -434,6 +441,21 @@ class SourceRunner:
         return bc.TransactionFailed(commit.batch_id, str(failure),
                                     not isinstance(failure, _FATAL_ERRORS), now_ms(),
                                     topic_outcomes=attributed)
+
+    async def _commit_preparing_next(self, producer: Any) -> BaseException | None:
+        """``commit_transaction`` (its error, or None), with the source's next poll prepared
+        meanwhile (``prepare_poll``, when the source has it and no stop is asked): the commit
+        is sent first, the preparation runs while the broker works, and both have ended
+        when this returns — the cycle's next instruction (the side effect) never runs
+        beside a preparation. Nothing prepared is sent before the cycle polls for it."""
+        prepare = getattr(self.source, "prepare_poll", None)
+        if prepare is None or self.stop.is_set():
+            return await self._guard(producer.commit_transaction())
+        failure: list[BaseException | None] = []
+        async with trio.open_nursery() as nursery:  # (the commit runs first: start_soon)
+            nursery.start_soon(prepare, min(poll_records_max, bc.batch_records_max))
+            failure.append(await self._guard(producer.commit_transaction()))
+        return failure[0]
 
     def _learn_partition_counts(self, producer: Any, topics: set[str]) -> None:
         """The producer's metadata (refreshed by the client for unknown topics) into

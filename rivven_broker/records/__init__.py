@@ -9,6 +9,7 @@ to partitions with Kafka's murmur2 (``partition_for_key``), keyless records with
 """
 
 from rivven_broker.records.batch import (
+    EncodedHeaders,
     InvalidRecordError,
     Record,
     RecordHeaders,
@@ -48,6 +49,7 @@ __all__ = [
     "Compression",
     "Record",
     "RecordHeaders",
+    "EncodedHeaders",
     "RecordTooLargeError",
     "InvalidRecordError",
     # the header (header.py)

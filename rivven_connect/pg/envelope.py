@@ -54,6 +54,7 @@ from typing import Any
 
 import attrs
 
+from rivven_broker.records.batch import I32, EncodedHeaders, encode_headers
 from rivven_connect.core.records import (
     EncodedRecords, Header, Record, encode_json, encode_payload,
 )
@@ -63,7 +64,7 @@ from .pgoutput import (
     pg_timestamp_to_unix_ms,
 )
 from .transactions import Change, Transaction
-from .values import decode_text, decode_value
+from .values import decode_value, text_decoder
 
 __all__ = [
     "HEADER_ID",
@@ -133,10 +134,13 @@ class EnvelopeBuilder:
     emit_messages: bool = True
     #: ``schema_version`` per Relation object (by identity; the object is kept, so its id
     #: is not reused while cached). Bounded: cleared when full.
-    _versions: dict[int, tuple[Relation, bytes]] = attrs.field(
+    _versions: dict[int, tuple[Relation, bytes, bytes]] = attrs.field(
         factory=dict, init=False, eq=False, repr=False)
     #: ``_key_names`` per Relation object, kept the same way.
     _keys: dict[int, tuple[Relation, tuple[str, ...]]] = attrs.field(
+        factory=dict, init=False, eq=False, repr=False)
+    #: ``_typers`` per Relation object, kept the same way.
+    _typed: dict[int, tuple[Relation, tuple[str, ...], tuple[Any, ...]]] = attrs.field(
         factory=dict, init=False, eq=False, repr=False)
 
     def records(self, transaction: Transaction, now_ms: int,
@@ -190,7 +194,7 @@ class EnvelopeBuilder:
             else:
                 run.values.append(None)
             run.keys.append(encode_payload(key))
-            run.headers.append(self._headers(commit_text, seq, relation, headers))
+            run.headers.append(self._encoded_headers(commit_text, seq, relation, headers))
             run.timestamps_ms.append(commit_ms)
         if run is not None:
             blocks.append(run.block(transaction, last, last, position))
@@ -213,6 +217,19 @@ class EnvelopeBuilder:
         return ((HEADER_ID, cdc_id), (HEADER_SCHEMA_VERSION, self._version(relation)),
                 *headers)
 
+    def _encoded_headers(self, commit_text: str, seq: int, relation: Relation | None,
+                         headers: list[Header]) -> EncodedHeaders:
+        """``_headers`` in their wire form (``EncodedHeaders``): the id's bytes and the
+        schema version's field (kept per Relation) joined, with no pairs per record."""
+        if headers:  # a primary-key change or unavailable columns: rare, encoded as pairs
+            return EncodedHeaders(*encode_headers(self._headers(commit_text, seq, relation,
+                                                                headers)))
+        cdc_id = f"{commit_text}:{seq}".encode()
+        if relation is None:
+            return EncodedHeaders(b"".join((_ID_FIELD_HEAD, I32.pack(len(cdc_id)), cdc_id)), 1)
+        return EncodedHeaders(b"".join((_ID_FIELD_HEAD, I32.pack(len(cdc_id)), cdc_id,
+                                        self._version_field(relation))), 2)
+
     def _source_json(self, transaction: Transaction, relation: Relation | None,
                      commit_ms: int) -> tuple[str, str]:
         """``_source`` of a change of ``relation`` in ``transaction`` as JSON, split where
@@ -225,13 +242,23 @@ class EnvelopeBuilder:
     def _version(self, relation: Relation) -> bytes:
         """``schema_version(relation)`` as bytes, computed once per Relation object (it is
         a SHA-256 over the columns: the same for every record of the table)."""
+        return self._versions_of(relation)[1]
+
+    def _version_field(self, relation: Relation) -> bytes:
+        """The schema version header as ``encode_headers`` writes it (name and value with
+        their lengths), once per Relation object."""
+        return self._versions_of(relation)[2]
+
+    def _versions_of(self, relation: Relation) -> tuple[Relation, bytes, bytes]:
         cached = self._versions.get(id(relation))
         if cached is None or cached[0] is not relation:
             if len(self._versions) >= relation_versions_cached_max:
                 self._versions.clear()
-            cached = (relation, schema_version(relation).encode())
+            version = schema_version(relation).encode()
+            cached = (relation, version,
+                      encode_headers(((HEADER_SCHEMA_VERSION, version),))[0])
             self._versions[id(relation)] = cached
-        return cached[1]
+        return cached
 
     def snapshot_record(self, relation: Relation, row: tuple[ColumnValue, ...],
                         consistent_lsn: int, seq: int, snapshot: str, position: Any,
@@ -263,9 +290,12 @@ class EnvelopeBuilder:
         if done:
             head, tail = self._snapshot_value_json(relation, consistent_lsn, "last", now_ms)
             values[-1] = f"{head}{afters[-1]}{tail}".encode()
+        # The headers in their wire form: the id's bytes between two fields kept as bytes.
+        head, version, pack = _ID_FIELD_HEAD, self._version_field(relation), I32.pack
         lsn_text = format_lsn(consistent_lsn)
-        headers = [self._snapshot_headers(relation, lsn_text, seq)
-                   for seq in range(first_seq, first_seq + count)]
+        ids = [f"{lsn_text}:r:{seq}".encode() for seq in range(first_seq, first_seq + count)]
+        headers = [EncodedHeaders(b"".join((head, pack(len(cdc_id)), cdc_id, version)), 2)
+                   for cdc_id in ids]
         return EncodedRecords(relation.schema, relation.name, [key.encode() for key in keys],
                               values, headers, [now_ms] * count, position, first_position,
                               (("r", count),))
@@ -397,34 +427,57 @@ class EnvelopeBuilder:
 
     def _image(self, relation: Relation, tuple_: tuple[ColumnValue, ...],
                previous: _Image | None = None) -> _Image:
-        if len(tuple_) != len(relation.columns):
+        names, decoders = self._typers(relation)
+        if len(tuple_) != len(names):
             raise EnvelopeError(
                 f"{relation.schema}.{relation.name}: tuple has {len(tuple_)} columns, the "
                 f"Relation {len(relation.columns)}")
         values: dict[str, Any] = {}
-        unavailable = []
-        for column, value in zip(relation.columns, tuple_):
-            if value.kind == "n":
-                values[column.name] = None
-            elif value.kind == "u":
-                old = previous.values.get(column.name, UNAVAILABLE_VALUE) if previous else \
+        unavailable = None
+        for name, decode, value in zip(names, decoders, tuple_):
+            kind = value.kind
+            if kind == "t":  # (the common case first: one typed call, no other test)
+                try:
+                    values[name] = decode(value.data)
+                except ValueError as error:
+                    raise self._value_error(relation, name, error) from None
+            elif kind == "n":
+                values[name] = None
+            elif kind == "u":
+                old = previous.values.get(name, UNAVAILABLE_VALUE) if previous else \
                     UNAVAILABLE_VALUE
                 if old == UNAVAILABLE_VALUE:
-                    unavailable.append(column.name)
-                values[column.name] = old
+                    unavailable = [*(unavailable or ()), name]
+                values[name] = old
             else:
                 assert value.data is not None
                 try:
-                    values[column.name] = (
-                        decode_text(column.type_oid, value.data.decode("utf-8"))
-                        if value.kind == "t" else
-                        decode_value(column.type_oid, value.kind, value.data))
+                    values[name] = decode_value(0, kind, value.data)  # (binary: any type)
                 except ValueError as error:
-                    raise EnvelopeError(
-                        f"{relation.schema}.{relation.name}.{column.name} (type oid "
-                        f"{column.type_oid}): {error}") from None
-        return _Image(values, tuple(unavailable))
+                    raise self._value_error(relation, name, error) from None
+        return _Image(values, tuple(unavailable) if unavailable else ())
 
+    def _typers(self, relation: Relation) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+        """``relation``'s column names and, per column, the function that types its text
+        (``values.text_decoder``), once per Relation object."""
+        cached = self._typed.get(id(relation))
+        if cached is None or cached[0] is not relation:
+            if len(self._typed) >= relation_versions_cached_max:
+                self._typed.clear()
+            cached = (relation, tuple(column.name for column in relation.columns),
+                      tuple(text_decoder(column.type_oid) for column in relation.columns))
+            self._typed[id(relation)] = cached
+        return cached[1], cached[2]
+
+    @staticmethod
+    def _value_error(relation: Relation, name: str, error: ValueError) -> EnvelopeError:
+        type_oid = next(column.type_oid for column in relation.columns if column.name == name)
+        return EnvelopeError(f"{relation.schema}.{relation.name}.{name} (type oid "
+                             f"{type_oid}): {error}")
+
+
+#: The id header's name as ``encode_headers`` writes it (its value's length and bytes follow).
+_ID_FIELD_HEAD = I32.pack(len(HEADER_ID.encode())) + HEADER_ID.encode()
 
 #: Stand for a change's LSN text in ``_source_json`` and a snapshot row's ``after`` image in
 #: ``_snapshot_value_json`` (no name or LSN text holds a NUL).

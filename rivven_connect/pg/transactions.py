@@ -139,6 +139,10 @@ class TransactionAssembler:
     def _relations_of(self, message: Message) -> tuple[Relation, ...]:
         if isinstance(message, LogicalMessage):
             return ()
+        if not isinstance(message, Truncate):  # a row change (the common case): one oid
+            relation = self.relations.get(message.relation_oid)
+            if relation is not None:
+                return (relation,)
         oids = (message.relation_oids if isinstance(message, Truncate)
                 else (message.relation_oid,))
         missing = [oid for oid in oids if oid not in self.relations]

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import base64
 import datetime
+import functools
 import json
 import math
 import re
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["decode_text", "decode_value", "parse_array"]
+__all__ = ["decode_text", "decode_value", "parse_array", "text_decoder"]
 
 BOOL, BYTEA, CHAR, NAME, INT8, INT2, INT4, TEXT, OID = 16, 17, 18, 19, 20, 21, 23, 25, 26
 JSON, FLOAT4, FLOAT8, BPCHAR, VARCHAR, DATE, TIME = 114, 700, 701, 1042, 1043, 1082, 1083
@@ -48,6 +49,10 @@ _TIMESTAMPTZ = re.compile(r"(\d{4,})-(\d\d)-(\d\d) (\d\d:\d\d:\d\d)(?:\.(\d{1,6}
                           r"([+-])(\d\d)(?::(\d\d))?(?::(\d\d))?( BC)?")
 _TIMESTAMP_NO_ZONE = re.compile(r"\d{4,}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?( BC)?")
 _TIMETZ = re.compile(r"(\d\d:\d\d:\d\d(?:\.\d+)?)([+-])(\d\d)(?::(\d\d))?(?::(\d\d))?")
+
+#: Types ``decode_text`` returns as the text itself (no mapping): numeric, the strings,
+#: uuid, date, time (checked against ``decode_text`` by the unit tests).
+_TEXT_AS_IS = frozenset({TEXT, VARCHAR, BPCHAR, NAME, CHAR, NUMERIC, UUID, DATE, TIME})
 
 #: Postgres arrays have at most 6 dimensions (MAXDIM).
 ARRAY_DIMENSIONS_MAX = 6
@@ -95,6 +100,23 @@ def decode_text(type_oid: int, text: str) -> Any:
     if element is not None:
         return _map_array(parse_array(text), element)
     return text  # numeric, text, varchar, uuid, date, time and every other type
+
+
+def text_decoder(type_oid: int) -> Callable[[bytes], Any]:
+    """``decode_value(type_oid, "t", data)`` as one function of ``data``, chosen once per
+    column (the envelope keeps one per Relation): the types whose value is the text itself
+    (text, varchar, numeric, uuid, date and every type without a mapping) decode the UTF-8
+    and nothing more, integers parse the bytes at once; the rest go through
+    ``decode_text``. Raises what ``decode_value`` raises (``ValueError``)."""
+    if type_oid in _INTS:
+        return int  # (int() takes the ASCII digits as bytes; a non-digit raises ValueError)
+    if type_oid in _TEXT_AS_IS:
+        return bytes.decode  # UTF-8 (a bad byte raises UnicodeDecodeError, a ValueError)
+    return functools.partial(_decode_utf8_text, type_oid)
+
+
+def _decode_utf8_text(type_oid: int, data: bytes) -> Any:
+    return decode_text(type_oid, data.decode("utf-8"))
 
 
 def _timestamp(text: str, *, with_zone: bool) -> str:

@@ -15,6 +15,12 @@ the batch cycle, the producer or the offsets topic; it only
 - optionally ``metrics()`` — the source's own ``http_api.Metric``s (postgres-cdc: its slot's
   retained WAL, the replication lag, changes per table and op), read by the HTTP API; never
   blocks, never raises;
+- optionally ``await prepare_poll(max_records)`` — called by the driver while a batch's
+  transaction commits (never beside ``poll`` or ``side_effect``, never after a stop is
+  asked): read and build what the next ``poll`` returns, at most one poll's worth, without
+  waiting for new data; nothing it prepares may be visible outside the source before that
+  poll returns it. Never raises: an error is kept and raised by the next ``poll``. Not for
+  a source whose next poll depends on the side effect (``postgres-outbox-poll``);
 - optionally ``use_encoded_records()`` — called once, before the first ``poll``, when nothing
   per-record is configured (``routing.encoded_path_allowed``): ``poll`` may then return
   ``EncodedRecords`` blocks among its records (docs/connect.md "The encoded path").

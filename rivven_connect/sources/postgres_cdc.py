@@ -39,6 +39,13 @@ the exactly-once order; the source only keeps to its part:
   psycopg2 still never forwards the slot past the stored offset. The slot then follows
   unpublished WAL.
 
+``prepare_poll(max_records)`` (the driver calls it while a batch commits: docs/connect.md
+"Preparing the next poll") does the next poll's work ahead: a snapshot's next rows read and
+built (kept in ``_prepared``), or the frames readable at once decoded into whole
+transactions (the queue ``poll`` takes from); no wait, no reconnect, no chunk read, no
+heartbeat; an error is kept for the next poll. The slot is confirmed only by the side
+effect, as before.
+
 Reconnects (``ReplicationLink``, docs/connect-postgres.md "Reconnects"): when the
 replication connection is lost the source drops the half-received transaction, the relation
 cache and the frames not decoded yet (``TransactionAssembler.on_reconnect``), keeps the
@@ -102,6 +109,7 @@ import logging
 import random
 from typing import Any, Callable, Mapping
 
+import outcome
 import trio
 
 from rivven_connect.core.batch_cycle import batch_records_max
@@ -153,6 +161,9 @@ slot_active_wait_s = 15.0
 slot_active_retry_s = 0.5
 #: Frames one read takes from the replication connection.
 frames_per_read = 1000
+#: ``prepare_poll`` decodes this many records between checkpoints (the trio thread is the
+#: producer's too: its sender answers the commit in flight between the slices).
+prepare_slice_records = 256
 #: The slot's retained WAL is read at most this often (one short ordinary connection).
 slot_stats_interval_ms = 5_000
 
@@ -208,6 +219,13 @@ class PostgresCdcSource:
         self._transactions: collections.deque[tuple[list[Record | EncodedRecords], int]] = \
             collections.deque()  # (a transaction's records or blocks, its record count)
         self._queued = 0
+        #: ``prepare_poll``'s work: snapshot records built for the next poll (None: none),
+        #: and an error it met, raised by the next poll.
+        self._prepared: list[Record | EncodedRecords] | None = None
+        self._prepare_error: Exception | None = None
+        #: The snapshot chunk being read in a worker thread (``_start_chunk_fetch``): set
+        #: when its rows (or error) are in the list.
+        self._chunk_fetch: tuple[trio.Event, list[outcome.Outcome]] | None = None
         #: The runtime allows ``EncodedRecords`` (``use_encoded_records``).
         self.encoded = False
         #: For ``metrics()``: the slot's retained WAL (None: not read yet) and when it was
@@ -255,9 +273,16 @@ class PostgresCdcSource:
 
         wanted = min(max_records, self.batch_size)
         try:
+            if self._prepare_error is not None:
+                error, self._prepare_error = self._prepare_error, None
+                raise error
             if not self._started:
                 self._started = True
                 await self._start()
+            if self._prepared is not None:
+                records, self._prepared = self._prepared, None
+                if records:
+                    return records  # built by prepare_poll (its handover is done)
             if self.snapshot is not None:
                 records = await self._poll_snapshot(wanted)
                 if records:
@@ -301,6 +326,40 @@ class PostgresCdcSource:
             raise SourceError(f"postgres-cdc {self.slot.slot_name}: {error}") from error
         self._heartbeat_due_ms = self.clock_ms() + self.heartbeat_interval_ms
         return self._take(wanted)
+
+    async def prepare_poll(self, max_records: int) -> None:
+        """Prepare the next poll while the runtime commits the batch before (the driver's
+        overlap, docs/connect.md "Preparing the next poll"): a snapshot's next rows are read
+        and built (one poll's worth: the chunk reads stay one chunk ahead), a stream's
+        frames readable now are read and decoded into whole transactions (up to the batch
+        size; no wait, no reconnect, no incremental chunk read, no heartbeat). Nothing is
+        returned and nothing committed: the next ``poll`` returns it first. An error is
+        kept and raised by that poll. A checkpoint."""
+        wanted = min(max_records, self.batch_size)
+        try:
+            if self._prepare_error is not None or self._prepared is not None or (
+                    not self._started or self.finished):
+                return await trio.lowlevel.checkpoint()
+            await trio.lowlevel.checkpoint()  # the producer's sender first: the commit
+            if self.snapshot is not None:
+                self._prepared = await self._poll_snapshot(wanted)
+                return
+            link = self.link
+            if self.assembler is None or link.lost:
+                return
+            while self._queued < wanted:
+                if not self._frames:
+                    frames = await link.read_frames(frames_per_read, 0.0)
+                    if not frames:  # (a lost connection too: the next poll reconnects)
+                        break
+                    self._frames.extend(frames)
+                # In slices, with a checkpoint after each: the commit's requests and
+                # answers go on meanwhile (one decode of a whole batch would hold them).
+                self._feed(min(wanted, self._queued + prepare_slice_records))
+                await trio.lowlevel.checkpoint()
+        except (SlotError, PgOutputError, ReplicationStateError, TransactionTooLarge,
+                EnvelopeError, IncrementalSnapshotError) as error:
+            self._prepare_error = error
 
     async def _maybe_heartbeat(self) -> None:
         """Write the heartbeat marker if one is due (it comes back through the stream)."""
@@ -529,8 +588,12 @@ class PostgresCdcSource:
         run = self.snapshot
         builder = self.builder
         assert run is not None and builder is not None
-        items = await trio.to_thread.run_sync(
-            lambda: run.next_rows(wanted, self.snapshot_chunk_rows))
+        chunk_rows = self.snapshot_chunk_rows
+        while run.chunk_needed(wanted):
+            run.add_chunk(await self._fetched_chunk(run), chunk_rows)
+        items = run.take(wanted)
+        if run.chunk_needed(wanted):  # the next poll needs a chunk: read it meanwhile
+            self._start_chunk_fetch(run)
         now_ms = self.clock_ms()
         records: list[Record | EncodedRecords] = []
         for item in items:
@@ -556,6 +619,38 @@ class PostgresCdcSource:
             self.finished = run.stop_after
             self.stream_from = run.consistent_lsn
         return records
+
+    def _start_chunk_fetch(self, run: SnapshotRun) -> None:
+        """Read the snapshot's next chunk in a worker thread, not waited for here
+        (``_fetched_chunk`` takes its rows): the query runs while the rows before it are
+        built, sent and committed. One at a time; only ``add_chunk`` moves the keyset."""
+        assert self._chunk_fetch is None
+        done = trio.Event()
+        fetched: list[outcome.Outcome] = []
+        token = trio.lowlevel.current_trio_token()
+
+        def deliver(result: outcome.Outcome) -> None:  # (in the worker thread)
+            fetched.append(result)
+            try:
+                token.run_sync_soon(done.set)
+            except trio.RunFinishedError:
+                pass  # the runtime ended first: nobody waits for these rows
+
+        chunk_rows = self.snapshot_chunk_rows
+        trio.lowlevel.start_thread_soon(lambda: run.fetch_chunk(chunk_rows), deliver)
+        self._chunk_fetch = (done, fetched)
+
+    async def _fetched_chunk(self, run: SnapshotRun) -> list[tuple[str | None, ...]]:
+        """The rows of the chunk fetch in flight (started now if none is). A cancel leaves
+        the fetch in flight and its rows for the next call: nothing read is lost. Raises
+        what ``fetch_chunk`` raises (``SlotError``)."""
+        if self._chunk_fetch is None:
+            self._start_chunk_fetch(run)
+        assert self._chunk_fetch is not None
+        done, fetched = self._chunk_fetch
+        await done.wait()
+        self._chunk_fetch = None
+        return fetched[0].unwrap()
 
     async def side_effect(self, position: Any) -> None:
         """Confirm the slot for the committed ``position`` (the end of a transaction), now
@@ -616,6 +711,8 @@ class PostgresCdcSource:
         return parse_lsn(position["end_lsn"]), phase, int(position["seq"])
 
     def close(self) -> None:
+        """Close the connections (a snapshot chunk still being read finishes first: psycopg2
+        closes a connection only between its queries). Blocks."""
         if self.snapshot is not None:
             self.snapshot.close()
             self.snapshot = None

@@ -6,7 +6,10 @@ Theory of operation
 its snapshot, imports it on a reader connection, and walks the configured tables by
 primary-key keyset chunks with one row of look-ahead, so the snapshot's last row is known
 when it is emitted; each row comes with its ``SnapshotPosition`` (a table's name and its key
-columns' indexes are found once, when it opens, not per row).
+columns' indexes are found once, when it opens, not per row). A chunk read is split in
+``fetch_chunk`` (the query, blocking, changing nothing) and ``add_chunk`` (the
+bookkeeping), so the source can run the query in a thread while it hands out the rows
+before it (``take``): one fetch at a time, at most one chunk ahead of what ``take`` needs.
 
 With ``encoded`` (the runtime's encoded path), a table whose every column type has a
 Postgres-side JSON expression (``values_sql.table_json_supported``) is read with
@@ -85,9 +88,46 @@ class SnapshotRun:
 
     def next_rows(self, wanted: int, chunk_rows: int) -> list[SnapshotItem]:
         """Up to ``wanted`` rows: each with its position, or in ``JsonRows`` runs (the
-        snapshot's last row is ``done``)."""
-        while len(self.ahead) <= wanted and self.table_index < len(self.relations):
-            self._read_chunk(chunk_rows)
+        snapshot's last row is ``done``). Reads the chunks it needs first (blocking)."""
+        while self.chunk_needed(wanted):
+            self.add_chunk(self.fetch_chunk(chunk_rows), chunk_rows)
+        return self.take(wanted)
+
+    def chunk_needed(self, wanted: int) -> bool:
+        """Whether a chunk must be added before ``take(wanted)``: no more than ``wanted``
+        rows ahead (one row of look-ahead tells the last one) and tables left to read."""
+        return len(self.ahead) <= wanted and self.table_index < len(self.relations)
+
+    def fetch_chunk(self, chunk_rows: int) -> list[tuple[str | None, ...]]:
+        """The next chunk of the table being read (blocking I/O; nothing changes here:
+        ``add_chunk`` takes the rows, and no other fetch may run before it did). Raises
+        ``SlotError``."""
+        assert self.table_index < len(self.relations)
+        relation = self.relations[self.table_index]
+        key = self.key_columns[(relation.schema, relation.name)]
+        if self.json_tables[self.table_index]:
+            return self.reader.read_chunk_json(relation, key, self.read_after, chunk_rows)
+        return self.reader.read_chunk(relation, key, self.read_after, chunk_rows)
+
+    def add_chunk(self, rows: list[tuple[str | None, ...]], chunk_rows: int) -> None:
+        """The rows ``fetch_chunk`` read into ``ahead`` (rows of a JSON table are ``(after,
+        key, *key texts)``, of the others their columns' texts); the keyset moves on."""
+        index = self.table_index
+        relation = self.relations[index]
+        if self.json_tables[index]:
+            last = rows[-1][2:] if rows else None
+        else:
+            key = self.key_columns[(relation.schema, relation.name)]
+            last = key_text(relation, key, rows[-1]) if rows else None
+        self.ahead.extend((index, row) for row in rows)
+        if len(rows) < chunk_rows:
+            self.table_index, self.read_after = index + 1, None
+        else:
+            self.read_after = last
+
+    def take(self, wanted: int) -> list[SnapshotItem]:
+        """Up to ``wanted`` rows from ``ahead`` (no I/O: ``chunk_needed`` says when to add a
+        chunk first)."""
         out: list[SnapshotItem] = []
         taken = 0
         null = ColumnValue("n")
@@ -105,24 +145,6 @@ class SnapshotRun:
             taken += 1
         self.exhausted = not self.ahead and self.table_index == len(self.relations)
         return out
-
-    def _read_chunk(self, chunk_rows: int) -> None:
-        """The next chunk of the table being read into ``ahead`` (rows of a JSON table
-        are ``(after, key, *key texts)``, of the others their columns' texts)."""
-        index = self.table_index
-        relation = self.relations[index]
-        key = self.key_columns[(relation.schema, relation.name)]
-        if self.json_tables[index]:
-            rows = self.reader.read_chunk_json(relation, key, self.read_after, chunk_rows)
-            last = rows[-1][2:] if rows else None
-        else:
-            rows = self.reader.read_chunk(relation, key, self.read_after, chunk_rows)
-            last = key_text(relation, key, rows[-1]) if rows else None
-        self.ahead.extend((index, row) for row in rows)
-        if len(rows) < chunk_rows:
-            self.table_index, self.read_after = index + 1, None
-        else:
-            self.read_after = last
 
     def _position(self, index: int, row: tuple, key: tuple[str, ...] | None = None
                   ) -> SnapshotPosition:

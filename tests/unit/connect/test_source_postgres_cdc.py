@@ -282,3 +282,56 @@ async def test_with_encoded_records_on_transactions_come_as_blocks_and_signals_a
     assert block.keys == [b'{"id":2}']
     assert source.incremental.signals["refused"] == 1  # (a row without a type)
     assert source.queued_by_path == {"encoded": 2}
+
+
+class ReadySlot(TrickleSlot):
+    """Every pending transaction is readable at once (no wait needed)."""
+
+    async def read_frames(self, max_frames, wait_s):
+        await trio.lowlevel.checkpoint()
+        self.waits.append(wait_s)
+        return self.pending.pop(0) if self.pending else []
+
+
+def _ready_source(transactions: int, batch_size: int = 500):
+    clock = [0]
+    slot = ReadySlot(clock, transactions=transactions)
+    source = _streaming(slot, clock, 0)
+    source.batch_size = batch_size
+    source.builder = EnvelopeBuilder(db="shop", key_columns={("public", "orders"): ("id",)},
+                                     emit_messages=False)
+    return slot, source
+
+
+async def test_prepare_poll_decodes_what_is_readable_now_and_the_next_poll_returns_it():
+    slot, source = _ready_source(transactions=3, batch_size=2)
+    await source.prepare_poll(100)
+    # Up to the batch size (whole transactions), never waiting for the stream.
+    assert source._queued == 2 and slot.waits == [0.0, 0.0] and len(slot.pending) == 1
+    reads = len(slot.waits)
+    assert [r.key["id"] for r in await source.poll(100)] == [0, 1]
+    assert len(slot.waits) == reads  # the poll read nothing: it was prepared
+    await source.prepare_poll(100)  # the last one, then nothing readable: no wait either
+    assert slot.waits[reads:] == [0.0, 0.0] and source._queued == 1
+    assert [r.key["id"] for r in await source.poll(100)] == [2]
+
+
+async def test_prepare_poll_does_nothing_before_the_start_or_with_the_connection_lost():
+    slot, source = _ready_source(transactions=1)
+    source._started = False
+    await source.prepare_poll(100)
+    assert slot.waits == [] and source._queued == 0
+    source._started = True
+    source.link.outage = object()  # (lost: only the next poll reconnects)
+    await source.prepare_poll(100)
+    assert slot.waits == [] and source._queued == 0
+
+
+async def test_an_error_met_while_preparing_is_raised_by_the_next_poll():
+    from rivven_connect.sources import SourceError
+
+    slot, source = _ready_source(transactions=0)
+    slot.pending = [[(0x3000, b"?not a pgoutput message")]]
+    await source.prepare_poll(100)  # never raises: the commit in flight is not disturbed
+    with pytest.raises(SourceError, match="rivven_slot"):
+        await source.poll(100)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import rivven_broker.records as records
 
 EXPECTED = {
-    "BatchBuilder", "Compression", "Record", "RecordHeaders", "RecordTooLargeError",
+    "BatchBuilder", "Compression", "Record", "RecordHeaders", "EncodedHeaders",
+    "RecordTooLargeError",
     "InvalidRecordError", "HEADER_BYTES", "BatchHeader", "BatchError", "InvalidBatchError",
     "CorruptBatchError", "parse_header", "validate", "stamp", "iter_batches", "BatchFilter",
     "batch_headers", "decode_records", "iter_records", "ControlType", "ControlRecord",

@@ -17,9 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rivven_broker.protocol import limits
+from rivven_broker.records.batch import encode_headers
 from rivven_broker.records import (
     BatchBuilder,
     BatchHeader,
+    EncodedHeaders,
     InvalidRecordError,
     Record,
     RecordTooLargeError,
@@ -105,6 +107,19 @@ def test_dict_headers_and_unicode_keys():
     batch = build([(5, b"k", b"v", headers)])
     (record,) = decode_records(batch)
     assert record.headers == (("trace-id", b"abc"), ("ключ", None), ("🔑", b""))
+
+
+def test_encoded_headers_are_written_as_the_pairs_they_encode():
+    pairs = (("rivven.cdc.id", b"0/16B3748:0"), ("ключ", None), ("v", b""))
+    encoded = EncodedHeaders(*encode_headers(pairs))
+    assert encode_headers(encoded) == encode_headers(pairs)
+    assert build([(5, b"k", b"v", encoded)]) == build([(5, b"k", b"v", pairs)])
+    (record,) = decode_records(build([(5, b"k", b"v", encoded), (6, b"k", b"v", ())]))[:1]
+    assert record.headers == pairs
+    builder = BatchBuilder(batch_bytes_max=BIG)
+    with pytest.raises(InvalidRecordError):  # the count is checked against the limit
+        builder.append(1, None, b"v", EncodedHeaders(b"", limits.headers_per_record_max + 1))
+    assert builder.is_empty
 
 
 def test_large_value_round_trips_with_and_without_zstd():

@@ -21,6 +21,7 @@ import psycopg2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rivven_broker.records.batch import encode_headers
 from rivven_connect.core.records import encode_payload
 from rivven_connect.pg.envelope import EnvelopeBuilder
 from rivven_connect.pg.pgoutput import ColumnValue
@@ -79,8 +80,8 @@ rows = st.lists(st.tuples(st.sampled_from(["eu", "us", "ap ü", "a\"b"]), st.int
 
 
 def _wire(record) -> tuple:
-    return (encode_payload(record.key), encode_payload(record.value), tuple(record.headers),
-            record.timestamp_ms)
+    return (encode_payload(record.key), encode_payload(record.value),
+            encode_headers(tuple(record.headers)), record.timestamp_ms)  # (the wire's bytes)
 
 
 def _both_paths(config: PgConnectConfig, snapshot: str, table: tuple[str, str],
@@ -109,7 +110,9 @@ def _both_paths(config: PgConnectConfig, snapshot: str, table: tuple[str, str],
             block = builder.encoded_snapshot(
                 relation, [row[0] for row in jsons], [row[1] for row in jsons], 0x1000, seq,
                 done, {"first": True}, {"last": True}, 77)
-            encoded.extend(zip(block.keys, block.values, block.headers, block.timestamps_ms))
+            encoded.extend((key, value, encode_headers(headers), timestamp_ms)
+                           for key, value, headers, timestamp_ms in zip(
+                               block.keys, block.values, block.headers, block.timestamps_ms))
             names = [column.name for column in relation.columns]
             after = tuple(texts[-1][names.index(column)] for column in key)
             assert tuple(jsons[-1][2:]) == after  # the same keyset continuation

@@ -11,6 +11,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rivven_broker.records.batch import encode_headers
 from rivven_connect.core.records import EncodedRecords, encode_json, encode_payload
 from rivven_connect.pg.envelope import EnvelopeBuilder
 from rivven_connect.pg.pgoutput import (
@@ -93,12 +94,13 @@ def transactions(draw):
 
 def _wire(record) -> tuple:
     """What the driver hands the producer for a record (``driver._send``)."""
-    return (encode_payload(record.key), encode_payload(record.value), tuple(record.headers),
-            record.timestamp_ms)
+    return (encode_payload(record.key), encode_payload(record.value),
+            encode_headers(tuple(record.headers)), record.timestamp_ms)  # (the wire's bytes)
 
 
 def _flat(blocks: list[EncodedRecords]) -> list[tuple]:
-    return [wire for block in blocks for wire in
+    return [(key, value, encode_headers(headers), timestamp_ms) for block in blocks
+            for key, value, headers, timestamp_ms in
             zip(block.keys, block.values, block.headers, block.timestamps_ms)]
 
 

@@ -8,7 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rivven_connect.pg.values import decode_text, decode_value, parse_array
+from rivven_connect.pg.values import (
+    _TEXT_AS_IS, decode_text, decode_value, parse_array, text_decoder,
+)
 
 CASES = [
     (21, "-7", -7), (23, "42", 42), (20, "9007199254740993", 9007199254740993), (26, "1", 1),
@@ -52,6 +54,29 @@ def test_decode_text(oid, text, expected):
     value = decode_text(oid, text)
     assert value == expected and type(value) is type(expected)
     assert json.loads(json.dumps(value)) == value  # survives JSON unchanged
+
+
+@pytest.mark.parametrize("oid,text,expected", CASES + [
+    (18, "c", "c"), (19, "pg_class", "pg_class"), (25, "", ""), (1700, "-0.5", "-0.5")])
+def test_the_decoder_chosen_per_column_is_decode_value(oid, text, expected):
+    value = text_decoder(oid)(text.encode())
+    assert value == expected == decode_value(oid, "t", text.encode())
+    assert type(value) is type(expected)
+
+
+def test_the_types_decoded_as_their_text_are_the_ones_decode_text_leaves_alone():
+    for oid in _TEXT_AS_IS:  # (a sentinel that no mapping would return unchanged)
+        assert decode_text(oid, "\x7b1\x7d") == "\x7b1\x7d"
+        assert text_decoder(oid) is bytes.decode
+
+
+@pytest.mark.parametrize("oid,data", [(23, b"x"), (20, b"1.5"), (25, b"\xff\xfe"),
+                                      (16, b"true"), (1184, b"2024-01-02 03:04:05")])
+def test_the_per_column_decoder_raises_value_error_as_decode_value_does(oid, data):
+    with pytest.raises(ValueError):
+        decode_value(oid, "t", data)
+    with pytest.raises(ValueError):
+        text_decoder(oid)(data)
 
 
 @pytest.mark.parametrize("oid,text", [
