@@ -25,8 +25,13 @@ change of the chunk's table removes its key from the chunk buffer when it arrive
 - before ``L`` from a transaction in ``S``'s in-progress xids (the race);
 
 and a race transaction delivered *before the chunk was read* (one of the last
-``recent_xids_max`` delivered transactions in ``S``'s in-progress list) makes the chunk
-worthless: it is dropped and read again (at most ``chunk_retries_max`` times in a row).
+``recent_xids_max`` delivered transactions in ``S``'s in-progress list) removes from the
+chunk the keys it changed: the stream already carried their newer state, which ``S`` does
+not show. Its keys are known when it changed at most ``race_keys_max`` rows of the tables
+being snapshotted while the snapshot ran (and truncated none); otherwise the chunk is
+worthless: it is dropped and read again (at most ``chunk_retries_max`` times in a row —
+with a busy writer under a loaded machine, every read can meet a race, so dropping is the
+exception).
 A truncate of the table in those cases empties the buffer. At ``H`` the rows left are
 returned, in key order, to be emitted as ``r`` records after everything streamed before
 ``H``: each row's key has no streamed change between ``S`` and ``H``, so the row is that
@@ -54,13 +59,16 @@ import attrs
 
 __all__ = ["IncrementalSnapshot", "IncrementalSnapshotError", "IncrementalState",
            "ChunkRequest", "Signal", "SignalError", "SIGNAL_TYPES", "chunk_retries_max",
-           "key_id", "parse_signal", "recent_xids_max"]
+           "key_id", "parse_signal", "race_keys_max", "recent_xids_max"]
 
 SIGNAL_TYPES = ("execute-snapshot", "stop-snapshot", "pause-snapshot", "resume-snapshot")
 #: Delivered transactions remembered for the race check (module docstring).
 recent_xids_max = 4096
 #: A chunk dropped this many times in a row (race transactions) stops the source.
 chunk_retries_max = 100
+#: Keys of the snapshotted tables remembered per delivered transaction for the race check;
+#: a transaction that changed more makes a chunk it races be dropped instead.
+race_keys_max = 64
 #: Bounds of a signal: tables it names, chunk size.
 signal_tables_max = 1000
 chunk_rows_max = 10_000
@@ -188,6 +196,9 @@ class IncrementalSnapshot(Generic[Payload]):
         self._next_chunk_id = 1
         self._recent: collections.deque[int] = collections.deque(maxlen=recent_xids_max)
         self._recent_counts: collections.Counter[int] = collections.Counter()
+        #: xid -> the keys it changed per snapshotted table, or None: unknown (delivered
+        #: while no snapshot ran, more than ``race_keys_max``, or a truncate)
+        self._recent_keys: dict[int, dict[str, set[str]] | None] = {}
         self._retries = 0
         self.chunks_emitted = 0
         self.chunks_retried = 0
@@ -254,7 +265,9 @@ class IncrementalSnapshot(Generic[Payload]):
             return False
         assert chunk.phase == "reading", chunk.phase
         in_progress = frozenset(xid & 0xFFFF_FFFF for xid in in_progress_xids)
-        if any(self._recent_counts[xid] for xid in in_progress):
+        races = [xid for xid in in_progress if self._recent_counts[xid]]
+        raced = [self._recent_keys.get(xid) for xid in races]
+        if any(keys is None for keys in raced):
             self.chunk = None
             self.chunks_retried += 1
             self._retries += 1
@@ -265,8 +278,13 @@ class IncrementalSnapshot(Generic[Payload]):
             return False
         self._retries = 0
         chunk.rows = dict(rows)
+        chunk.exhausted = len(chunk.rows) < chunk.request.limit  # (as read: before the cuts)
+        for keys in raced:  # the stream carried these keys' newer state before the read
+            assert keys is not None
+            for key in keys.get(chunk.request.table, ()):
+                if chunk.rows.pop(key, None) is not None:
+                    self.rows_dropped += 1
         chunk.last_key, chunk.in_progress, chunk.phase = last_key, in_progress, "read"
-        chunk.exhausted = len(chunk.rows) < chunk.request.limit
         return True
 
     def chunk_failed(self, chunk_id: int) -> None:
@@ -282,8 +300,27 @@ class IncrementalSnapshot(Generic[Payload]):
             self._recent_counts[old] -= 1
             if not self._recent_counts[old]:
                 del self._recent_counts[old]
+                self._recent_keys.pop(old, None)
         self._recent.append(xid)
+        seen = self._recent_counts[xid]
         self._recent_counts[xid] += 1
+        if self.state is None or seen:  # unknown keys (a repeated xid: the older one's too)
+            self._recent_keys[xid] = None
+        else:
+            self._recent_keys[xid] = {}
+
+    def _remember(self, xid: int, table: str, key: str | None) -> None:
+        """Note that delivered transaction ``xid`` changed ``key`` (None: every row) of
+        ``table``, when it is a table the snapshot reads (the race check)."""
+        state = self.state
+        keys = self._recent_keys.get(xid)
+        if keys is None or state is None or table not in state.tables:
+            return
+        changed = keys.setdefault(table, set())
+        if key is None or sum(map(len, keys.values())) >= race_keys_max:
+            self._recent_keys[xid] = None
+        else:
+            changed.add(key)
 
     def _affects(self, xid: int, table: str) -> bool:
         chunk = self.chunk
@@ -292,12 +329,14 @@ class IncrementalSnapshot(Generic[Payload]):
 
     def on_change(self, xid: int, table: str, key: str) -> None:
         """A streamed row change (insert, update, delete; both keys of a key change)."""
+        self._remember(xid, table, key)
         if self._affects(xid, table):
             assert self.chunk is not None
             if self.chunk.rows.pop(key, None) is not None:
                 self.rows_dropped += 1
 
     def on_truncate(self, xid: int, table: str) -> None:
+        self._remember(xid, table, None)
         if self._affects(xid, table):
             assert self.chunk is not None
             self.rows_dropped += len(self.chunk.rows)
@@ -334,6 +373,9 @@ class IncrementalSnapshot(Generic[Payload]):
 
     def check_invariants(self) -> None:
         assert sum(self._recent_counts.values()) == len(self._recent) <= recent_xids_max
+        assert set(self._recent_keys) <= set(self._recent_counts)
+        for keys in self._recent_keys.values():
+            assert keys is None or sum(map(len, keys.values())) <= race_keys_max
         chunk, state = self.chunk, self.state
         if chunk is not None:
             assert state is not None and chunk.request.table == state.tables[0]
