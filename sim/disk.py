@@ -15,14 +15,16 @@ lost. The next incarnation gets a fresh view of the same store.
 
 Injected faults (through the store's ``fault_hook``, so they act before the call does anything):
 
-- ``fail_fsyncs(n)``: the next ``n`` calls to ``fsync``/``fsync_dir`` raise ``OSError(EIO)``.
+- ``fail_fsyncs(n)``: the next ``n`` calls to ``fsync``/``sync_filesystem``/``fsync_dir`` raise
+  ``OSError(EIO)``.
   A node must treat that as fatal and stop; the world checks that it does.
 - ``set_full(True)``: writes that need space (``pwrite``, ``pwritev``, ``allocate``,
   ``makedirs``, creating a file) raise ``OSError(ENOSPC)`` until ``set_full(False)``.
 
 Test-only (to prove the checkers bite): ``lying_fsync_probability`` makes an ``fsync`` of a
 segment file (``*.log``) report success without syncing, i.e. a disk that loses record data it
-said was durable. (Lying about checkpoints too mostly makes recovery refuse to start, which
+said was durable (``sync_filesystem``, the model of ``syncfs(2)`` that the group commit uses for
+large groups, lies the same way, file by file). (Lying about checkpoints too mostly makes recovery refuse to start, which
 hides the lost records behind a dead node.)
 
 fsync latency is modelled in ``SimEnv.run_sync`` (``fsync_latency_s``), which is where the
@@ -44,7 +46,7 @@ from sim.trace import Trace
 __all__ = ["DiskConfig", "SimDisk", "DiskView"]
 
 _NEEDS_SPACE = frozenset({"pwrite", "pwritev", "allocate", "makedirs"})
-_SYNCS = frozenset({"fsync", "fsync_dir"})
+_SYNCS = frozenset({"fsync", "sync_filesystem", "fsync_dir"})
 
 
 @attrs.frozen
@@ -194,6 +196,9 @@ class DiskView:
         if self._disk._lie(self._paths.get(handle, "")):
             return
         store.fsync(handle)
+
+    def sync_filesystem(self) -> bool:
+        return self._live().sync_filesystem(skip=self._disk._lie)
 
     def truncate(self, handle: int, size: int) -> None:
         self._live().truncate(handle, size)
