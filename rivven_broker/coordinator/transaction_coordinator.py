@@ -11,15 +11,7 @@ state is that topic's records (format in ``txn_log_codec``).
 Requests whose outcome must survive a crash are answered only after their record is durable:
 the reply travels with the pending append and is released by ``TxnLogAppended``. While an
 append or the markers of a transactional id are outstanding, further requests for that id get
-CONCURRENT_TRANSACTIONS (retriable), except one: EndTxn is answered once its Prepare* record
-is durable (KIP-98), so a producer that commits back to back sends its next transaction's
-first AddPartitionsToTxn (or AddOffsetsToTxn) while the last one is still *completing*
-(Prepare*, its markers, its Complete* record). Such a request *waits* here, one per id, for at
-most ``limits.txn_completion_wait_ms``: after every event, a waiting request whose id is no
-longer completing is handled as if it had just arrived (so a fence, a failed append or
-anything else that happened meanwhile answers it as it would have then), and one past its
-deadline is answered CONCURRENT_TRANSACTIONS. Answered at once, the producer slept out a
-retry backoff per transaction (1.2-1.5 retries a transaction over 50 topics).
+CONCURRENT_TRANSACTIONS (retriable).
 
 States per transactional id: Empty -> Ongoing (AddPartitionsToTxn / AddOffsetsToTxn) ->
 PrepareCommit | PrepareAbort (EndTxn; durable before the reply: a logged commit is
@@ -138,8 +130,6 @@ class TransactionCoordinator:
         self._block_end = FIRST_PRODUCER_ID
         self._block_append: int | None = None
         self._parked: deque[tuple[Hashable, InitProducerId]] = deque()
-        #: transactional id -> (token, request, deadline ms): waits for the id's completion
-        self._waiting: dict[str, tuple[Hashable, TxnRequest, int]] = {}
         self._next_append_id = 1
         self._loaded = False
 
@@ -230,7 +220,7 @@ class TransactionCoordinator:
     def next_deadline_ms(self) -> int | None:
         """When the next ``TxnTick`` has work (a timeout, an expiry, a completion to retry);
         None when nothing is due. Pure."""
-        deadlines = [deadline for _, _, deadline in self._waiting.values()]
+        deadlines = []
         for transactional_id, meta in self._txns.items():
             if transactional_id in self._markers_written:
                 deadlines.append(meta.update_ms)
@@ -239,30 +229,6 @@ class TransactionCoordinator:
             elif meta.state in _CLOSED:
                 deadlines.append(meta.update_ms + limits.transactional_id_expiration_ms)
         return min(deadlines, default=None)
-
-    def _completing(self, transactional_id: str) -> bool:
-        """Whether the id's last transaction is decided and only completing: Prepare*
-        (markers outstanding or written), or its Complete* record being appended."""
-        meta = self._txns.get(transactional_id)
-        if meta is not None and meta.state in _PREPARE:
-            return True
-        append_id = self._pending_ids.get(transactional_id)
-        target = None if append_id is None else self._pending[append_id].target
-        return target is not None and target.state in (
-            TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
-
-    def _release_waiting(self, now_ms: int) -> list[TxnInstruction]:
-        """Handle each waiting request whose id has completed as if it arrived now; answer
-        those past their deadline CONCURRENT_TRANSACTIONS."""
-        instructions: list[TxnInstruction] = []
-        for transactional_id, (token, request, deadline_ms) in list(self._waiting.items()):
-            if not self._completing(transactional_id):
-                del self._waiting[transactional_id]
-                instructions += self._request(token, request, now_ms)
-            elif now_ms >= deadline_ms:
-                del self._waiting[transactional_id]
-                instructions.append(_reply(token, request, ErrorCode.CONCURRENT_TRANSACTIONS))
-        return instructions
 
     def _busy(self, transactional_id: str) -> bool:
         return (
@@ -278,12 +244,6 @@ class TransactionCoordinator:
         """Apply one event; return what the driver must do, in order. Never blocks; raises
         nothing (refusals are error codes in the replies)."""
         self._loaded = True
-        instructions = self._handle(event, now_ms)
-        if self._waiting:
-            instructions += self._release_waiting(now_ms)
-        return instructions
-
-    def _handle(self, event: TxnEvent, now_ms: int) -> list[TxnInstruction]:
         if isinstance(event, TxnRequestReceived):
             return self._request(event.token, event.request, now_ms)
         if isinstance(event, TxnLogAppended):
@@ -308,12 +268,6 @@ class TransactionCoordinator:
         if meta is None:
             return [_reply(token, request, code)]
         if self._busy(request.transactional_id) or meta.state in _PREPARE:
-            if (isinstance(request, (AddPartitionsToTxn, AddOffsetsToTxn))
-                    and request.transactional_id not in self._waiting
-                    and self._completing(request.transactional_id)):
-                self._waiting[request.transactional_id] = (
-                    token, request, now_ms + limits.txn_completion_wait_ms)
-                return []  # answered by _release_waiting
             return [_reply(token, request, ErrorCode.CONCURRENT_TRANSACTIONS)]
         if isinstance(request, EndTxn):
             return self._end_txn(token, request, meta, now_ms)
@@ -621,10 +575,6 @@ class TransactionCoordinator:
         assert (self._block_append is not None) == bool(self._parked)
         assert len(self._parked) <= limits.producer_id_waiters_max
         assert len(self._txns) <= limits.transactional_ids_max
-        for transactional_id, (_, request, _) in self._waiting.items():
-            assert request.transactional_id == transactional_id
-            assert transactional_id in self._txns
-            assert self._completing(transactional_id)  # else released after the last event
 
     def statistics(self) -> dict[str, int]:
         """Counts for metrics: transactional ids per state, outstanding work, producer ids."""
@@ -636,7 +586,6 @@ class TransactionCoordinator:
             appends_pending=len(self._pending),
             markers_outstanding=len(self._markers_outstanding),
             init_producer_id_parked=len(self._parked),
-            requests_waiting_for_completion=len(self._waiting),
             next_producer_id=self._next_producer_id,
             producer_id_block_end=self._block_end,
         )

@@ -157,10 +157,6 @@ transactions_open_per_producer_max = 1
 partitions_per_transaction_max = 10_000
 #: Producer-state snapshots kept per partition (the newest; older ones are deleted).
 producer_snapshots_kept = 2
-#: How long an AddPartitionsToTxn / AddOffsetsToTxn that meets its id's last transaction
-#: completing (markers, the Complete* record) waits at the coordinator for the completion
-#: before it is answered CONCURRENT_TRANSACTIONS.
-txn_completion_wait_ms = 100
 #: Markers of one transaction the broker retries writing after a storage error, at most this
 #: often (and the delay between two attempts of one partition doubles up to this).
 transaction_marker_retry_ms_max = 5_000

@@ -276,89 +276,13 @@ def test_a_commit_is_answered_when_its_decision_is_durable_then_markers_complete
     (markers,) = driver.markers
     assert (markers.committed, markers.producer_epoch) == (True, epoch)
     assert markers.partitions == (("a", 0), ("b", 1))
-    busy = driver.call(EndTxn("t", pid, epoch, True))  # a retry: settles the markers too
-    assert busy.error_code == ErrorCode.CONCURRENT_TRANSACTIONS
+    busy = driver.call(add("t", pid, epoch, ("a", 0)))  # settles the markers too
+    assert codes(busy) == {ErrorCode.CONCURRENT_TRANSACTIONS}
     assert driver.state("t") == TxnState.COMPLETE_COMMIT
     assert driver.call(EndTxn("t", pid, epoch, True)).error_code == OK  # a retry
     assert driver.call(EndTxn("t", pid, epoch, False)).error_code == ErrorCode.INVALID_TXN_STATE
     assert codes(driver.call(add("t", pid, epoch, ("c", 0)))) == {OK}  # the next transaction
     assert driver.coordinator.metadata("t").partitions == {("c", 0)}
-
-
-def _committing(driver: Driver) -> tuple[int, int]:
-    """An id whose transaction over a-0 is decided (EndTxn answered) and not yet complete."""
-    pid, epoch = init(driver)
-    assert codes(driver.call(add("t", pid, epoch, ("a", 0)))) == {OK}
-    token = driver.send(EndTxn("t", pid, epoch, True))
-    driver.ack()
-    assert driver.replies.pop(token).error_code == OK and len(driver.markers) == 1
-    return pid, epoch
-
-
-def test_the_next_transactions_first_add_waits_for_the_last_ones_completion():
-    driver = Driver()
-    pid, epoch = _committing(driver)
-    token = driver.send(add("t", pid, epoch, ("b", 0)))
-    assert token not in driver.replies  # waits: the markers are outstanding
-    assert driver.coordinator.statistics()["requests_waiting_for_completion"] == 1
-    driver.write_markers()
-    assert token not in driver.replies and driver.state("t") == TxnState.PREPARE_COMMIT
-    driver.ack()  # CompleteCommit durable: the add is handled now, its own append follows
-    assert token not in driver.replies and driver.state("t") == TxnState.COMPLETE_COMMIT
-    driver.ack()
-    assert codes(driver.replies.pop(token)) == {OK}
-    assert driver.coordinator.metadata("t").partitions == {("b", 0)}
-    assert driver.coordinator.statistics()["requests_waiting_for_completion"] == 0
-
-
-def test_a_waiting_add_is_answered_concurrent_at_its_deadline_or_when_another_comes():
-    driver = Driver()
-    pid, epoch = _committing(driver)
-    token = driver.send(AddOffsetsToTxn("t", pid, epoch, "g"))
-    second = driver.send(add("t", pid, epoch, ("b", 0)))  # one waits per id
-    assert codes(driver.replies.pop(second)) == {ErrorCode.CONCURRENT_TRANSACTIONS}
-    assert driver.send(EndTxn("t", pid, epoch, True)) in driver.replies  # EndTxn never waits
-    assert driver.coordinator.next_deadline_ms() == driver.now + limits.txn_completion_wait_ms
-    driver.now += limits.txn_completion_wait_ms - 1
-    driver.feed(TxnTick())
-    assert token not in driver.replies
-    driver.now += 1
-    driver.feed(TxnTick())
-    assert codes(driver.replies.pop(token)) == {ErrorCode.CONCURRENT_TRANSACTIONS}
-    driver.settle()
-    assert driver.state("t") == TxnState.COMPLETE_COMMIT  # nothing of the add was kept
-
-
-def test_a_waiting_add_meets_what_happened_meanwhile():
-    """Released after the completion, the request is judged then: a producer fenced
-    meanwhile is answered PRODUCER_FENCED, never let into a transaction."""
-    driver = Driver()
-    pid, epoch = _committing(driver)
-    token = driver.send(add("t", pid, epoch, ("b", 0)))
-    fencing = driver.send(InitProducerId("t"))  # a second instance: busy, retries later
-    assert driver.replies.pop(fencing).error_code == ErrorCode.CONCURRENT_TRANSACTIONS
-    driver.write_markers()
-    driver.ack()  # complete: the waiting add goes first and opens a transaction
-    driver.ack()
-    assert codes(driver.replies.pop(token)) == {OK}
-    busy = driver.call(InitProducerId("t"))  # the second instance aborts it ...
-    assert busy.error_code == ErrorCode.CONCURRENT_TRANSACTIONS
-    new_pid, new_epoch = init(driver)  # ... and takes over
-    assert (new_pid, new_epoch) == (pid, epoch + 2)
-    late = driver.send(add("t", pid, epoch, ("c", 0)))
-    assert codes(driver.replies.pop(late)) == {ErrorCode.PRODUCER_FENCED}
-
-
-def test_a_fenced_producers_add_never_waits():
-    driver = Driver()
-    pid, epoch = init(driver)
-    assert codes(driver.call(add("t", pid, epoch, ("a", 0)))) == {OK}
-    driver.send(InitProducerId("t"))  # fences: PrepareAbort with the epoch bumped
-    driver.ack()
-    assert driver.state("t") == TxnState.PREPARE_ABORT  # completing, markers outstanding
-    token = driver.send(add("t", pid, epoch, ("b", 0)))
-    assert codes(driver.replies.pop(token)) == {ErrorCode.PRODUCER_FENCED}
-    assert driver.coordinator.statistics()["requests_waiting_for_completion"] == 0
 
 
 def test_requests_check_the_id_the_producer_and_the_state():
