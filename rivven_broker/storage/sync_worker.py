@@ -38,7 +38,7 @@ node. Tickets of a failed group are never completed, so their handles stay open 
 A waiter whose offset can no longer become durable for another reason (its log failed on a
 write, or was truncated below the offset) is woken and raises ``SyncFailedError`` too.
 
-Few syncs for many files: a group with ``limits.sync_filesystem_files_min`` (8) handles or
+Few syncs for many files: a group with ``limits.sync_filesystem_files_min`` (32) handles or
 more of one store asks the store to ``sync_filesystem`` (``OsFileStore``: one ``syncfs(2)`` of
 the data directory's file system, on Linux 5.8 or later where it reports write-back errors):
 every file written before the call is durable after it, so the group is. A transaction over
