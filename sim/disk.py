@@ -39,6 +39,7 @@ from typing import Callable, Sequence
 
 import attrs
 
+from rivven_broker.protocol import limits
 from rivven_broker.storage.file_store import Buffer
 from rivven_broker.storage.memory_store import MemoryFileStore
 from sim.trace import Trace
@@ -54,6 +55,9 @@ class DiskConfig:
     fsync_latency_min_ms: float = 0.5
     fsync_latency_max_ms: float = 5.0
     torn_write_probability: float = 0.5
+    #: A group commit of this many files or more uses ``sync_filesystem`` (the broker's bound
+    #: by default; a scenario lowers it to run its small groups through that path).
+    sync_filesystem_files_min: int = limits.sync_filesystem_files_min
     #: Test-only: probability that an fsync silently does nothing.
     lying_fsync_probability: float = 0.0
     #: Test-only: the same, for the controller's Raft journal (``.controller/``).
@@ -63,6 +67,7 @@ class DiskConfig:
         assert 0 <= self.fsync_latency_min_ms <= self.fsync_latency_max_ms
         assert 0.0 <= self.torn_write_probability <= 1.0
         assert 0.0 <= self.lying_fsync_probability <= 1.0
+        assert self.sync_filesystem_files_min >= 1
 
 
 class SimDisk:

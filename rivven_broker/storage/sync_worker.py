@@ -46,7 +46,9 @@ every file written before the call is durable after it, so the group is. A trans
 dirty files took ~2 ms and 0.2 ms of CPU by ``syncfs`` against ~4 ms and 1.7 ms by
 ``fdatasync`` on 8 threads (and ~70 ms one after the other). An error is an fsync error: the
 worker fails for good, as below. A store that declines (another OS, an older kernel, a
-mount point inside the data directory) gets fsyncs per file.
+mount point inside the data directory) gets fsyncs per file. The bound is the worker's
+``filesystem_sync_files_min`` (the broker takes its ``Env``'s, if it has one: the simulator's
+scenarios may lower it so that their small groups take this path too).
 
 Concurrent fsyncs: a group's handles are fsynced one after the other unless the worker was
 given ``fsync_each`` (the broker gives ``server/sync_thread.run_concurrently``): then a group of
@@ -161,10 +163,13 @@ class SyncWorker:
     """The group-commit fsync driver for a set of partition logs. See the module docstring."""
 
     def __init__(self, policy: SyncPolicy, run_sync: RunSync,
-                 fsync_each: FsyncEach | None = None) -> None:
+                 fsync_each: FsyncEach | None = None, *,
+                 filesystem_sync_files_min: int = limits.sync_filesystem_files_min) -> None:
+        assert filesystem_sync_files_min >= 1
         self.policy = policy
         self._run_sync = run_sync
         self._fsync_each = fsync_each
+        self._filesystem_sync_files_min = filesystem_sync_files_min
         self._dirty: dict[int, SyncableLog] = {}  # id(log) -> log, in marking order
         self._waiters: dict[int, list[tuple[int, int, trio.Event]]] = {}  # id(log) -> heap
         self._listeners: dict[int, Callable[[], None]] = {}  # id(log) -> its listener
@@ -317,8 +322,8 @@ class SyncWorker:
             if getattr(ticket, "directory", None) is not None))
         if targets or directories:
             try:
-                calls = await self._run_sync(
-                    lambda: _fsync_all(targets, directories, self._fsync_each))
+                calls = await self._run_sync(lambda: _fsync_all(
+                    targets, directories, self._fsync_each, self._filesystem_sync_files_min))
             except OSError as exc:
                 self._fail(SyncFailedError(f"fsync failed: {exc}"), exc)
             self._fsyncs += calls
@@ -435,11 +440,12 @@ def _never_durable(log: SyncableLog, offset: int) -> SyncFailedError:
 
 def _fsync_all(targets: Sequence[tuple[FileStore, int]],
                directories: Sequence[tuple[FileStore, str]] = (),
-               fsync_each: FsyncEach | None = None) -> int:
+               fsync_each: FsyncEach | None = None,
+               filesystem_sync_files_min: int = limits.sync_filesystem_files_min) -> int:
     """Runs on the worker thread: make each handle durable, then fsync each directory, nothing
     else. Returns the sync calls made.
 
-    A store with ``limits.sync_filesystem_files_min`` handles or more in the group is asked to
+    A store with ``filesystem_sync_files_min`` handles or more in the group is asked to
     ``sync_filesystem`` (one ``syncfs(2)``, which makes every file of the store durable, these
     included); a store that declines gets its handles fsynced like the rest. With
     ``fsync_each`` (the broker's: ``server/sync_thread.run_concurrently``) a group of
@@ -448,13 +454,13 @@ def _fsync_all(targets: Sequence[tuple[FileStore, int]],
     commits its journal for several files at a time. Without (tests, the simulator, whose
     stores are deterministic) they are fsynced one after the other."""
     calls = 0
-    if len(targets) >= limits.sync_filesystem_files_min:
+    if len(targets) >= filesystem_sync_files_min:
         by_store: dict[int, list[tuple[FileStore, int]]] = {}
         for target in targets:
             by_store.setdefault(id(target[0]), []).append(target)
         remaining: list[tuple[FileStore, int]] = []
         for share in by_store.values():
-            if len(share) >= limits.sync_filesystem_files_min and share[0][0].sync_filesystem():
+            if len(share) >= filesystem_sync_files_min and share[0][0].sync_filesystem():
                 calls += 1
             else:
                 remaining += share

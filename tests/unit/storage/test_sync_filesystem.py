@@ -139,8 +139,8 @@ class _Declining(MemoryFileStore):
         return False
 
 
-async def _one_group(store: MemoryFileStore, logs: int) -> SyncWorker:
-    worker = SyncWorker(SyncPolicy.parse("always"), inline_run_sync)
+async def _one_group(store: MemoryFileStore, logs: int, **options) -> SyncWorker:
+    worker = SyncWorker(SyncPolicy.parse("always"), inline_run_sync, **options)
     opened = [_open(store, f"t-{n}") for n in range(logs)]
     infos = []
     for log in opened:
@@ -174,6 +174,12 @@ async def test_a_small_group_or_a_declining_store_fsyncs_each_file():
     worker = await _one_group(declining, limits.sync_filesystem_files_min)
     assert declining.stats.fsyncs == limits.sync_filesystem_files_min
     assert worker.statistics().fsyncs == limits.sync_filesystem_files_min
+
+
+async def test_the_bound_is_the_workers_own():
+    store = MemoryFileStore()
+    await _one_group(store, 2, filesystem_sync_files_min=2)
+    assert store.stats.filesystem_syncs == 1 and store.stats.fsyncs == 0
 
 
 async def test_a_failed_filesystem_sync_stops_the_worker_for_good():
