@@ -15,14 +15,16 @@ lost. The next incarnation gets a fresh view of the same store.
 
 Injected faults (through the store's ``fault_hook``, so they act before the call does anything):
 
-- ``fail_fsyncs(n)``: the next ``n`` calls to ``fsync``/``fsync_dir`` raise ``OSError(EIO)``.
+- ``fail_fsyncs(n)``: the next ``n`` calls to ``fsync``/``sync_filesystem``/``fsync_dir`` raise
+  ``OSError(EIO)``.
   A node must treat that as fatal and stop; the world checks that it does.
 - ``set_full(True)``: writes that need space (``pwrite``, ``pwritev``, ``allocate``,
   ``makedirs``, creating a file) raise ``OSError(ENOSPC)`` until ``set_full(False)``.
 
 Test-only (to prove the checkers bite): ``lying_fsync_probability`` makes an ``fsync`` of a
 segment file (``*.log``) report success without syncing, i.e. a disk that loses record data it
-said was durable. (Lying about checkpoints too mostly makes recovery refuse to start, which
+said was durable (``sync_filesystem``, the model of ``syncfs(2)`` that the group commit uses for
+large groups, lies the same way, file by file). (Lying about checkpoints too mostly makes recovery refuse to start, which
 hides the lost records behind a dead node.)
 
 fsync latency is modelled in ``SimEnv.run_sync`` (``fsync_latency_s``), which is where the
@@ -37,6 +39,7 @@ from typing import Callable, Sequence
 
 import attrs
 
+from rivven_broker.protocol import limits
 from rivven_broker.storage.file_store import Buffer
 from rivven_broker.storage.memory_store import MemoryFileStore
 from sim.trace import Trace
@@ -44,7 +47,7 @@ from sim.trace import Trace
 __all__ = ["DiskConfig", "SimDisk", "DiskView"]
 
 _NEEDS_SPACE = frozenset({"pwrite", "pwritev", "allocate", "makedirs"})
-_SYNCS = frozenset({"fsync", "fsync_dir"})
+_SYNCS = frozenset({"fsync", "sync_filesystem", "fsync_dir"})
 
 
 @attrs.frozen
@@ -52,6 +55,9 @@ class DiskConfig:
     fsync_latency_min_ms: float = 0.5
     fsync_latency_max_ms: float = 5.0
     torn_write_probability: float = 0.5
+    #: A group commit of this many files or more uses ``sync_filesystem`` (the broker's bound
+    #: by default; a scenario lowers it to run its small groups through that path).
+    sync_filesystem_files_min: int = limits.sync_filesystem_files_min
     #: Test-only: probability that an fsync silently does nothing.
     lying_fsync_probability: float = 0.0
     #: Test-only: the same, for the controller's Raft journal and snapshot (``.controller/``;
@@ -63,6 +69,7 @@ class DiskConfig:
         assert 0 <= self.fsync_latency_min_ms <= self.fsync_latency_max_ms
         assert 0.0 <= self.torn_write_probability <= 1.0
         assert 0.0 <= self.lying_fsync_probability <= 1.0
+        assert self.sync_filesystem_files_min >= 1
 
 
 class SimDisk:
@@ -197,6 +204,9 @@ class DiskView:
         if self._disk._lie(self._paths.get(handle, "")):
             return
         store.fsync(handle)
+
+    def sync_filesystem(self) -> bool:
+        return self._live().sync_filesystem(skip=self._disk._lie)
 
     def truncate(self, handle: int, size: int) -> None:
         self._live().truncate(handle, size)

@@ -72,6 +72,11 @@ class SimEnv:
         await trio.sleep(self.sim_disk.fsync_latency_s())
         return fn(*args)
 
+    @property
+    def filesystem_sync_files_min(self) -> int:
+        """The group commit's bound for one ``sync_filesystem`` (the scenario's disk's)."""
+        return self.sim_disk.config.sync_filesystem_files_min
+
     async def run_fsync(self, fn: Callable[..., T], *args: Any) -> T:
         """The group commit's fsyncs: as ``run_sync`` (the latency is the disk's)."""
         return await self.run_sync(fn, *args)

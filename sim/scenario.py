@@ -28,6 +28,7 @@ from typing import Any, Mapping
 import attrs
 
 from rivven_broker.client.config import ConsumerConfig
+from rivven_broker.protocol import limits
 from sim.datagrams import DatagramConfig
 from sim.disk import DiskConfig
 from sim.net import NetworkConfig
@@ -463,11 +464,14 @@ def _datagrams(table: _Table) -> DatagramConfig:
 def _disk(table: _Table) -> DiskConfig:
     low, high = table.range_ms("fsync_latency", (0.5, 5.0))
     torn = float(table.take("torn_write", 0.5, (int, float)))
+    files_min = table.take("sync_filesystem_files", limits.sync_filesystem_files_min, int)
     table.done()
     if not 0.0 <= torn <= 1.0:
         raise ScenarioError("disk.torn_write: a probability in [0, 1]")
+    if files_min < 1:
+        raise ScenarioError("disk.sync_filesystem_files: at least 1")
     return DiskConfig(fsync_latency_min_ms=low, fsync_latency_max_ms=high,
-                      torn_write_probability=torn)
+                      torn_write_probability=torn, sync_filesystem_files_min=files_min)
 
 
 def _test(table: _Table) -> TestSwitches:

@@ -76,6 +76,13 @@ segment_bytes_min = 1024
 segment_ms_default = 7 * 24 * 3600 * 1000
 retention_ms_default = 7 * 24 * 3600 * 1000
 sync_group_bytes_max = 4 * 1024 * 1024  # one group commit covers at most this much new data
+#: A group commit of at least this many files makes them durable with one file-system-wide
+#: sync (``FileStore.sync_filesystem``: ``syncfs(2)``) when the store offers one, instead of
+#: an fsync per file. 51 files: ~2 ms and 0.2 ms of CPU against ~4 ms and 1.7 ms on 8
+#: threads (quiet host), 4.9 against 17.8 ms under other tenants' writes; 16 files under
+#: those writes: 3.1 against 3.0 ms, and a 16-partition produce ran 12-17 % slower with it
+#: (syncfs also writes back what others wrote): so only for groups well past that.
+sync_filesystem_files_min = 32
 #: The background scrubber checks sealed segments' CRCs this many bytes per step, and at most
 #: ``scrub_bytes_per_second_default`` bytes a second unless configured (0: off).
 #: A file of this many bytes kept in the data directory: given up on a full disk so the topic

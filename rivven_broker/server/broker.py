@@ -49,6 +49,7 @@ from typing import Any, Iterator
 import attrs
 import trio
 
+from rivven_broker.protocol import limits
 from rivven_broker.server.config import BrokerConfig, HostPort, config_as_dict
 from rivven_broker.server.connection import (
     ClientConnections,
@@ -204,7 +205,10 @@ class Broker:
         env, config = self.env, self.config
         logs = await self._open_logs()
         policy = SyncPolicy.parse(config.sync_policy)
-        sync_worker = SyncWorker(policy, env.run_fsync, getattr(env, "fsync_each", None))
+        sync_worker = SyncWorker(
+            policy, env.run_fsync, getattr(env, "fsync_each", None),
+            filesystem_sync_files_min=getattr(env, "filesystem_sync_files_min",
+                                              limits.sync_filesystem_files_min))
         self.metrics.track_sync(sync_worker.statistics)
         readiness = getattr(env.net, "readiness", None)  # (a test's Net may have none)
         staging = AppendPass()  # the lane's passes stage appends (storage/staged_appends.py)

@@ -9,13 +9,21 @@ reads, writes, syncs and truncates through it. Production uses ``OsFileStore`` (
 every write that was not synced and may tear the last one.
 
 Paths are ``/``-separated and relative to the store's root. Handles are small integers (file
-descriptors in the OS store). ``fsync`` (of the handle it is given), ``fsync_dir`` and
-``remove`` (of names no handle-holding code uses any more: retention's ``*.deleted`` files) are
-the only calls that may run on a worker thread; everything else happens on the caller's thread.
+descriptors in the OS store). ``fsync`` (of the handle it is given), ``sync_filesystem``,
+``fsync_dir`` and ``remove`` (of names no handle-holding code uses any more: retention's
+``*.deleted`` files) are the only calls that may run on a worker thread; everything else happens
+on the caller's thread.
 
 Semantics every implementation keeps (the partition log relies on them):
 - ``pwrite`` writes all bytes or raises ``OSError``; data is visible to ``pread`` at once.
 - After ``fsync(h)`` returns, every byte written to ``h`` before the call survives a crash.
+- ``sync_filesystem()`` returns True after making every byte written to any of the store's files
+  before the call survive a crash, as an ``fsync`` of each would (``OsFileStore``: one
+  ``syncfs(2)`` of the file system holding the root), or returns False having done nothing
+  when the store cannot (the caller then fsyncs file by file). It raises ``OSError`` as
+  ``fsync`` does, and an error means what a failed ``fsync`` means: data may be lost, stop.
+  Names (``rename``, ``makedirs``, ``remove``) still need ``fsync_dir``: the broker never relies
+  on ``sync_filesystem`` for them, so the memory store does not make them durable either.
 - ``rename`` atomically replaces ``dst``; it survives a crash only after ``fsync_dir`` of the
   parent directory. ``makedirs`` and ``remove`` likewise need ``fsync_dir`` to be durable.
 - ``allocate(h, size)`` makes the file at least ``size`` bytes, zero-filled, without changing
@@ -28,9 +36,11 @@ Semantics every implementation keeps (the partition log relies on them):
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
-from typing import Protocol, Sequence
+import sys
+from typing import Callable, Protocol, Sequence
 
 from rivven_broker.file_region import FileRegion
 
@@ -55,6 +65,7 @@ class FileStore(Protocol):
     def pread(self, handle: int, size: int, position: int) -> bytes: ...
     def region(self, handle: int, size: int, position: int) -> bytes | FileRegion: ...
     def fsync(self, handle: int) -> None: ...
+    def sync_filesystem(self) -> bool: ...
     def truncate(self, handle: int, size: int) -> None: ...
     def allocate(self, handle: int, size: int) -> None: ...
     def exists(self, path: str) -> bool: ...
@@ -66,12 +77,57 @@ class FileStore(Protocol):
     def fsync_dir(self, path: str) -> None: ...
 
 
-class OsFileStore:
-    """Real files under ``root``. The only storage module that touches ``os`` for files."""
+def _load_syncfs() -> Callable[[int], int] | None:
+    """libc's ``syncfs``, where it also reports write-back errors: Linux 5.8 and later (since
+    then the kernel remembers an error on the file system and ``syncfs`` returns it to every
+    descriptor opened before it; earlier kernels returned 0 whatever was lost). None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        major, minor = (int(part) for part in os.uname().release.split(".")[:2])
+    except ValueError:
+        return None
+    if (major, minor) < (5, 8):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int]
+    function.restype = ctypes.c_int
+    return function
 
-    def __init__(self, root: str) -> None:
+
+_syncfs = _load_syncfs()
+
+
+class OsFileStore:
+    """Real files under ``root``. The only storage module that touches ``os`` for files.
+
+    ``sync_filesystem`` is ``syncfs(2)`` on a descriptor of the root, opened with the store so
+    that the kernel reports to it every write-back error from then on. It declines (False)
+    where ``syncfs`` cannot report errors (not Linux, a kernel before 5.8), when ``syncfs=False``
+    was asked, and once a file was opened on another file system than the root (a mount point
+    inside the data directory). It syncs the whole file system, other programs' files too: on a
+    disk shared with a heavy writer it can take longer than fsyncs of the broker's own files,
+    and a write-back error of any file there stops the broker (the safe side)."""
+
+    def __init__(self, root: str, *, syncfs: bool = True) -> None:
         self.root = os.path.abspath(root)
         os.makedirs(self.root, _DIR_MODE, exist_ok=True)
+        self._root_fd: int | None = None
+        self._one_filesystem = False  # every file opened so far is on the root's file system
+        if syncfs and _syncfs is not None:
+            self._root_fd = os.open(self.root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                                    | getattr(os, "O_CLOEXEC", 0))
+            self._device = os.fstat(self._root_fd).st_dev
+            self._one_filesystem = True
+        self.filesystem_syncs = 0  # statistics and tests
+
+    def __del__(self) -> None:
+        fd, self._root_fd = getattr(self, "_root_fd", None), None
+        if fd is not None:
+            os.close(fd)
 
     def _path(self, path: str) -> str:
         assert not os.path.isabs(path), path
@@ -82,7 +138,10 @@ class OsFileStore:
         flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
         if create:
             flags |= os.O_CREAT
-        return os.open(self._path(path), flags, _FILE_MODE)
+        handle = os.open(self._path(path), flags, _FILE_MODE)
+        if self._one_filesystem and os.fstat(handle).st_dev != self._device:
+            self._one_filesystem = False  # for good: syncfs of the root's would miss this file
+        return handle
 
     def close(self, handle: int) -> None:
         os.close(handle)
@@ -124,6 +183,19 @@ class OsFileStore:
 
     def fsync(self, handle: int) -> None:
         os.fdatasync(handle)
+
+    def sync_filesystem(self) -> bool:
+        # The loop may clear ``_one_filesystem`` meanwhile: only for a file opened after the
+        # group this call serves took its handles, so not one this call must sync.
+        fd = self._root_fd
+        if fd is None or not self._one_filesystem:
+            return False
+        assert _syncfs is not None
+        if _syncfs(fd) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"syncfs of {self.root}: {os.strerror(code)}")
+        self.filesystem_syncs += 1
+        return True
 
     def truncate(self, handle: int, size: int) -> None:
         os.ftruncate(handle, size)

@@ -21,8 +21,8 @@ alone pass the bound (then the oldest of them are closed too, and counted). Unde
 ``sync_policy=none`` nothing is fsynced before close, so nothing is pinned
 (``pin_unsynced=False``): every file ever written would otherwise be preferred.
 
-Threads: everything runs on the caller's (the event loop's) thread except ``fsync``, which the
-group commit and the cleaner call from theirs. So ``fsync`` never touches the LRU's
+Threads: everything runs on the caller's (the event loop's) thread except ``fsync`` and
+``sync_filesystem``, which the group commit and the cleaner call from theirs. So ``fsync`` never touches the LRU's
 descriptors (the loop may close one at any time): it opens one of its own by path, syncs,
 closes it, and appends ``(handle, mark)`` to ``_synced``, the only state it changes (a list
 append is atomic). The loop unpins at its next open, and only if no change came after the mark
@@ -196,6 +196,15 @@ class BoundedHandles:
             self._store.close(real)
         if mark is not None:
             self._synced.append((handle, mark))
+
+    def sync_filesystem(self) -> bool:
+        # Thread rules as ``fsync``'s: the marks are copied before the sync (one dict copy,
+        # atomic under the GIL), so a change racing it keeps its pin.
+        marks = list(dict(self._dirty).items())
+        if not self._store.sync_filesystem():
+            return False
+        self._synced.extend(marks)
+        return True
 
     def truncate(self, handle: int, size: int) -> None:
         real = self._fd(handle)

@@ -21,7 +21,7 @@ write), lands on top of the synced bytes (zero-filling any gap before it). That 
 "torn write" a real disk leaves when power fails mid-write.
 
 ``fault_hook(op, path)``, when set, is called at the start of every mutating call (``open``,
-``pwrite``, ``pwritev``, ``fsync``, ``truncate``, ``allocate``, ``rename``, ``remove``,
+``pwrite``, ``pwritev``, ``fsync``, ``sync_filesystem`` (path ``""``), ``truncate``, ``allocate``, ``rename``, ``remove``,
 ``remove_dir``, ``makedirs``, ``fsync_dir``) and may raise ``OSError`` (EIO, ENOSPC ...) to
 inject a fault before the call has any effect. For calls on handles, ``path`` is the path the
 file was opened under.
@@ -75,10 +75,11 @@ class _Dir:
 class MemoryStoreStatistics:
     """Call counters of a ``MemoryFileStore`` (for tests that count fsyncs)."""
 
-    __slots__ = ("fsyncs", "dir_fsyncs", "writes", "crashes")
+    __slots__ = ("fsyncs", "filesystem_syncs", "dir_fsyncs", "writes", "crashes")
 
     def __init__(self) -> None:
         self.fsyncs = 0
+        self.filesystem_syncs = 0
         self.dir_fsyncs = 0
         self.writes = 0
         self.crashes = 0
@@ -198,7 +199,34 @@ class MemoryFileStore:
     def fsync(self, handle: int) -> None:
         self._hook("fsync", self._path_of(handle))
         inode = self._inode(handle)
-        sequence = self._write_sequence  # read before the copy: see the module docstring
+        self._sync_inode(inode, self._write_sequence)  # sequence read before the copy
+        self.stats.fsyncs += 1
+
+    def sync_filesystem(self, skip: Callable[[str], bool] | None = None) -> bool:
+        """``syncfs(2)``'s model: every file's bytes as of the call become durable, the
+        files of the tree and those only open (removed since) alike; names do not (the broker
+        fsyncs directories itself: ``file_store.py``). ``skip(path)`` True leaves that file
+        as it was (the simulator's lying disk). Always True; raises what ``fault_hook`` does."""
+        self._hook("sync_filesystem", "")
+        sequence = self._write_sequence  # read before the copies: see the module docstring
+        files: dict[int, tuple[_Inode, str]] = {}
+        pending: list[tuple[_Dir, str]] = [(self._root, "")]
+        while pending:
+            directory, prefix = pending.pop()
+            for name, node in directory.live.items():
+                if isinstance(node, _Dir):
+                    pending.append((node, prefix + name + "/"))
+                else:
+                    files.setdefault(id(node), (node, prefix + name))
+        for inode, path in self._handles.values():
+            files.setdefault(id(inode), (inode, path))
+        for inode, path in files.values():
+            if skip is None or not skip(path):
+                self._sync_inode(inode, sequence)
+        self.stats.filesystem_syncs += 1
+        return True
+
+    def _sync_inode(self, inode: _Inode, sequence: int) -> None:
         marks = inode.marks
         counted = len(marks)
         if counted:
@@ -215,7 +243,6 @@ class MemoryFileStore:
                 synced[start:end] = inode.data[start:end]
             del marks[:counted]
         inode.synced_sequence = sequence
-        self.stats.fsyncs += 1
 
     def truncate(self, handle: int, size: int) -> None:
         self._hook("truncate", self._path_of(handle))

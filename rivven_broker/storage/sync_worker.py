@@ -38,6 +38,18 @@ node. Tickets of a failed group are never completed, so their handles stay open 
 A waiter whose offset can no longer become durable for another reason (its log failed on a
 write, or was truncated below the offset) is woken and raises ``SyncFailedError`` too.
 
+Few syncs for many files: a group with ``limits.sync_filesystem_files_min`` (32) handles or
+more of one store asks the store to ``sync_filesystem`` (``OsFileStore``: one ``syncfs(2)`` of
+the data directory's file system, on Linux 5.8 or later where it reports write-back errors):
+every file written before the call is durable after it, so the group is. A transaction over
+50 topics dirties 51 partition files twice (data, then markers): on this host's ext4, 51
+dirty files took ~2 ms and 0.2 ms of CPU by ``syncfs`` against ~4 ms and 1.7 ms by
+``fdatasync`` on 8 threads (and ~70 ms one after the other). An error is an fsync error: the
+worker fails for good, as below. A store that declines (another OS, an older kernel, a
+mount point inside the data directory) gets fsyncs per file. The bound is the worker's
+``filesystem_sync_files_min`` (the broker takes its ``Env``'s, if it has one: the simulator's
+scenarios may lower it so that their small groups take this path too).
+
 Concurrent fsyncs: a group's handles are fsynced one after the other unless the worker was
 given ``fsync_each`` (the broker gives ``server/sync_thread.run_concurrently``): then a group of
 ``fsync_each_min`` handles or more is fsynced by several threads at once, and the group is
@@ -59,6 +71,7 @@ from typing import Any, Awaitable, Callable, Protocol, Sequence
 import attrs
 import trio
 
+from rivven_broker.protocol import limits
 from rivven_broker.storage.errors import SyncFailedError
 from rivven_broker.storage.file_store import FileStore
 
@@ -117,7 +130,7 @@ class SyncWorkerStatistics:
 
     policy: str
     groups: int  # group commits completed
-    fsyncs: int  # fsync calls made (one per handle and directory per group)
+    fsyncs: int  # sync calls made (per group: one per handle and directory, or one syncfs)
     logs_synced: int  # log syncs completed (a group covers one or more logs)
     waits: int  # wait_durable calls that had to wait
     waiters: int  # tasks waiting right now
@@ -150,10 +163,13 @@ class SyncWorker:
     """The group-commit fsync driver for a set of partition logs. See the module docstring."""
 
     def __init__(self, policy: SyncPolicy, run_sync: RunSync,
-                 fsync_each: FsyncEach | None = None) -> None:
+                 fsync_each: FsyncEach | None = None, *,
+                 filesystem_sync_files_min: int = limits.sync_filesystem_files_min) -> None:
+        assert filesystem_sync_files_min >= 1
         self.policy = policy
         self._run_sync = run_sync
         self._fsync_each = fsync_each
+        self._filesystem_sync_files_min = filesystem_sync_files_min
         self._dirty: dict[int, SyncableLog] = {}  # id(log) -> log, in marking order
         self._waiters: dict[int, list[tuple[int, int, trio.Event]]] = {}  # id(log) -> heap
         self._listeners: dict[int, Callable[[], None]] = {}  # id(log) -> its listener
@@ -306,10 +322,11 @@ class SyncWorker:
             if getattr(ticket, "directory", None) is not None))
         if targets or directories:
             try:
-                await self._run_sync(lambda: _fsync_all(targets, directories, self._fsync_each))
+                calls = await self._run_sync(lambda: _fsync_all(
+                    targets, directories, self._fsync_each, self._filesystem_sync_files_min))
             except OSError as exc:
                 self._fail(SyncFailedError(f"fsync failed: {exc}"), exc)
-            self._fsyncs += len(targets) + len(directories)
+            self._fsyncs += calls
         for log, ticket in pending:
             log.complete_sync(ticket)
         return len(pending)
@@ -423,14 +440,32 @@ def _never_durable(log: SyncableLog, offset: int) -> SyncFailedError:
 
 def _fsync_all(targets: Sequence[tuple[FileStore, int]],
                directories: Sequence[tuple[FileStore, str]] = (),
-               fsync_each: FsyncEach | None = None) -> None:
-    """Runs on the worker thread: fsync each handle, then each directory, nothing else.
+               fsync_each: FsyncEach | None = None,
+               filesystem_sync_files_min: int = limits.sync_filesystem_files_min) -> int:
+    """Runs on the worker thread: make each handle durable, then fsync each directory, nothing
+    else. Returns the sync calls made.
 
-    With ``fsync_each`` (the broker's: ``server/sync_thread.run_concurrently``) a group of
+    A store with ``filesystem_sync_files_min`` handles or more in the group is asked to
+    ``sync_filesystem`` (one ``syncfs(2)``, which makes every file of the store durable, these
+    included); a store that declines gets its handles fsynced like the rest. With
+    ``fsync_each`` (the broker's: ``server/sync_thread.run_concurrently``) a group of
     ``fsync_each_min`` handles or more is handed to it, which fsyncs them on several threads
     at once and returns only after all of them (raising the first error): the file system
     commits its journal for several files at a time. Without (tests, the simulator, whose
     stores are deterministic) they are fsynced one after the other."""
+    calls = 0
+    if len(targets) >= filesystem_sync_files_min:
+        by_store: dict[int, list[tuple[FileStore, int]]] = {}
+        for target in targets:
+            by_store.setdefault(id(target[0]), []).append(target)
+        remaining: list[tuple[FileStore, int]] = []
+        for share in by_store.values():
+            if len(share) >= filesystem_sync_files_min and share[0][0].sync_filesystem():
+                calls += 1
+            else:
+                remaining += share
+        targets = remaining
+    calls += len(targets) + len(directories)
     if fsync_each is not None and len(targets) >= fsync_each_min:
         fsync_each(_fsync_one, targets)
     else:
@@ -438,6 +473,7 @@ def _fsync_all(targets: Sequence[tuple[FileStore, int]],
             store.fsync(handle)
     for store, directory in directories:
         store.fsync_dir(directory)
+    return calls
 
 
 def _fsync_one(target: tuple[FileStore, int]) -> None:

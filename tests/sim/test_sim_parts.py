@@ -343,10 +343,23 @@ def test_scenario_parses() -> None:
     (b"[nodes]\nsync_policy = 'none'", "always"),
     (b"[workload]\nconsumers = [{ isolation = 'dirty' }]", "isolation"),
     (b"[run\n", "TOML"),
+    (b"[disk]\nsync_filesystem_files = 0", "sync_filesystem_files"),
 ])
 def test_scenario_errors_name_the_key(broken: bytes, complaint: str) -> None:
     with pytest.raises(ScenarioError, match=complaint):
         loads(broken, "bad")
+
+
+def test_a_scenario_may_send_its_group_commits_through_sync_filesystem() -> None:
+    from rivven_broker.protocol import limits
+    assert loads(b"", "plain").disk.sync_filesystem_files_min == limits.sync_filesystem_files_min
+    assert loads(b"[disk]\nsync_filesystem_files = 1", "d").disk.sync_filesystem_files_min == 1
+
+
+async def test_the_sim_env_hands_the_bound_to_the_group_commit() -> None:
+    env = SimEnv(seed=1, identity="n1", clock=SimClock(), net=None,  # type: ignore[arg-type]
+                 disk=_disk(sync_filesystem_files_min=2))
+    assert env.filesystem_sync_files_min == 2
 
 
 def test_schedule_files_round_trip() -> None:

@@ -234,3 +234,31 @@ def test_read_committed_sees_exactly_the_committed_and_plain_records(operations,
     completed = CompletedFetch(TopicPartition("t", 0), 0, start, data, stable, stable, aborted)
     got = [record.value for record in decode_completed(completed)[0]]
     assert got == [value for offset, value in sorted(visible) if start <= offset < stable]
+
+
+def test_one_marker_batch_serves_every_partition_of_a_transaction():
+    """The transaction driver builds a marker's control batch once and appends the same bytes
+    to each partition: each log gives it its own base offset (outside the CRC) and ends the
+    producer's transaction there, exactly as a batch built per partition would."""
+    from rivven_broker.records.control import build_control_batch
+    from rivven_broker.records.header import parse_header
+
+    states = []
+    for leading in (0, 3):  # the marker lands at different offsets in the two partitions
+        state = open_state(fresh_store())
+        for _ in range(leading):
+            assert state.append_as_leader(batch(), 0, allow).info is not None
+        assert state.append_as_leader(batch(7, 0, txn=True), 0, allow).info is not None
+        states.append(state)
+    shared = build_control_batch(ControlType.COMMIT, 7, 0, 5_000)
+    offsets = [state.append_marker(ControlType.COMMIT, 7, 0, 5_000, shared) for state in states]
+    assert offsets == [2, 8]  # two records a batch
+    for state, offset in zip(states, offsets):
+        assert state.state.ongoing_transactions() == {}
+        stored = state.log.read(offset, 512).records
+        assert parse_header(stored).base_offset == offset
+        assert read_control_batch(stored)[1].kind is ControlType.COMMIT  # its CRC checks out
+        # The same bytes apart from what the log writes: base offset and leader epoch.
+        assert stored[8:12] == shared[8:12] and stored[16:] == shared[16:]
+        assert state.last_stable_offset(state.log.log_end_offset) == state.log.log_end_offset
+        same(state)
