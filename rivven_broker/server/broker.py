@@ -49,7 +49,6 @@ from typing import Any, Iterator
 import attrs
 import trio
 
-from rivven_broker.protocol import limits
 from rivven_broker.server.config import BrokerConfig, HostPort, config_as_dict
 from rivven_broker.server.connection import (
     ClientConnections,
@@ -208,7 +207,7 @@ class Broker:
         sync_worker = SyncWorker(
             policy, env.run_fsync, getattr(env, "fsync_each", None),
             filesystem_sync_files_min=getattr(env, "filesystem_sync_files_min",
-                                              limits.sync_filesystem_files_min))
+                                              config.sync_filesystem_files))
         self.metrics.track_sync(sync_worker.statistics)
         readiness = getattr(env.net, "readiness", None)  # (a test's Net may have none)
         staging = AppendPass()  # the lane's passes stage appends (storage/staged_appends.py)

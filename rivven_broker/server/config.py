@@ -114,6 +114,10 @@ class BrokerConfig:
     #: which is 4 MiB under ``sync_policy=always`` — measured here to cut the fdatasync of
     #: an append by a quarter or more — and off otherwise, where it only costs writes).
     preallocate_bytes: int = -1
+    #: A group commit of this many files or more makes them durable with one ``syncfs(2)``
+    #: of the data directory's file system (``storage/sync_worker.py``); 0: never, an fsync
+    #: per file always (a data directory on a file system shared with heavy writers).
+    sync_filesystem_files: int = limits.sync_filesystem_files_min
 
     @property
     def cluster_address(self) -> HostPort:
@@ -441,6 +445,10 @@ _OPTIONS: tuple[_Option, ...] = (
     _Option("preallocate_bytes", "BYTES", _int_in(-1, limits.segment_bytes_default),
             "zero-filled space kept ahead of each active segment (default -1: auto, "
             "4 MiB under sync_policy=always, else off; 0: off)"),
+    _Option("sync_filesystem_files", "N", _int_in(0, _I32_MAX),
+            "a group commit of N files or more syncs the data directory's file system once "
+            f"(syncfs) instead of each file (default {limits.sync_filesystem_files_min}; "
+            "0: never)"),
     _Option("retention_check_interval_ms", "MS", _int_in(1, _I32_MAX),
             "how often retention runs (default 300000)"),
     _Option("shutdown_timeout_ms", "MS", _int_in(0, _I32_MAX),

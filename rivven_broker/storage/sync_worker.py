@@ -165,7 +165,7 @@ class SyncWorker:
     def __init__(self, policy: SyncPolicy, run_sync: RunSync,
                  fsync_each: FsyncEach | None = None, *,
                  filesystem_sync_files_min: int = limits.sync_filesystem_files_min) -> None:
-        assert filesystem_sync_files_min >= 1
+        assert filesystem_sync_files_min >= 0  # 0: never
         self.policy = policy
         self._run_sync = run_sync
         self._fsync_each = fsync_each
@@ -445,7 +445,7 @@ def _fsync_all(targets: Sequence[tuple[FileStore, int]],
     """Runs on the worker thread: make each handle durable, then fsync each directory, nothing
     else. Returns the sync calls made.
 
-    A store with ``filesystem_sync_files_min`` handles or more in the group is asked to
+    A store with ``filesystem_sync_files_min`` (0: never) handles or more in the group is asked to
     ``sync_filesystem`` (one ``syncfs(2)``, which makes every file of the store durable, these
     included); a store that declines gets its handles fsynced like the rest. With
     ``fsync_each`` (the broker's: ``server/sync_thread.run_concurrently``) a group of
@@ -454,7 +454,7 @@ def _fsync_all(targets: Sequence[tuple[FileStore, int]],
     commits its journal for several files at a time. Without (tests, the simulator, whose
     stores are deterministic) they are fsynced one after the other."""
     calls = 0
-    if len(targets) >= filesystem_sync_files_min:
+    if filesystem_sync_files_min and len(targets) >= filesystem_sync_files_min:
         by_store: dict[int, list[tuple[FileStore, int]]] = {}
         for target in targets:
             by_store.setdefault(id(target[0]), []).append(target)

@@ -180,6 +180,21 @@ async def test_the_bound_is_the_workers_own():
     store = MemoryFileStore()
     await _one_group(store, 2, filesystem_sync_files_min=2)
     assert store.stats.filesystem_syncs == 1 and store.stats.fsyncs == 0
+    never = MemoryFileStore()  # --sync-filesystem-files 0
+    await _one_group(never, limits.sync_filesystem_files_min, filesystem_sync_files_min=0)
+    assert never.stats.filesystem_syncs == 0
+    assert never.stats.fsyncs == limits.sync_filesystem_files_min
+
+
+def test_the_broker_option_sets_the_bound():
+    from rivven_broker.server.config import BrokerConfig, ConfigError, load_config
+
+    assert BrokerConfig().sync_filesystem_files == limits.sync_filesystem_files_min
+    assert load_config([], environ={"RIVVEN_SYNC_FILESYSTEM_FILES": "0"}) \
+        .sync_filesystem_files == 0
+    assert load_config(["--sync-filesystem-files", "64"]).sync_filesystem_files == 64
+    with pytest.raises(ConfigError):
+        load_config(["--sync-filesystem-files", "-1"])
 
 
 async def test_a_failed_filesystem_sync_stops_the_worker_for_good():
