@@ -108,7 +108,7 @@ class OsFileStore:
     that the kernel reports to it every write-back error from then on. It declines (False)
     where ``syncfs`` cannot report errors (not Linux, a kernel before 5.8), when ``syncfs=False``
     was asked, and once a file was opened on another file system than the root (a mount point
-    inside the data directory). It syncs the whole file system, other programs' files too: on a
+    inside the data directory: the first file opened in each directory is checked). It syncs the whole file system, other programs' files too: on a
     disk shared with a heavy writer it can take longer than fsyncs of the broker's own files,
     and a write-back error of any file there stops the broker (the safe side)."""
 
@@ -117,6 +117,10 @@ class OsFileStore:
         os.makedirs(self.root, _DIR_MODE, exist_ok=True)
         self._root_fd: int | None = None
         self._one_filesystem = False  # every file opened so far is on the root's file system
+        #: Directories whose files were checked: a mount point is a directory, so the first
+        #: file opened in each tells (the bounded handle cache opens a file per fsync: one
+        #: ``fstat`` per directory, not per open)
+        self._checked: set[str] = set()
         if syncfs and _syncfs is not None:
             self._root_fd = os.open(self.root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
                                     | getattr(os, "O_CLOEXEC", 0))
@@ -139,8 +143,12 @@ class OsFileStore:
         if create:
             flags |= os.O_CREAT
         handle = os.open(self._path(path), flags, _FILE_MODE)
-        if self._one_filesystem and os.fstat(handle).st_dev != self._device:
-            self._one_filesystem = False  # for good: syncfs of the root's would miss this file
+        if self._one_filesystem:
+            directory = path.rpartition("/")[0]
+            if directory not in self._checked:
+                if os.fstat(handle).st_dev != self._device:
+                    self._one_filesystem = False  # for good: syncfs would miss this file
+                self._checked.add(directory)
         return handle
 
     def close(self, handle: int) -> None:

@@ -58,10 +58,15 @@ def test_the_os_store_declines_when_asked_to_or_across_file_systems(tmp_path, mo
     assert not OsFileStore(str(tmp_path / "off"), syncfs=False).sync_filesystem()
     store = OsFileStore(str(tmp_path / "on"))
     assert store.sync_filesystem()
-    monkeypatch.setattr(store, "_device", -1)  # as if the next file were on another device
-    store.close(store.open("elsewhere.log"))
+    store.makedirs("t-0")
+    store.makedirs("t-1")
+    store.close(store.open("t-0/a.log"))
+    monkeypatch.setattr(store, "_device", -1)  # as if the next files were on another device
+    store.close(store.open("t-0/b.log"))  # a directory is checked once (mounts are directories)
+    assert store.sync_filesystem()
+    store.close(store.open("t-1/c.log"))
     assert not store.sync_filesystem()
-    assert store.filesystem_syncs == 1
+    assert store.filesystem_syncs == 2
 
 
 @pytest.mark.skipif(file_store._syncfs is None, reason="syncfs cannot report errors here")
