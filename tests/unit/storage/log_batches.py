@@ -7,9 +7,11 @@ has assigned an offset and leader epoch.
 
 from __future__ import annotations
 
+import trio
+
 from rivven_broker.records import header
 
-__all__ = ["make_batch", "stored", "batch_header"]
+__all__ = ["make_batch", "stored", "batch_header", "append_and_sync"]
 
 
 def make_batch(
@@ -43,3 +45,17 @@ def stored(batch: bytes, base_offset: int, leader_epoch: int = 0) -> bytes:
 
 def batch_header(batch: bytes, position: int = 0) -> header.BatchHeader:
     return header.parse_header(batch, position)
+
+
+async def append_and_sync(worker, logs, batch: bytes) -> None:
+    """Append ``batch`` to each of ``logs``, mark it dirty with ``worker`` (a ``SyncWorker``)
+    and run the worker until every append is durable; then close the worker."""
+    infos = []
+    for log in logs:
+        infos.append(log.append(batch, 0))
+        worker.mark_dirty(log)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        for log, info in zip(logs, infos):
+            await worker.wait_durable(log, info.last_offset)
+        await worker.aclose()

@@ -31,7 +31,7 @@ from rivven_broker.storage.sync_worker import SyncPolicy, SyncWorker, inline_run
 from sim.disk import DiskConfig, SimDisk
 from sim.trace import Trace
 
-from .log_batches import make_batch
+from .log_batches import append_and_sync, make_batch
 
 BATCH = make_batch(3, b"r" * 200)
 
@@ -146,16 +146,7 @@ class _Declining(MemoryFileStore):
 
 async def _one_group(store: MemoryFileStore, logs: int, **options) -> SyncWorker:
     worker = SyncWorker(SyncPolicy.parse("always"), inline_run_sync, **options)
-    opened = [_open(store, f"t-{n}") for n in range(logs)]
-    infos = []
-    for log in opened:
-        infos.append(log.append(BATCH, 0))
-        worker.mark_dirty(log)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(worker.run)
-        for log, info in zip(opened, infos):
-            await worker.wait_durable(log, info.last_offset)
-        await worker.aclose()
+    await append_and_sync(worker, [_open(store, f"t-{n}") for n in range(logs)], BATCH)
     return worker
 
 

@@ -27,7 +27,7 @@ from rivven_broker.storage.sync_worker import (
     inline_run_sync,
 )
 
-from .log_batches import make_batch
+from .log_batches import append_and_sync, make_batch
 
 BATCH = make_batch(3, b"r" * 200)
 
@@ -118,15 +118,7 @@ async def test_one_group_covers_every_dirty_log() -> None:
     logs = [_open(store, f"t-{n}") for n in range(3)]
     disk = SlowDisk()
     worker = SyncWorker(SyncPolicy.parse("always"), disk)
-    infos = []
-    for log in logs:
-        infos.append(log.append(BATCH, 0))
-        worker.mark_dirty(log)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(worker.run)
-        for log, info in zip(logs, infos):
-            await worker.wait_durable(log, info.last_offset)
-        await worker.aclose()
+    await append_and_sync(worker, logs, BATCH)
     stats = worker.statistics()
     assert (disk.calls, stats.groups, stats.fsyncs, stats.logs_synced) == (1, 1, 3, 3)
 
