@@ -108,9 +108,10 @@ class OsFileStore:
     that the kernel reports to it every write-back error from then on. It declines (False)
     where ``syncfs`` cannot report errors (not Linux, a kernel before 5.8), when ``syncfs=False``
     was asked, and once a file was opened on another file system than the root (a mount point
-    inside the data directory: the first file opened in each directory is checked). It syncs the whole file system, other programs' files too: on a
-    disk shared with a heavy writer it can take longer than fsyncs of the broker's own files,
-    and a write-back error of any file there stops the broker (the safe side)."""
+    inside the data directory: the first file opened in each directory is checked). It syncs
+    the whole file system, other programs' files too: on a disk shared with a heavy writer it
+    can take longer than fsyncs of the broker's own files, and a write-back error of any file
+    there stops the broker (the safe side)."""
 
     def __init__(self, root: str, *, syncfs: bool = True) -> None:
         self.root = os.path.abspath(root)
@@ -238,6 +239,7 @@ class OsFileStore:
 
     def remove_dir(self, path: str) -> None:
         os.rmdir(self._path(path))
+        self._checked.discard(path)  # a name made again (or mounted on) is checked again
 
     def fsync_dir(self, path: str) -> None:
         fd = os.open(self._path(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
