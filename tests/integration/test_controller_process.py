@@ -19,6 +19,8 @@ import urllib.request
 import pytest
 
 from rivven_broker.client import Admin, TopicPartition
+from rivven_broker.storage.checkpoint import read_checkpoint
+from rivven_broker.storage.file_store import OsFileStore
 from tests.integration.cluster_ports import free_cluster_ports
 from rivven_broker.client.errors import RivvenError
 
@@ -207,3 +209,28 @@ def test_only_the_leader_appends_and_clients_follow_leaders(broker_process, tmp_
     with urllib.request.urlopen(f"http://127.0.0.1:{processes[leader].http_port}/metrics") as m:
         text = m.read().decode()
     assert "rivven_controller_term" in text and "rivven_controller_link_faults" in text
+
+
+@pytest.mark.slow
+def test_a_deleted_topic_stays_deleted_on_a_broker_killed_and_restarted(broker_process, tmp_path):
+    """The reconciled floor with real processes: a broker that deleted a topic's logs is
+    SIGKILLed and restarted; it never brings the topic back (its floor, written before the
+    deletion, holds its reconciliation until its log has the deletion again)."""
+    processes, start = _cluster(broker_process, tmp_path, ["a", "b", "c"])
+    with Admin(processes[1].address) as admin:
+        admin.create_topic("gone", partitions=2, replication_factor=3)
+    _wait(lambda: (tmp_path / "n3" / "gone-0").exists(), "the topic's logs on broker 3")
+    with Admin(processes[1].address) as admin:
+        admin.delete_topic("gone")
+    _wait(lambda: not (tmp_path / "n3" / "gone-0").exists(), "the logs deleted on broker 3")
+    floor = read_checkpoint(OsFileStore(str(tmp_path / "n3")), ".controller",
+                            "reconciled.checkpoint")
+    assert floor is not None and floor > 0
+    processes[3].kill()
+    processes[3] = start(3, tmp_path / "n3")
+    _wait(lambda: _ready(processes[3]), "the restarted broker ready")
+    assert not (tmp_path / "n3" / "gone-0").exists()
+    assert read_checkpoint(OsFileStore(str(tmp_path / "n3")), ".controller",
+                           "reconciled.checkpoint") >= floor
+    with Admin(processes[3].address) as admin:
+        assert "gone" not in [listing.name for listing in admin.list_topics()]
