@@ -474,6 +474,7 @@ class ReplicaManager:
         now_ms = self._env.clock.monotonic_ms()
         answers, has_data = [], False
         saying: list[tuple[Key, tuple[int, int]]] = []
+        untold = self.config.faults.high_watermark_untold  # (the planted bug; off)
         for part in request.partitions:
             answer = self._read_partition(follower, part, budget, now_ms)
             key = (part.topic, part.partition)
@@ -484,7 +485,7 @@ class ReplicaManager:
                 saying.append((key, (-1, -1)))  # said, but not as a quiet partition
             else:
                 said = (answer.high_watermark, answer.log_start_offset)
-                if told.get(key) == said or self.config.faults.high_watermark_untold:
+                if told.get(key) == said or untold:
                     continue
                 saying.append((key, said))
             answers.append(answer)
