@@ -240,7 +240,7 @@ async def test_consumer_iterates_until_idle(front, fake):
             for i in range(25):
                 await producer.enqueue("t", value=b"%d" % i)
         async with front.open_consumer(fake.bootstrap, auto_offset_reset="earliest",
-                                       consumer_timeout_ms=300,
+                                       consumer_timeout_ms=2_000,
                                        max_poll_records=7) as consumer:
             consumer.assign([TopicPartition("t", 0)])
             assert [r.value async for r in consumer] == [b"%d" % i for i in range(25)]
