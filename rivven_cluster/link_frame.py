@@ -17,6 +17,12 @@ reordered (the sequence is not the next one) fails, and the connection is closed
 channel PySyncObj needs to be safe: FIFO, no duplicates, loss only with a disconnect. Nothing
 is unpickled before its tag verifies, so nobody without a key reaches PySyncObj's pickles.
 
+Big payloads are not copied more than they must be: ``LinkSealer.seal_parts`` MACs a
+payload given in pieces and joins them into the frame once, and a ``LinkReader`` made with
+``views=True`` (the replica links) hands a frame of at least ``VIEW_BYTES_MIN`` out as a
+``memoryview`` of the buffer it arrived in (the reader goes on in a new buffer), so a megabyte
+of replicated batches is copied once on each side, not four times.
+
 The key is chosen by key id (the ring's first key signs, every key verifies), so key rotation
 works as for SWIM datagrams. ``LinkError`` names what was wrong; the driver counts it by reason.
 Pure: no I/O, no clock; the driver feeds bytes in and writes bytes out.
@@ -28,7 +34,7 @@ import enum
 import hashlib
 import hmac
 import struct
-from typing import Callable
+from typing import Callable, Sequence
 
 import attrs
 
@@ -52,7 +58,9 @@ LINK_FRAME_BYTES_MAX = 16 * 1024 * 1024
 NONCE_BYTES = 16
 TAG_BYTES = 16
 _MAGIC = b"RVNL"
-_VERSION = 2
+_VERSION = 3  # 3: replica fetch answers carry their records after the document
+#: A frame at least this big is handed out as a view by a ``views`` reader.
+VIEW_BYTES_MIN = 64 * 1024
 _HEAD = struct.Struct(">I")
 _SEQ = struct.Struct(">Q")
 _HELLO = struct.Struct(">4sBiQ16sBH")  # magic, version, node id, boot id, nonce, channel,
@@ -118,47 +126,67 @@ class LinkSealer:
         self._sequence = 0
 
     def seal(self, payload: bytes) -> bytes:
-        assert len(payload) + 32 <= LINK_FRAME_BYTES_MAX, "a link frame is too large"
+        return self.seal_parts((payload,))
+
+    def seal_parts(self, parts: Sequence[bytes | bytearray | memoryview]) -> bytes:
+        """One frame whose payload is ``parts`` joined (MACed piece by piece, copied once)."""
+        size = sum(len(part) for part in parts)
+        assert size + 32 <= LINK_FRAME_BYTES_MAX, "a link frame is too large"
         self._sequence += 1
         ring = self._ring()
         head = ring.signing_key_id + _SEQ.pack(self._sequence)
-        tag = _tag(ring.signing_key, self._session, head, payload)
-        return _HEAD.pack(len(head) + len(payload) + TAG_BYTES) + head + payload + tag
+        tag = _tag(ring.signing_key, self._session, head, *parts)
+        return b"".join((_HEAD.pack(len(head) + size + TAG_BYTES), head, *parts, tag))
 
 
 class LinkReader:
     """Opens the peer's frames of one connection: first its hello, then payloads in order."""
 
-    def __init__(self, ring: Callable[[], KeyRing], own_nonce: bytes) -> None:
+    def __init__(self, ring: Callable[[], KeyRing], own_nonce: bytes, *,
+                 views: bool = False) -> None:
         self._ring = ring
         self._own_nonce = own_nonce
+        self._views = views
         self._buffer = bytearray()
         self._session: bytes | None = None
         self._sequence = 0
         self.hello: Hello | None = None
 
-    def feed(self, data: bytes) -> list[bytes]:
-        """The complete payloads ``data`` finishes (the hello is kept in ``hello``).
+    def feed(self, data: bytes) -> list[bytes | memoryview]:
+        """The complete payloads ``data`` finishes (the hello is kept in ``hello``): ``bytes``,
+        or with ``views`` a ``memoryview`` for a frame of ``VIEW_BYTES_MIN`` or more.
         Raises ``LinkError``: the connection must then be closed."""
-        self._buffer += data
-        payloads = []
-        while len(self._buffer) >= _HEAD.size:
-            (length,) = _HEAD.unpack_from(self._buffer)
+        buffer = self._buffer
+        buffer += data
+        payloads: list[bytes | memoryview] = []
+        start = 0
+        while len(buffer) - start >= _HEAD.size:
+            (length,) = _HEAD.unpack_from(buffer, start)
             if length > LINK_FRAME_BYTES_MAX:
                 raise LinkError(LinkFault.OVERSIZED, f"a frame of {length} bytes")
             if length < KEY_ID_BYTES + _SEQ.size + TAG_BYTES:
                 raise LinkError(LinkFault.MALFORMED, f"a frame of {length} bytes")
-            if len(self._buffer) < _HEAD.size + length:
+            end = start + _HEAD.size + length
+            if len(buffer) < end:
                 break
-            frame = bytes(self._buffer[_HEAD.size:_HEAD.size + length])
-            del self._buffer[:_HEAD.size + length]
-            payload = self._open(frame)
-            if payload is not None:
-                payloads.append(payload)
+            view = memoryview(buffer)[start + _HEAD.size:end]
+            body = self._open(view)
+            if body is not None and self._views and length >= VIEW_BYTES_MIN:
+                # hand this buffer out with the view; go on in a copy of what follows
+                payloads.append(body)
+                buffer = self._buffer = buffer[end:]
+                start = 0
+                continue
+            if body is not None:
+                payloads.append(bytes(body))
+            del view, body  # (no view of the buffer may be left when it is cut below)
+            start = end
+        if start:
+            del buffer[:start]
         return payloads
 
-    def _open(self, frame: bytes) -> bytes | None:
-        key_id = frame[:KEY_ID_BYTES]
+    def _open(self, frame: memoryview) -> memoryview | None:
+        key_id = bytes(frame[:KEY_ID_BYTES])
         (sequence,) = _SEQ.unpack_from(frame, KEY_ID_BYTES)
         body = frame[KEY_ID_BYTES + _SEQ.size:-TAG_BYTES]
         key = self._ring().key_for(key_id)

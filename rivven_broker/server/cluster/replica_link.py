@@ -10,6 +10,10 @@ and sequence, so only a broker holding the cluster key can fetch as a replica (a
 connection never can: it speaks the client protocol on another port), and a tampered,
 replayed or reordered frame closes the link. The follower sends one request and reads its
 answer before sending the next: requests and answers are strictly alternating.
+
+``send`` takes a payload in parts (a fetch answer's document and the records as read from
+the log) and the follower's reader hands big payloads out as views of its receive buffer
+(``LinkReader(views=True)``), so replicated batches are copied once on each side.
 """
 
 from __future__ import annotations
@@ -50,14 +54,16 @@ class ReplicaLink:
         self._sealer = sealer
         self._ready = list(early)
 
-    async def send(self, payload: bytes) -> None:
+    async def send(self, *parts: bytes | memoryview) -> None:
+        """One frame whose payload is ``parts`` joined."""
         try:
-            await self.stream.send_all(self._sealer.seal(payload))
+            await self.stream.send_all(self._sealer.seal_parts(parts))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise LinkClosed(f"send failed: {exc}") from exc
 
-    async def receive(self) -> bytes:
-        """The next payload (empty keep-alive frames are skipped)."""
+    async def receive(self) -> bytes | memoryview:
+        """The next payload (empty keep-alive frames are skipped): a ``memoryview`` for a
+        big one on a link this side opened as a replica fetcher."""
         while True:
             while self._ready:
                 payload = self._ready.pop(0)
@@ -85,14 +91,14 @@ async def open_replica_link(env: Env, address: tuple[str, int], *, node_id: int,
     link carries broker-to-broker calls with ``channel=CHANNEL_CALL``: ``broker_calls.py``.)"""
     rng = env.rng("replica-link")
     nonce = rng.randbytes(NONCE_BYTES)
-    reader = LinkReader(ring, nonce)
+    reader = LinkReader(ring, nonce, views=channel == CHANNEL_REPLICA)
     stream: trio.abc.Stream | None = None
     try:
         with trio.fail_after(timeout_s):
             stream = await env.net.open_tcp_stream(*address)
             await stream.send_all(seal_hello(ring(), Hello(node_id, boot_id, nonce,
                                                            channel=channel)))
-            early: list[bytes] = []
+            early: list[bytes | memoryview] = []
             while reader.hello is None:
                 data = await stream.receive_some(_RECEIVE_BYTES)
                 if not data:

@@ -87,6 +87,7 @@ from rivven_cluster.replication.messages import (
     ReplicaFetch,
     ReplicaFetchAnswer,
     ReplicaMessageError,
+    answer_parts,
     decode_answer,
     decode_fetch,
     encode,
@@ -438,7 +439,7 @@ class ReplicaManager:
                     self._count("replica_id_mismatch")
                     return
                 answer = await self._answer(follower, request, told)
-                await link.send(encode(answer))
+                await link.send(*answer_parts(answer))
         except (LinkClosed, ReplicaMessageError) as exc:
             log.debug("replica link from %d closed: %s", follower, exc)
         finally:
@@ -536,7 +537,7 @@ class ReplicaManager:
             except (StorageError, OSError) as exc:
                 log.error("%s-%d: read for follower %d failed: %s", *key, follower, exc)
                 return refuse(ErrorCode.KAFKA_STORAGE_ERROR)
-            records = bytes(read.records)
+            records = read.records  # (a view of the read's buffer: the link copies it once)
         return FetchedPartition(part.topic, part.partition, 0, state.high_watermark,
                                 plog.log_start_offset, NO_DIVERGENCE, -1, records)
 

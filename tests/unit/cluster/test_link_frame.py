@@ -8,6 +8,7 @@ import pytest
 
 from rivven_cluster.link_frame import (
     LINK_FRAME_BYTES_MAX,
+    VIEW_BYTES_MIN,
     Hello,
     LinkError,
     LinkFault,
@@ -22,9 +23,9 @@ OTHER = KeyRing((b"another-key-of-enough-length!!",))
 A_NONCE, B_NONCE = b"a" * 16, b"b" * 16
 
 
-def _connection(ring=RING):
+def _connection(ring=RING, *, views=False):
     """A's sealer and B's reader, after both hellos."""
-    reader = LinkReader(lambda: ring, B_NONCE)
+    reader = LinkReader(lambda: ring, B_NONCE, views=views)
     assert reader.feed(seal_hello(ring, Hello(1, 7, A_NONCE))) == []
     assert reader.hello == Hello(1, 7, A_NONCE)
     return LinkSealer(lambda: ring, A_NONCE, B_NONCE), reader
@@ -37,6 +38,37 @@ def test_frames_open_in_order_even_split_anywhere():
     for i in range(0, len(stream), 7):
         received += reader.feed(stream[i:i + 7])
     assert received == [b"one", b"", b"three" * 100]
+
+
+@pytest.mark.parametrize("step", [1, 1000, 65536, 1 << 20])
+def test_a_views_reader_hands_big_payloads_out_as_views_of_buffers_it_let_go(step):
+    """A big payload comes out as a memoryview of the buffer it arrived in (not copied
+    again); the reader goes on in a new buffer, so the views keep their bytes while later
+    frames arrive, split anywhere."""
+    sealer, reader = _connection(views=True)
+    big = bytes(range(256)) * (VIEW_BYTES_MIN // 256 + 3)
+    payloads = [b"small", big, b"", big[::-1], b"tail"]
+    stream = b"".join(sealer.seal_parts((p[:100], p[100:])) for p in payloads)
+    received = []
+    for i in range(0, len(stream), step):
+        received += reader.feed(stream[i:i + step])
+    assert received == payloads
+    assert [type(p) for p in received] == [bytes, memoryview, bytes, memoryview, bytes]
+
+
+def test_seal_parts_is_seal_of_the_joined_parts():
+    one, _ = _connection()
+    two, _ = _connection()
+    assert one.seal_parts((b"ab", memoryview(b"cd"), bytearray(b"e"))) == two.seal(b"abcde")
+
+
+def test_a_views_reader_still_refuses_a_flipped_bit_in_a_big_frame():
+    sealer, reader = _connection(views=True)
+    frame = bytearray(sealer.seal(b"x" * VIEW_BYTES_MIN))
+    frame[-1] ^= 1
+    with pytest.raises(LinkError) as caught:
+        reader.feed(bytes(frame))
+    assert caught.value.fault is LinkFault.BAD_MAC
 
 
 @pytest.mark.parametrize("damage", ["drop", "repeat", "swap"])

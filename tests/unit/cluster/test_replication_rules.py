@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, strategies as st
 
 from rivven_cluster.replication import (
@@ -16,6 +17,7 @@ from rivven_cluster.replication.messages import (
     ReplicaFetch,
     ReplicaFetchAnswer,
     ReplicaMessageError,
+    answer_parts,
     decode_answer,
     decode_fetch,
     encode,
@@ -189,3 +191,27 @@ def test_replica_messages_round_trip_and_refuse_garbage() -> None:
         except ReplicaMessageError:
             continue
         raise AssertionError(f"{garbage!r} decoded as a fetch")
+
+
+def test_an_answer_s_records_travel_beside_its_document_and_come_back_as_views() -> None:
+    answer = ReplicaFetchAnswer((
+        FetchedPartition("a", 0, 0, 5, 0, -2, -1, memoryview(b"first batches")),
+        FetchedPartition("b", 1, 6),  # an error: no records
+        FetchedPartition("c", 2, 0, 7, 3, 4, 9),  # a divergence
+        FetchedPartition("d", 3, 0, 8, 0, -2, -1, b"second"),
+    ))
+    parts = answer_parts(answer)
+    assert parts[-2:] == [b"first batches", b"second"]  # as given: not copied into msgpack
+    decoded = decode_answer(b"".join(parts))
+    assert decoded == answer
+    assert isinstance(decoded.partitions[0].records, memoryview)
+    assert decoded.partitions[1].records == b""
+
+
+@pytest.mark.parametrize("damage", ["cut", "extra", "document_cut", "short"])
+def test_an_answer_whose_records_do_not_add_up_is_refused(damage: str) -> None:
+    data = encode(ReplicaFetchAnswer((FetchedPartition("t", 0, 0, 5, 0, -2, -1, b"abc"),)))
+    garbage = {"cut": data[:-1], "extra": data + b"x",
+               "document_cut": data[:6], "short": data[:3]}[damage]
+    with pytest.raises(ReplicaMessageError):
+        decode_answer(garbage)
