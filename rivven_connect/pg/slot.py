@@ -83,6 +83,24 @@ source's heartbeats (``emit_heartbeat``: a flushed marker, committed as a positi
 offset, then confirmed at its LSN - 1, below the marker's own ``data_start``, so psycopg2
 still never forwards) let it follow.
 
+Restart points
+--------------
+Confirming moves ``confirmed_flush_lsn``, but the WAL Postgres keeps for a slot ends at its
+``restart_lsn``, which moves only when the walsender decodes a *running-transactions* record
+(and then to a point before the transactions it lists, once the client confirmed past it).
+Postgres writes one at each checkpoint and, from the background writer, at most every 15 s:
+under heavy writes the slot kept 15-40 s of WAL whatever we confirmed (hundreds of MB at
+tens of MB/s). So each heartbeat marker is preceded by one (``restart_points``, on by
+default), on the marker's connection: ``pg_log_standby_snapshot()`` on Postgres 16 and
+later; on 15 (and where that function is refused) a temporary logical slot is created and
+dropped, because creating a logical slot first logs a running-transactions record; its wait
+for a consistent point (for transactions open then to end) is cut by a statement timeout of
+``restart_point_timeout_ms``, after which the record is still there. The walsender decodes
+the record before the marker, so the marker's own confirm lets ``restart_lsn`` move up to
+it: the slot keeps about one heartbeat interval of WAL plus the time a heartbeat takes to
+come back confirmed. A refusal (no privilege, every slot in ``max_replication_slots`` taken)
+is logged once and the heartbeats go on without restart points until one succeeds again.
+
 After a reconnect, nothing is confirmed before the first data frame of the new connection
 arrives: psycopg2 forwards whenever our explicit flush LSN is at or past the ``data_start``
 of the last data message, and with none received yet that is always true.
@@ -92,6 +110,7 @@ of the last data message, and with none received yet that is always true.
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any, Sequence
 
@@ -110,6 +129,8 @@ __all__ = ["HEARTBEAT_MESSAGE_PREFIX", "PgConnectConfig", "RESUME_MESSAGE_PREFIX
            "SIGNAL_MESSAGE_PREFIX", "ReplicationSlot", "SlotActiveError", "SlotConnectionError",
            "SlotError", "SlotInfo", "parse_table_name", "slot_error"]
 
+_log = logging.getLogger(__name__)
+
 #: The prefix of the non-transactional message ``start`` emits (the source drops it).
 RESUME_MESSAGE_PREFIX = "rivven.cdc.resume"
 #: The prefix of the heartbeat marker ``emit_heartbeat`` writes (the source turns ours into a
@@ -121,6 +142,8 @@ SIGNAL_MESSAGE_PREFIX = "rivven.cdc.signal"
 #: Bounds of the blocking calls.
 connect_timeout_s = 10
 statement_timeout_ms = 60_000
+#: How long a restart point's temporary slot may wait for a consistent point ("Restart points").
+restart_point_timeout_ms = 1000
 #: Frames one ``read_frames`` returns at most.
 frames_per_read_max = 10_000
 #: The replication connection's TCP keepalives (idle, interval, probes) and libpq's
@@ -220,7 +243,8 @@ class ReplicationSlot:
 
     def __init__(self, config: PgConnectConfig, slot_name: str, publication_name: str,
                  tables: Sequence[tuple[str, str]], *, status_interval_s: float = 10.0,
-                 signal_table: tuple[str, str] | None = None) -> None:
+                 signal_table: tuple[str, str] | None = None,
+                 restart_points: bool = True) -> None:
         assert _IDENTIFIER.fullmatch(slot_name) and _IDENTIFIER.fullmatch(publication_name)
         assert tables and signal_table not in tables
         self.config = config
@@ -230,6 +254,10 @@ class ReplicationSlot:
         #: What the publication must hold: the tables, then the signal table.
         self.published = self.tables + ((signal_table,) if signal_table else ())
         self.status_interval_s = status_interval_s
+        #: Log a running-transactions record after each heartbeat ("Restart points").
+        self.restart_points = restart_points
+        self.restart_points_logged = 0
+        self._restart_point_refused: str | None = None  # (logged once until one succeeds)
         self._connection: Any = None
         self._cursor: Any = None
         #: The ``data_start`` of the last frame read on this connection (None: none yet).
@@ -415,19 +443,29 @@ class ReplicationSlot:
         self._connection, self._cursor = connection, cursor
         self.last_data_start = None
 
-    def _emit_marker(self, prefix: str, unless_wal_at: int | None) -> int | None:
+    def _emit_marker(self, prefix: str, unless_wal_at: int | None, *,
+                     restart_point: bool = False) -> int | None:
         """A flushed non-transactional logical message ``prefix`` with our slot name as
         content (the server decodes only flushed WAL: a commit under ``synchronous_commit =
         on`` flushes it). With ``unless_wal_at``: nothing when the server's WAL insert
-        position is still there. Returns the insert position after the marker (None: none
-        written). Blocking; raises ``SlotError``."""
-        marker = self.config.connect()
+        position is still there. With ``restart_point``: a restart point first ("Restart
+        points"). Returns the insert position after the marker (None: none written).
+        Blocking; raises ``SlotError``."""
         try:
+            marker = self.config.connect()
+        except psycopg2.Error as error:
+            raise slot_error("postgres", error) from error
+        try:
+            marker.autocommit = True
             with marker.cursor() as cursor:
                 if unless_wal_at is not None:
                     cursor.execute("SELECT pg_current_wal_insert_lsn()::text")
                     if parse_lsn(cursor.fetchone()[0]) == unless_wal_at:
                         return None
+                if restart_point:
+                    self._restart_point(marker, cursor)
+            marker.autocommit = False
+            with marker.cursor() as cursor:
                 cursor.execute("SET synchronous_commit = on")
                 cursor.execute("SELECT pg_logical_emit_message(false, %s, %s)",
                                (prefix, self.slot_name))
@@ -443,9 +481,70 @@ class ReplicationSlot:
 
     def emit_heartbeat(self, unless_wal_at: int | None) -> int | None:
         """Write the ``rivven.cdc.heartbeat`` marker (flushed), unless the WAL insert
-        position is still ``unless_wal_at`` (nothing happened since the last one). Returns
-        the insert position after it, or None. Blocking; raises ``SlotError``."""
-        return self._emit_marker(HEARTBEAT_MESSAGE_PREFIX, unless_wal_at)
+        position is still ``unless_wal_at`` (nothing happened since the last one), after a
+        restart point (with ``restart_points``; module docstring). Returns the insert
+        position after the marker, or None. Blocking; raises ``SlotError``."""
+        return self._emit_marker(HEARTBEAT_MESSAGE_PREFIX, unless_wal_at,
+                                 restart_point=self.restart_points)
+
+    def log_restart_point(self) -> bool:
+        """Have Postgres write a running-transactions record now ("Restart points"). Returns
+        whether it did; a refusal is logged (once until one succeeds again). Blocking; raises
+        ``SlotError`` when Postgres cannot be reached."""
+        try:
+            connection = self.config.connect()
+        except psycopg2.Error as error:
+            raise slot_error("postgres", error) from error
+        connection.autocommit = True
+        try:
+            with connection.cursor() as cursor:
+                return self._restart_point(connection, cursor)
+        except psycopg2.Error as error:
+            raise slot_error("postgres", error) from error
+        finally:
+            connection.close()
+
+    def _restart_point(self, connection: Any, cursor: Any) -> bool:
+        """``log_restart_point`` on an open autocommit ``connection``; leaves its statement
+        timeout as it was. Raises psycopg2's error only when the connection is lost."""
+        try:
+            if connection.server_version >= 160000 and self._log_standby_snapshot(cursor):
+                return self._restart_point_logged()
+            cursor.execute(f"SET statement_timeout = {restart_point_timeout_ms}")
+            try:
+                name = f"rivven_rp_{self.slot_name}"[:63]
+                try:
+                    cursor.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', "
+                                   "true)", (name,))
+                except QueryCanceledError:
+                    return self._restart_point_logged()  # (written before the wait)
+                cursor.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+                return self._restart_point_logged()
+            finally:
+                cursor.execute("RESET statement_timeout")
+        except psycopg2.Error as error:
+            if connection_lost(error) and getattr(error, "pgcode", None) is None:
+                raise  # (the server said nothing: the connection is gone)
+            text = str(error).strip()
+            if self._restart_point_refused is None:
+                _log.warning("postgres-cdc %s: no restart point (the slot keeps WAL until "
+                             "Postgres logs running transactions itself): %s",
+                             self.slot_name, text)
+            self._restart_point_refused = text
+            return False
+
+    @staticmethod
+    def _log_standby_snapshot(cursor: Any) -> bool:
+        try:
+            cursor.execute("SELECT pg_log_standby_snapshot()")
+            return True
+        except psycopg2.errors.InsufficientPrivilege:
+            return False
+
+    def _restart_point_logged(self) -> bool:
+        self.restart_points_logged += 1
+        self._restart_point_refused = None
+        return True
 
     # --- streaming (trio) ---------------------------------------------------------------------
     async def read_frames(self, max_frames: int, wait_s: float) -> list[tuple[int, bytes]]:

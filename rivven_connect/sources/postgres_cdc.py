@@ -28,7 +28,7 @@ the exactly-once order; the source only keeps to its part:
 - positions are JSON (they go into ``__connect_offsets``): ``{"end_lsn": "X/X",
   "commit_lsn": "X/X", "seq": n, "last": bool}``, ordered by ``(end_lsn, seq)`` (keys
   ``(end_lsn, 1, seq)``, after the snapshot rows ``(consistent_lsn, 0, rows)``);
-- **heartbeats** (``heartbeat_interval_ms``, default 10 s, 0 = off): when a poll has waited
+- **heartbeats** (``heartbeat_interval_ms``, default 1 s, 0 = off): when a poll has waited
   that long with nothing to return, the source writes a flushed ``rivven.cdc.heartbeat``
   logical message (content: the slot name) and, when the stream delivers it at LSN ``M``,
   queues a position-only record (``Record.heartbeat``) at ``{"end_lsn": M, "commit_lsn": M,
@@ -37,7 +37,8 @@ the exactly-once order; the source only keeps to its part:
   later one is resent from ``M``, so ``M`` is a safe resume point; the cycle commits it with
   no records and its side effect confirms ``M - 1``, below the marker's ``data_start``, so
   psycopg2 still never forwards the slot past the stored offset. The slot then follows
-  unpublished WAL.
+  unpublished WAL, and with a restart point after each marker (``pg.slot``, "Restart
+  points") its ``restart_lsn`` does too.
 
 ``prepare_poll(max_records)`` (the driver calls it while a batch commits: docs/connect.md
 "Preparing the next poll") does the next poll's work ahead: a snapshot's next rows read and

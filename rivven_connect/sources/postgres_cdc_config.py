@@ -26,8 +26,10 @@ from rivven_connect.pg.snapshot import (
 __all__ = ["heartbeat_interval_ms_default", "heartbeat_interval_ms_max", "parse_config",
            "reconnect_attempts_max_max", "reconnect_timeout_ms_max"]
 
-#: Heartbeats: the default interval, and the largest one accepted (0 = off).
-heartbeat_interval_ms_default = 10_000
+#: Heartbeats: the default interval, and the largest one accepted (0 = off). A second: the
+#: slot keeps about one interval of WAL while only unpublished tables change (pg/slot.py
+#: "Restart points"), and a heartbeat is written only when the WAL moved.
+heartbeat_interval_ms_default = 1_000
 heartbeat_interval_ms_max = 3_600_000
 #: The largest ``reconnect_attempts_max`` and ``reconnect_timeout_ms`` accepted.
 reconnect_attempts_max_max = 1000
@@ -35,7 +37,7 @@ reconnect_timeout_ms_max = 86_400_000
 
 _OPTIONS = ("host", "port", "database", "user", "password", "slot_name", "publication_name",
             "tables", "snapshot", "batch_size", "status_interval_ms", "heartbeat_interval_ms",
-            "reconnect_attempts_max", "reconnect_timeout_ms", "signal_table")
+            "reconnect_attempts_max", "reconnect_timeout_ms", "signal_table", "restart_points")
 
 
 def parse_config(raw: Mapping[str, Any], path: str
@@ -79,7 +81,8 @@ def parse_config(raw: Mapping[str, Any], path: str
     config = PgConnectConfig(options.string("host"), port, options.string("database"),
                              options.string("user"), password)
     slot = ReplicationSlot(config, names["slot_name"], names["publication_name"], tables,
-                           status_interval_s=interval / 1000, signal_table=signal_table)
+                           status_interval_s=interval / 1000, signal_table=signal_table,
+                           restart_points=options.bool("restart_points", True))
     return slot, {"batch_size": options.batch_size(), "snapshot_mode": mode,
                   "snapshot_chunk_rows": chunk_rows, "snapshot_on_interrupted": on_interrupted,
                   "heartbeat_interval_ms": heartbeat, "reconnect_attempts_max": attempts,

@@ -128,10 +128,17 @@ def test_metrics_are_the_lag_the_retained_wal_once_read_and_the_changes_per_tabl
 
 
 def test_heartbeat_interval_option():
-    assert _build().heartbeat_interval_ms == 10_000
+    assert _build().heartbeat_interval_ms == 1_000
     assert _build(heartbeat_interval_ms=0).heartbeat_interval_ms == 0
     with pytest.raises(ConnectConfigError, match="config.heartbeat_interval_ms"):
         _build(heartbeat_interval_ms=-1)
+
+
+def test_restart_points_option():
+    assert _build().slot.restart_points is True
+    assert _build(restart_points=False).slot.restart_points is False
+    with pytest.raises(ConnectConfigError, match="config.restart_points"):
+        _build(restart_points="sometimes")
 
 
 def test_a_heartbeat_orders_after_a_transaction_ending_at_its_lsn():

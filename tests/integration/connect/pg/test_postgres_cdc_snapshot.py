@@ -32,6 +32,8 @@ INSERT INTO orders SELECT n, 'old', n FROM generate_series(1, {ROWS}) n;
 
 def _config(path, database: str, bootstrap: str, mode: str, chunk_size: int = 50,
             on_interrupted: str = "fail") -> None:
+    # Heartbeats every minute: these tests read the snapshot's and the stream's positions,
+    # which a heartbeat (the default 1 s while the WAL moves) would replace.
     path.write_text(f"""
 version: "1.0"
 broker: {{ bootstrap: "{bootstrap}" }}
@@ -44,7 +46,7 @@ sources:
               user: postgres, slot_name: rivven_slot, publication_name: rivven_pub,
               tables: [public.orders], snapshot: {{ mode: {mode}, chunk_size: {chunk_size},
                           on_interrupted: {on_interrupted} }},
-              status_interval_ms: 1000, batch_size: 50 }}
+              status_interval_ms: 1000, batch_size: 50, heartbeat_interval_ms: 60000 }}
     routing: {{ topic_defaults: {{ partitions: 1 }} }}
 """)
 
