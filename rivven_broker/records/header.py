@@ -136,7 +136,12 @@ class CorruptBatchError(BatchError):
 
 def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
     """Decode the header at ``pos`` without any check. Needs ``HEADER_BYTES`` bytes there."""
-    return BatchHeader._make(HEADER.unpack_from(buf, pos))
+    return _new_header(BatchHeader, HEADER.unpack_from(buf, pos))
+
+
+#: ``BatchHeader._make`` without its Python frame (the struct gives exactly its fields).
+_new_header = tuple.__new__
+assert len(HEADER.unpack(bytes(HEADER.size))) == len(BatchHeader._fields)
 
 
 def batch_length_at(buf: bytes | bytearray | memoryview, pos: int = 0) -> int:

@@ -113,7 +113,7 @@ from rivven_broker.storage.errors import (
 )
 from rivven_broker.server.context import Pending, ServerContext
 from rivven_broker.server.group_driver import is_internal_topic
-from rivven_broker.storage.partition import CommitRule, Partition, TxnCheck
+from rivven_broker.storage.partition import CommitRule, Partition
 from rivven_broker.storage.staged_appends import StagedWrite
 
 if TYPE_CHECKING:
@@ -205,9 +205,8 @@ class DataPath:
                         )
                         continue
                     state = context.partitions.get(topic.name, part.partition, plog)
-                    appended = state.append_as_leader(
-                        part.records, now_ms, self._txn_check(request, topic.name, part.partition)
-                    )
+                    appended = state.append_as_leader(part.records, now_ms, functools.partial(
+                        self._check_txn, request.transactional_id, topic.name, part.partition))
                 except (StorageError, BatchError, OSError) as exc:
                     outcome[key] = _produce_error(part.partition, error_of(exc))
                     continue
@@ -254,8 +253,11 @@ class DataPath:
             nonlocal waits
             if not staged:  # (after the first answer's look)
                 return
-            assert all(write.done for _, write in staged), "an answer before its write"
-            failed = {key: write.error for key, write in staged if write.error is not None}
+            failed = {}
+            for key, write in staged:  # (a loop: no generator frames on every produce)
+                assert write.done, "an answer before its write"
+                if write.error is not None:
+                    failed[key] = write.error
             staged.clear()
             if failed:
                 for key, exc in failed.items():
@@ -307,10 +309,17 @@ class DataPath:
                 or (replicated and partition.rule is not rule)
 
         def ready() -> ProduceResponse | None:
-            unwritten()
-            for _, partition, rule, last_offset in waits:
-                if not settled(partition, rule, last_offset):
-                    return None
+            if staged:
+                unwritten()
+            if replicated:
+                for _, partition, rule, last_offset in waits:
+                    if not settled(partition, rule, last_offset):
+                        return None
+            else:  # ``settled``, inline (asked of every produce once or twice): durable
+                for _, partition, _, last_offset in waits:  # here, or lost
+                    if partition.local_durable_end <= last_offset \
+                            and not partition.lost(last_offset):
+                        return None
             context.sync_worker.check_healthy()
             for key, partition, rule, last_offset in waits:
                 if not acknowledged(partition, rule, last_offset):
@@ -340,16 +349,14 @@ class DataPath:
             return answer
         return Pending(verify_and_produce, serial=True)
 
-    def _txn_check(self, request: Produce, topic: str, partition: int) -> TxnCheck:
-        """The coordinator's check of a transactional batch for this partition."""
+    def _check_txn(self, transactional_id: str | None, topic: str, partition: int,
+                   header: BatchHeader) -> ErrorCode:
+        """The coordinator's check of a transactional batch for this partition (bound to
+        the first three by ``functools.partial``: a ``TxnCheck``)."""
         txn = self._context.txn
-
-        def check(header: BatchHeader) -> ErrorCode:
-            if txn is None:
-                return ErrorCode.COORDINATOR_NOT_AVAILABLE
-            return txn.check_produce(request.transactional_id, header, topic, partition)
-
-        return check
+        if txn is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        return txn.check_produce(transactional_id, header, topic, partition)
 
     def _produce_topic_error(self, name: str, now_ms: int) -> _PartitionError | None:
         if is_internal_topic(name):  # written by the broker's coordinators only
@@ -643,6 +650,10 @@ def _produce_error(partition: int, error: _PartitionError) -> ProducePartitionRe
 def _produce_response(
     request: Produce, outcome: dict[tuple[str, int], ProducePartitionResponse]
 ) -> ProduceResponse:
+    topics = request.topics
+    if len(topics) == 1 and len(topics[0].partitions) == 1:  # the commonest: no walk
+        name = topics[0].name
+        return produce_response_of([(name, [outcome[(name, topics[0].partitions[0].partition)]])])
     return produce_response_of(
         [
             (topic.name, [outcome[(topic.name, p.partition)] for p in topic.partitions])
