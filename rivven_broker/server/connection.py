@@ -119,6 +119,8 @@ if TYPE_CHECKING:
 
 #: A request begun (its slot queued) and what ``Handlers.begin`` gave for it.
 Begun = tuple["_Slot", "Response | Pending"]
+#: When requests were read: trio's clock, ``Clock.monotonic_ms()`` and ``Clock.wall_ms()``.
+ReadAt = tuple[float, int, int]
 
 __all__ = ["ConnectionSettings", "serve_client_connection", "ClientConnections"]
 
@@ -383,18 +385,19 @@ class _Connection:
             await self._dispose(begun, nursery)
 
     def begin(self, correlation_id: int, request: Request,
-              times_ms: tuple[int, int] | None = None) -> Begun | None:
+              read_at: ReadAt | None = None) -> Begun | None:
         """Run the request's first half and queue its slot (None: it gets no answer).
-        Never blocks; the reader and the lane call it in request order. ``times_ms``: the
-        clock's ``(monotonic_ms(), wall_ms())`` when the request was read (the lane reads
-        them once per pass), else read now."""
+        Never blocks; the reader and the lane call it in request order. ``read_at``: when
+        the request was read (the lane reads the clocks once per pass), else read now."""
         if isinstance(request, Handshake):  # who the client is, for group membership
             self.client_id = request.client_id
         clock = self.clock
-        start_ms, wall_ms = (clock.monotonic_ms(), clock.wall_ms()) if times_ms is None \
-            else times_ms
+        if read_at is None:
+            start_ms, wall_ms, received_at = clock.monotonic_ms(), clock.wall_ms(), None
+        else:
+            received_at, start_ms, wall_ms = read_at
         api = type(request).__name__
-        call = RequestContext(wall_ms, self.client_id, self.client_host)
+        call = RequestContext(wall_ms, self.client_id, self.client_host, received_at)
         try:  # ``_guarded``, inline: this is every request's path
             outcome = self.handlers.begin(request, call)
         except (SyncFailedError, AssertionError):
@@ -508,7 +511,10 @@ class _Connection:
             slot = slots.popleft()
             response = slot.response
             assert response is not None
-            frame = self._encode(slot, response)
+            try:  # (inline: every answer's path)
+                frame = self.core.send_response(slot.correlation_id, response)
+            except LocalProtocolError as exc:
+                frame = self._unencodable(slot, exc)
             if type(frame) is bytes:
                 frames.append(frame)
             else:
@@ -552,12 +558,10 @@ class _Connection:
             slot.response = response
             slot.ready = True
 
-    def _encode(self, slot: _Slot, response: Response) -> bytes | FramePieces:
-        try:
-            return self.core.send_response(slot.correlation_id, response)
-        except LocalProtocolError as exc:  # an answer too large for a frame: say so instead
-            log.warning("cannot encode the %s answer: %s", slot.api, exc)
-            return self.core.send_error(slot.correlation_id, exc.code, str(exc))
+    def _unencodable(self, slot: _Slot, exc: LocalProtocolError) -> bytes | FramePieces:
+        """The answer to ``slot`` could not be encoded (too large for a frame): say so."""
+        log.warning("cannot encode the %s answer: %s", slot.api, exc)
+        return self.core.send_error(slot.correlation_id, exc.code, str(exc))
 
     async def _send(self, frames: FramePieces) -> None:
         """Send frames in order: each run of bytes joined into one ``send_all``, each

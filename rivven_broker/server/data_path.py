@@ -112,7 +112,7 @@ from rivven_broker.storage.errors import (
     UnknownTopicOrPartitionError,
 )
 from rivven_broker.server.context import Pending, ServerContext
-from rivven_broker.server.group_driver import is_internal_topic
+from rivven_broker.server.group_driver import INTERNAL_TOPICS
 from rivven_broker.storage.partition import CommitRule, Partition
 from rivven_broker.storage.staged_appends import StagedWrite
 
@@ -155,11 +155,12 @@ class DataPath:
     # --- produce ---------------------------------------------------------------------------
 
     def produce(self, request: Produce, now_ms: int,
-                txn_refused: dict[tuple[str, int], ErrorCode] | None = None
-                ) -> ProduceResponse | Pending | None:
+                txn_refused: dict[tuple[str, int], ErrorCode] | None = None, *,
+                received_at: float | None = None) -> ProduceResponse | Pending | None:
         """Append every partition's batches (see the module docstring). Never blocks.
         ``txn_refused``: partitions answered with that code without appending (a remote
-        coordinator's verification said no)."""
+        coordinator's verification said no). ``received_at``: trio's clock when the request
+        was read (its timeout runs from then), if the caller has it."""
         context = self._context
         txn = context.txn
         if txn_refused is None and request.transactional_id is not None and txn is not None:
@@ -278,10 +279,12 @@ class DataPath:
             return Pending(wait_written, ready=answer_written,
                            provisional=lambda: _produce_response(request, outcome))
 
-        # The deadline runs from now, not from when the wait starts: the connection may
-        # complete a run of pipelined produces one after another in a single task.
+        # The deadline runs from now (or the lane's read), not from when the wait starts:
+        # the connection may complete a run of pipelined produces one after another in a
+        # single task.
         timeout_ms = min(request.timeout_ms, limits.produce_timeout_ms_max)
-        deadline = trio.current_time() + timeout_ms / 1000
+        deadline = (trio.current_time() if received_at is None else received_at) \
+            + timeout_ms / 1000
 
         def acknowledged(partition: Partition, rule: CommitRule | None, last_offset: int) -> bool:
             if replicated:  # acks=all: on disk on every ISR member, under the same leadership
@@ -315,11 +318,17 @@ class DataPath:
                 for _, partition, rule, last_offset in waits:
                     if not settled(partition, rule, last_offset):
                         return None
-            else:  # ``settled``, inline (asked of every produce once or twice): durable
-                for _, partition, _, last_offset in waits:  # here, or lost
-                    if partition.local_durable_end <= last_offset \
-                            and not partition.lost(last_offset):
-                        return None
+            else:  # ``settled`` and ``acknowledged``, inline (asked of every produce once
+                lost = []  # or twice): durable here, or lost
+                for key, partition, _, last_offset in waits:
+                    if partition.local_durable_end <= last_offset:
+                        if not partition.lost(last_offset):
+                            return None
+                        lost.append(key)
+                context.sync_worker.check_healthy()
+                for key in lost:
+                    outcome[key] = _produce_error(key[1], _unacknowledged(False))
+                return _produce_response(request, outcome)
             context.sync_worker.check_healthy()
             for key, partition, rule, last_offset in waits:
                 if not acknowledged(partition, rule, last_offset):
@@ -359,9 +368,9 @@ class DataPath:
         return txn.check_produce(transactional_id, header, topic, partition)
 
     def _produce_topic_error(self, name: str, now_ms: int) -> _PartitionError | None:
-        if is_internal_topic(name):  # written by the broker's coordinators only
+        if name in INTERNAL_TOPICS:  # written by the broker's coordinators only
             return ErrorCode.INVALID_TOPIC_NAME, f"{name!r} is an internal topic"
-        if name in self._context.logs.topics():  # its name was checked when it was created
+        if self._context.logs.has_topic(name):  # its name was checked when it was created
             return None
         if topic_name_error(name) is not None:
             return ErrorCode.INVALID_TOPIC_NAME, f"invalid topic name {name!r}"

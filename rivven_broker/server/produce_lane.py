@@ -67,7 +67,7 @@ from rivven_broker.protocol.messages import ACKS_NONE, Produce
 from rivven_broker.storage.staged_appends import AppendPass
 
 if TYPE_CHECKING:
-    from rivven_broker.server.connection import Begun, _Connection
+    from rivven_broker.server.connection import Begun, ReadAt, _Connection
     from rivven_broker.server.env import Readiness
     from rivven_broker.server.metrics import BrokerMetrics
 
@@ -196,7 +196,7 @@ class ProduceLane:
         readiness, members = self._readiness, self._members
         budget = self._frames_per_pass_max
         now = trio.current_time()
-        times_ms: tuple[int, int] | None = None  # the clock's, read once per pass
+        read_at: ReadAt | None = None  # the clocks, read once per pass
         for stream in streams:
             connection = members.get(stream)
             if connection is None:
@@ -214,10 +214,10 @@ class ProduceLane:
             connection.last_active = now
             self._metrics.bytes_in(len(data))
             connection.core.receive_data(data)
-            if times_ms is None:  # (every connection has its broker's clock)
+            if read_at is None:  # (every connection has its broker's clock)
                 clock = connection.clock
-                times_ms = (clock.monotonic_ms(), clock.wall_ms())
-            taken = self._take_requests(connection, times_ms)
+                read_at = (now, clock.monotonic_ms(), clock.wall_ms())
+            taken = self._take_requests(connection, read_at)
             if taken:
                 self._took[connection] = None
             self._requests += taken
@@ -225,10 +225,10 @@ class ProduceLane:
             if budget <= 0:
                 break  # the rest stay ready (level-triggered) for the next pass
 
-    def _take_requests(self, connection: _Connection, times_ms: tuple[int, int]) -> int:
+    def _take_requests(self, connection: _Connection, read_at: ReadAt) -> int:
         """Begin the connection's complete produce requests in order; hand it back at the
-        first thing the lane does not take. ``times_ms``: the clock's monotonic and wall
-        milliseconds of this pass's read. Returns how many requests it took."""
+        first thing the lane does not take. ``read_at``: when this pass read (the clocks,
+        read once per pass). Returns how many requests it took."""
         core = connection.core
         in_flight_max = connection.settings.in_flight_requests_max
         taken = 0
@@ -251,7 +251,7 @@ class ProduceLane:
                     and not connection.slots and not connection.unsent:
                 connection.lane_answering = True
                 self._answering[connection] = None
-            begun = connection.begin(event.correlation_id, request, times_ms)
+            begun = connection.begin(event.correlation_id, request, read_at)
             if begun is None:
                 continue
             if not connection.place(begun):
