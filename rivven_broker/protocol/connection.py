@@ -30,7 +30,7 @@ from collections import deque
 
 import attrs
 
-from rivven_broker.protocol import codec, limits
+from rivven_broker.protocol import codec, fast_codec, limits
 from rivven_broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from rivven_broker.protocol.framing import (
     FORMAT_MSGPACK,
@@ -38,9 +38,10 @@ from rivven_broker.protocol.framing import (
     FramePieces,
     describe_format,
     encode_frame_parts,
+    encode_small_msgpack_frame,
 )
 from rivven_broker.protocol.message_base import Request, Response
-from rivven_broker.protocol.messages import ErrorResponse
+from rivven_broker.protocol.messages import ErrorResponse, ProduceResponse
 
 __all__ = [
     "RequestReceived",
@@ -204,6 +205,11 @@ class ServerConnection:
             raise LocalProtocolError(
                 f"{type(response).__name__} does not answer api {pending.api_key}"
             )
+        if type(response) is ProduceResponse:  # the hot path: a template's answer, if it fits
+            payload = fast_codec.produce_answer_payload(response, pending.api_version)
+            if payload is not None:
+                self._pending.popleft()
+                return encode_small_msgpack_frame(correlation_id, payload)
         data = self._frame(correlation_id, response, None if is_error else pending.api_version)
         self._pending.popleft()
         return data

@@ -55,6 +55,7 @@ __all__ = [
     "FramePieces",
     "encode_frame",
     "encode_frame_parts",
+    "encode_small_msgpack_frame",
     "describe_format",
 ]
 
@@ -86,6 +87,11 @@ DIRECT_BODY_BYTES_MIN = 64 * 1024
 
 assert _HEADER_BYTES == limits.frame_header_bytes
 assert _LENGTH_MIN == 5
+
+
+#: ``Frame(...)`` without the Python frame of its ``__new__``: ``(format, correlation_id,
+#: payload)``.
+_new_frame = tuple.__new__
 
 
 class Frame(NamedTuple):
@@ -129,6 +135,15 @@ def encode_frame(
             (MESSAGE_TOO_LARGE).
     """
     return encode_frame_parts(format, correlation_id, (payload,), frame_bytes_max=frame_bytes_max)
+
+
+def encode_small_msgpack_frame(correlation_id: int, payload: bytes) -> bytes:
+    """``encode_frame(FORMAT_MSGPACK, correlation_id, payload)`` without its checks, for a
+    caller that knows them true: ``correlation_id`` came from a received frame (a u32) and
+    ``payload`` is far below every frame limit (a produce answer from its template). Pure."""
+    length = _LENGTH_MIN + len(payload)
+    assert length <= limits.response_bytes_max and 0 <= correlation_id <= _U32_MAX
+    return _HEADER.pack(length, FORMAT_MSGPACK, correlation_id) + payload
 
 
 def encode_frame_parts(
@@ -331,12 +346,14 @@ class FrameDecoder:
 
     def _take_whole_header(self, data: bytes, pos: int, end: int) -> int:
         length, format, correlation_id = _HEADER.unpack_from(data, pos)
-        if not self._length_ok(length):
+        if not _LENGTH_MIN <= length <= self._frame_bytes_max and not self._length_ok(length):
             return end
         pos += _HEADER_BYTES
         body_bytes = length - _LENGTH_MIN
-        if end - pos >= body_bytes:
-            self._push(Frame(format, correlation_id, data[pos : pos + body_bytes]))
+        if end - pos >= body_bytes:  # the whole frame is here (``_push``, inline: the common)
+            self._ready.append(_new_frame(Frame, (format, correlation_id,
+                                                  data[pos : pos + body_bytes])))
+            self._ready_bytes += _HEADER_BYTES + body_bytes
             return pos + body_bytes
         self._start_body(format, correlation_id, body_bytes)
         return pos

@@ -136,7 +136,12 @@ class CorruptBatchError(BatchError):
 
 def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
     """Decode the header at ``pos`` without any check. Needs ``HEADER_BYTES`` bytes there."""
-    return BatchHeader._make(HEADER.unpack_from(buf, pos))
+    return _new_header(BatchHeader, HEADER.unpack_from(buf, pos))
+
+
+#: ``BatchHeader._make`` without its Python frame (the struct gives exactly its fields).
+_new_header = tuple.__new__
+assert len(HEADER.unpack(bytes(HEADER.size))) == len(BatchHeader._fields)
 
 
 def batch_length_at(buf: bytes | bytearray | memoryview, pos: int = 0) -> int:
@@ -186,11 +191,11 @@ def validate(
         )
     if header.record_count > header.last_offset_delta + 1:
         raise InvalidBatchError("more records than offsets")
-    compression = header.compression
-    if compression > COMPRESSION_ZSTD:  # none, gzip, snappy, lz4, zstd: Kafka's ids 0-4
+    compression = header.attributes & COMPRESSION_MASK  # (the properties, inline: every
+    if compression > COMPRESSION_ZSTD:  # produce) none, gzip, snappy, lz4, zstd: ids 0-4
         raise InvalidBatchError(f"unsupported compression {compression}")
-    if compute_crc(buf, pos, available) != header.crc:
-        raise CorruptBatchError("record batch CRC mismatch")
+    if _crc32c.crc32c(memoryview(buf)[pos + CRC_START : pos + available]) != header.crc:
+        raise CorruptBatchError("record batch CRC mismatch")  # (``compute_crc``, inline)
     return header
 
 

@@ -119,6 +119,8 @@ if TYPE_CHECKING:
 
 #: A request begun (its slot queued) and what ``Handlers.begin`` gave for it.
 Begun = tuple["_Slot", "Response | Pending"]
+#: When requests were read: trio's clock, ``Clock.monotonic_ms()`` and ``Clock.wall_ms()``.
+ReadAt = tuple[float, int, int]
 
 __all__ = ["ConnectionSettings", "serve_client_connection", "ClientConnections"]
 
@@ -382,17 +384,28 @@ class _Connection:
         if begun is not None:
             await self._dispose(begun, nursery)
 
-    def begin(self, correlation_id: int, request: Request) -> Begun | None:
+    def begin(self, correlation_id: int, request: Request,
+              read_at: ReadAt | None = None) -> Begun | None:
         """Run the request's first half and queue its slot (None: it gets no answer).
-        Never blocks; the reader and the lane call it in request order."""
+        Never blocks; the reader and the lane call it in request order. ``read_at``: when
+        the request was read (the lane reads the clocks once per pass), else read now."""
         if isinstance(request, Handshake):  # who the client is, for group membership
             self.client_id = request.client_id
-        start_ms = self.clock.monotonic_ms()
+        clock = self.clock
+        if read_at is None:
+            start_ms, wall_ms, received_at = clock.monotonic_ms(), clock.wall_ms(), None
+        else:
+            received_at, start_ms, wall_ms = read_at
         api = type(request).__name__
-        call = RequestContext(self.clock.wall_ms(), self.client_id, self.client_host)
-        outcome = _guarded(api, lambda: self.handlers.begin(request, call))
+        call = RequestContext(wall_ms, self.client_id, self.client_host, received_at)
+        try:  # ``_guarded``, inline: this is every request's path
+            outcome = self.handlers.begin(request, call)
+        except (SyncFailedError, AssertionError):
+            raise
+        except Exception:
+            outcome = _handler_failed(api)
         if outcome is None or not request.expects_response():  # acks=0: no answer
-            self.metrics.request_done(api, 0, self.clock.monotonic_ms() - start_ms)
+            self.metrics.request_done(api, 0, clock.monotonic_ms() - start_ms)
             return None
         slot = _Slot(correlation_id, api, start_ms)
         self.slots.append(slot)
@@ -486,17 +499,22 @@ class _Connection:
         finally:
             self.writer_idle = False
 
-    def take_ready_frames(self) -> FramePieces:
+    def take_ready_frames(self, now_ms: int | None = None) -> FramePieces:
         """Encode and dequeue every ready answer from the head, in order (the writer's and the
-        lane's one way to answer). Never blocks."""
+        lane's one way to answer); ``now_ms``: the clock's ``monotonic_ms()`` (read here when
+        not given). Never blocks."""
         slots = self.slots
         frames: FramePieces = []
-        now_ms = self.clock.monotonic_ms()
+        if now_ms is None:
+            now_ms = self.clock.monotonic_ms()
         while slots and slots[0].ready:
             slot = slots.popleft()
             response = slot.response
             assert response is not None
-            frame = self._encode(slot, response)
+            try:  # (inline: every answer's path)
+                frame = self.core.send_response(slot.correlation_id, response)
+            except LocalProtocolError as exc:
+                frame = self._unencodable(slot, exc)
             if type(frame) is bytes:
                 frames.append(frame)
             else:
@@ -528,19 +546,22 @@ class _Connection:
                 return
             if not progressed and pending.after_progress:
                 return
-            response = _guarded(slot.api, pending.ready)
+            try:  # ``_guarded``, inline: asked of every produce once or twice
+                response = pending.ready()
+            except (SyncFailedError, AssertionError):
+                raise
+            except Exception:
+                response = _handler_failed(slot.api)
             if response is None:
                 return
             slot.pending = None
             slot.response = response
             slot.ready = True
 
-    def _encode(self, slot: _Slot, response: Response) -> bytes | FramePieces:
-        try:
-            return self.core.send_response(slot.correlation_id, response)
-        except LocalProtocolError as exc:  # an answer too large for a frame: say so instead
-            log.warning("cannot encode the %s answer: %s", slot.api, exc)
-            return self.core.send_error(slot.correlation_id, exc.code, str(exc))
+    def _unencodable(self, slot: _Slot, exc: LocalProtocolError) -> bytes | FramePieces:
+        """The answer to ``slot`` could not be encoded (too large for a frame): say so."""
+        log.warning("cannot encode the %s answer: %s", slot.api, exc)
+        return self.core.send_error(slot.correlation_id, exc.code, str(exc))
 
     async def _send(self, frames: FramePieces) -> None:
         """Send frames in order: each run of bytes joined into one ``send_all``, each
@@ -595,8 +616,13 @@ def _guarded(api: str, call: Callable[[], T]) -> T | ErrorResponse:
     except (SyncFailedError, AssertionError):
         raise
     except Exception:
-        log.exception("the %s handler failed", api)
-        return ErrorResponse(ErrorCode.UNKNOWN_SERVER_ERROR, _INTERNAL_ERROR)
+        return _handler_failed(api)
+
+
+def _handler_failed(api: str) -> ErrorResponse:
+    """Log the exception being handled (a bug in a handler) and answer it (``_guarded``)."""
+    log.exception("the %s handler failed", api)
+    return ErrorResponse(ErrorCode.UNKNOWN_SERVER_ERROR, _INTERNAL_ERROR)
 
 
 def _error_code(response: Response) -> int:

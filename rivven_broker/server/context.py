@@ -66,11 +66,14 @@ TopicPartition = tuple[str, int]
 class RequestContext:
     """Who sent the request being handled, and when: the connection builds one per request
     and the handlers receive it explicitly (``client_id`` from the connection's Handshake,
-    "" before one; ``client_host`` the peer's address; ``now_ms`` the wall clock)."""
+    "" before one; ``client_host`` the peer's address; ``now_ms`` the wall clock;
+    ``received_at``: trio's clock when the request was read, if the caller read it already
+    (the produce lane, once per pass), else None)."""
 
     now_ms: int
     client_id: str = ""
     client_host: str = ""
+    received_at: float | None = None
 
 
 @attrs.frozen
@@ -138,13 +141,17 @@ class TopicGates:
 
     def __init__(self) -> None:
         self._gates: dict[str, trio.Event] = {}
+        #: Some topic is closed (``bool(self)``, as an attribute: every request reads it).
+        self.any_closed = False
 
     def close(self, topic: str) -> None:
         assert topic not in self._gates, topic
         self._gates[topic] = trio.Event()
+        self.any_closed = True
 
     def open(self, topic: str) -> None:
         self._gates.pop(topic).set()
+        self.any_closed = bool(self._gates)
 
     def get(self, topic: str) -> trio.Event | None:
         """The event to wait for before touching ``topic``, or None when it is open."""

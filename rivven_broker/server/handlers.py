@@ -102,7 +102,8 @@ class Handlers:
                 lambda request, call: self._control.alter_topic_config(request, call.now_ms),
             CreatePartitions:
                 lambda request, call: self._control.create_partitions(request, call.now_ms),
-            Produce: lambda request, call: self.data.produce(request, call.now_ms),
+            Produce: lambda request, call: self.data.produce(request, call.now_ms,
+                                                             received_at=call.received_at),
             Fetch: lambda request, call: self.data.fetch(request),
             ListOffsets: lambda request, call: self.data.list_offsets(request),
             OffsetsForLeaderEpoch: lambda request, call: self.data.offsets_for_leader_epoch(
@@ -125,7 +126,7 @@ class Handlers:
     def gate(self, request: Request) -> trio.Event | None:
         """The event to await before ``begin`` when ``request`` touches a gated topic."""
         gates = self._context.gates
-        if not gates:
+        if not gates.any_closed:
             return None
         if isinstance(request, _TOPIC_LIST_REQUESTS):
             names = [topic.name for topic in request.topics]

@@ -67,7 +67,7 @@ from rivven_broker.protocol.messages import ACKS_NONE, Produce
 from rivven_broker.storage.staged_appends import AppendPass
 
 if TYPE_CHECKING:
-    from rivven_broker.server.connection import Begun, _Connection
+    from rivven_broker.server.connection import Begun, ReadAt, _Connection
     from rivven_broker.server.env import Readiness
     from rivven_broker.server.metrics import BrokerMetrics
 
@@ -196,6 +196,7 @@ class ProduceLane:
         readiness, members = self._readiness, self._members
         budget = self._frames_per_pass_max
         now = trio.current_time()
+        read_at: ReadAt | None = None  # the clocks, read once per pass
         for stream in streams:
             connection = members.get(stream)
             if connection is None:
@@ -213,7 +214,10 @@ class ProduceLane:
             connection.last_active = now
             self._metrics.bytes_in(len(data))
             connection.core.receive_data(data)
-            taken = self._take_requests(connection)
+            if read_at is None:  # (every connection has its broker's clock)
+                clock = connection.clock
+                read_at = (now, clock.monotonic_ms(), clock.wall_ms())
+            taken = self._take_requests(connection, read_at)
             if taken:
                 self._took[connection] = None
             self._requests += taken
@@ -221,9 +225,10 @@ class ProduceLane:
             if budget <= 0:
                 break  # the rest stay ready (level-triggered) for the next pass
 
-    def _take_requests(self, connection: _Connection) -> int:
+    def _take_requests(self, connection: _Connection, read_at: ReadAt) -> int:
         """Begin the connection's complete produce requests in order; hand it back at the
-        first thing the lane does not take. Returns how many requests it took."""
+        first thing the lane does not take. ``read_at``: when this pass read (the clocks,
+        read once per pass). Returns how many requests it took."""
         core = connection.core
         in_flight_max = connection.settings.in_flight_requests_max
         taken = 0
@@ -246,7 +251,7 @@ class ProduceLane:
                     and not connection.slots and not connection.unsent:
                 connection.lane_answering = True
                 self._answering[connection] = None
-            begun = connection.begin(event.correlation_id, request)
+            begun = connection.begin(event.correlation_id, request, read_at)
             if begun is None:
                 continue
             if not connection.place(begun):
@@ -269,6 +274,7 @@ class ProduceLane:
         partition progressed since the last pass (every connection answering is asked then,
         so without it a pending that waits for progress has nothing new to say)."""
         readiness = self._readiness
+        now, now_ms = 0.0, None  # read once per pass, when the first answer goes
         for connection in list(connections):
             if not connection.lane_answering:
                 continue
@@ -276,7 +282,10 @@ class ProduceLane:
             slots = connection.slots
             if not (slots and slots[0].ready):
                 continue
-            frames = connection.take_ready_frames()
+            if now_ms is None:
+                now = trio.current_time()
+                now_ms = connection.clock.monotonic_ms()
+            frames = connection.take_ready_frames(now_ms)
             data = frames[0] if len(frames) == 1 else b"".join(frames)  # type: ignore[arg-type]
             assert type(data) is bytes  # produce answers never carry file regions
             try:
@@ -291,7 +300,7 @@ class ProduceLane:
                 self._stop_answering(connection)
                 continue
             if not slots:
-                connection.last_active = trio.current_time()
+                connection.last_active = now
                 self._stop_answering(connection)
 
     def _expire(self) -> float:

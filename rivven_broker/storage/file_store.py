@@ -168,7 +168,7 @@ class OsFileStore:
             position += written
 
     def pwritev(self, handle: int, parts: Sequence[Buffer], position: int) -> None:
-        total = sum(len(part) for part in parts)
+        total = sum(map(len, parts))
         written = os.pwritev(handle, parts, position)
         if written != total:  # rare: fall back to finishing part by part
             done = 0

@@ -346,6 +346,10 @@ class LogManager:
             self._logs[(name, p)].config = log_config  # read afresh at every use
         return new_info
 
+    def has_topic(self, name: str) -> bool:
+        """``name in topics()``, without the view. Never blocks."""
+        return name in self._topics
+
     def topics(self) -> Mapping[str, TopicInfo]:
         """Every topic by name (a read-only view). Never blocks."""
         return types.MappingProxyType(self._topics)

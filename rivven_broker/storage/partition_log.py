@@ -338,7 +338,8 @@ class PartitionLog:
         Raises:
             what ``append`` raises before writing (nothing is staged then).
         """
-        self._check_writable()
+        if self._closed or self._failed is not None:  # (``_check_writable`` raises then)
+            self._check_writable()
         view = memoryview(records)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")

@@ -81,7 +81,7 @@ import msgpack
 from rivven_broker.protocol import limits
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.records.control import ControlType
-from rivven_broker.records.header import BatchHeader
+from rivven_broker.records.header import ATTR_CONTROL, BatchHeader
 from rivven_broker.storage.txn_index import AbortedTxn
 
 __all__ = [
@@ -284,7 +284,7 @@ class ProducerStateManager:
     def check(self, header: BatchHeader) -> Verdict:
         """Decide what to do with a client's batch BEFORE appending it. Pure, never blocks,
         never raises: refusals are ``Verdict.error_code`` (see the module docstring)."""
-        if header.is_control:
+        if header.attributes & ATTR_CONTROL:  # (``is_control``, without its call)
             return _refuse(ErrorCode.INVALID_REQUEST, "clients may not write control batches")
         producer_id = header.producer_id
         if producer_id < 0:
@@ -368,7 +368,7 @@ class ProducerStateManager:
         """Record a batch just appended at ``base_offset`` (after ``check``/``check_marker``
         allowed it). ``control`` is the marker type of a control batch. Returns the
         transaction a marker completed. Never blocks."""
-        if header.is_control:
+        if header.attributes & ATTR_CONTROL:
             assert self.check_marker(header.producer_id, header.producer_epoch).should_append
         else:
             assert self.check(header).should_append, self.check(header)
@@ -384,7 +384,7 @@ class ProducerStateManager:
     def _apply(
         self, header: BatchHeader, base_offset: int, control: ControlType | None
     ) -> CompletedTxn | None:
-        assert header.is_control == (control is not None)
+        assert bool(header.attributes & ATTR_CONTROL) == (control is not None)
         assert base_offset >= self._end_offset, (base_offset, self._end_offset)
         last_offset = base_offset + header.last_offset_delta
         self._end_offset = last_offset + 1

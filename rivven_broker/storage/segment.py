@@ -25,6 +25,7 @@ The segment does file I/O only through its ``FileStore`` and knows nothing of du
 from __future__ import annotations
 
 import errno
+import operator
 import posixpath
 from typing import Iterator, Sequence
 
@@ -46,6 +47,8 @@ from rivven_broker.storage.offset_index import ENTRY_BYTES as OFFSET_ENTRY_BYTES
 from rivven_broker.storage.offset_index import OffsetIndex
 from rivven_broker.storage.time_index import ENTRY_BYTES as TIME_ENTRY_BYTES
 from rivven_broker.storage.time_index import TimeIndex
+
+_size_of = operator.itemgetter(1)  # of a ``(base_offset, size, max_timestamp)``
 
 __all__ = [
     "Segment",
@@ -260,7 +263,7 @@ class Segment:
                 next write overwrites). Index entries are only buffered here: ``trim``,
                 ``truncate`` and ``write_indexes`` write them.
         """
-        total = sum(size for _, size, _ in batches)
+        total = sum(map(_size_of, batches))
         position = self.size
         end = position + total
         if preallocate_bytes and end > self.allocated:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -40,13 +40,19 @@ from rivven_broker.protocol.messages import (
     Pong,
     Produce,
     ProducePartition,
+    ProducePartitionResponse,
     ProduceResponse,
     ProduceTopic,
+    ProduceTopicResponse,
 )
 
 from .strategies import any_request, struct_strategy
 
 RESPONSE_FOR = dict(API_PAIRS)
+
+
+def msgpack_request(request, version: int) -> bytes:
+    return codec.encode_request(request, version)
 PING = codec.encode_request(Ping())
 
 
@@ -299,3 +305,28 @@ class PipelineMachine(RuleBasedStateMachine):
 
 PipelineMachine.TestCase.settings = settings(max_examples=30, stateful_step_count=25, deadline=None)
 TestPipeline = PipelineMachine.TestCase
+
+
+@settings(max_examples=100)
+@given(version=st.sampled_from([0, 1]), base_offset=st.integers(0, 2**40),
+       error=st.sampled_from([ErrorCode.NONE, ErrorCode.NOT_LEADER]),
+       duplicate=st.booleans(), partitions=st.integers(1, 2))
+def test_a_produce_answer_frame_from_its_template_is_the_generic_frame(
+    version: int, base_offset: int, error: ErrorCode, duplicate: bool, partitions: int
+) -> None:
+    """``send_response`` takes a one-partition success answer from its template (no generic
+    encoding); every answer's frame is byte for byte what the generic encoder makes."""
+    request = Produce(topics=(ProduceTopic("t", tuple(
+        ProducePartition(index, b"batch") for index in range(partitions))),))
+    server = ServerConnection()
+    server.receive_data(encode_frame(2, 77, msgpack_request(request, version)))
+    (event,) = _events(server)
+    assert event.api_version == version
+    answers = tuple(
+        ProducePartitionResponse(index, error, base_offset if not error else -1, -1,
+                                 0 if not error else -1, duplicate=duplicate and version >= 1)
+        for index in range(partitions))
+    response = ProduceResponse((ProduceTopicResponse("t", answers),))
+    frame = server.send_response(77, response)
+    assert frame == encode_frame(2, 77, codec.encode_response(response, version))
+    assert server.pending_responses == 0

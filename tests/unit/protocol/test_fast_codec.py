@@ -299,3 +299,46 @@ def test_a_good_response_body_takes_the_fast_path() -> None:
     failed = _response_with(("topics", 0, "partitions", 0, "error_code"), 9999)
     answer = fast_codec.decode_produce_response(failed, 1).topics[0].partitions[0]
     assert answer.error_code is ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+_ONE_PARTITION_PARTS = {
+    "name": st.one_of(st.text(max_size=300), st.integers(), st.none()),
+    "partition": st.one_of(st.integers(-(2**32), 2**32), st.booleans(), st.text(max_size=2)),
+    "records": st.one_of(st.binary(max_size=8), st.text(max_size=4), st.none()),
+}
+
+
+@settings(max_examples=300)
+@given(name=_ONE_PARTITION_PARTS["name"], partition=_ONE_PARTITION_PARTS["partition"],
+       records=_ONE_PARTITION_PARTS["records"], shape=st.sampled_from(
+           ["plain", "list-topics", "two-partitions", "no-partitions", "extra-key"]))
+def test_the_one_partition_shortcut_decides_as_the_topic_walk(name, partition, records,
+                                                               shape) -> None:
+    """``decode_produce``'s shortcut for one topic of one partition gives what the walk
+    (``decode_topics``) gives, and the generic decoder decides the same, for generated bodies
+    plain and odd."""
+    part = {"partition": partition, "records": records}
+    topic: dict[str, object] = {"name": name, "partitions": (part,)}
+    if shape == "two-partitions":
+        topic["partitions"] = (part, {"partition": 1, "records": b"y"})
+    elif shape == "no-partitions":
+        topic["partitions"] = ()
+    elif shape == "extra-key":
+        topic["other"] = 1
+    topics: object = [topic] if shape == "list-topics" else (topic,)
+    short = fast_codec._one_partition(topics)
+    walked = fast_codec.decode_topics(
+        topics, fast_codec._TOPICS_MAX, fast_codec._NAME_BYTES_MAX, fast_codec._PARTITIONS_MAX,
+        fast_codec._partition, ProduceTopic)
+    if short is not None:
+        assert short == walked
+    body = {"acks": 1, "timeout_ms": 100, "topics": topics, "transactional_id": None}
+    fast = fast_codec.decode_produce(body, 1)
+    try:
+        generic = codec.struct_from_wire(Produce, body, 1)
+    except RemoteProtocolError:
+        assert fast is None
+        return
+    assert fast is None or fast == generic
+    if shape == "plain" and walked is not None:
+        assert short is not None and fast == generic

@@ -30,6 +30,7 @@ from rivven_broker.protocol.framing import (
     describe_format,
     encode_frame,
     encode_frame_parts,
+    encode_small_msgpack_frame,
 )
 
 
@@ -46,6 +47,12 @@ def test_frame_layout():
     assert encode_frame(7, 0xFFFFFFFF, b"") == bytes.fromhex("00000005 07 ffffffff")
     parts = [b"a", bytearray(b"b"), memoryview(b"cd")]
     assert encode_frame_parts(2, 1, parts) == encode_frame(2, 1, b"abcd")
+
+
+@given(correlation_id=st.integers(0, 2**32 - 1), payload=st.binary(max_size=300))
+def test_a_small_msgpack_frame_is_encode_frames(correlation_id: int, payload: bytes) -> None:
+    assert encode_small_msgpack_frame(correlation_id, payload) == \
+        encode_frame(FORMAT_MSGPACK, correlation_id, payload)
 
 
 def test_encode_refuses_bad_headers_and_oversize():

@@ -99,13 +99,14 @@ def test_create_append_reopen_delete(store: FileStore) -> None:
     assert set(reports) == {("my-orders", 0), ("my-orders", 1), ("my-orders", 2)}
     assert all(not report.cuts for report in reports.values())
     assert manager.topics()["my-orders"] == info
+    assert manager.has_topic("my-orders") and not manager.has_topic("my-order")
     log = manager.get_log("my-orders", 1)
     assert (log.log_start_offset, log.log_end_offset) == (0, 6)
     assert log.read(0, 1 << 20).records  # the data survived the reopen
     manager.check_invariants()
 
     manager.delete_topic("my-orders")
-    assert dict(manager.topics()) == {}
+    assert dict(manager.topics()) == {} and not manager.has_topic("my-orders")
     assert store.listdir("") == sorted([REGISTRY_FILE, SPACE_RESERVE_FILE])
     with pytest.raises(UnknownTopicOrPartitionError):
         manager.get_log("my-orders", 0)
