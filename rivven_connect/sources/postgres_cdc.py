@@ -28,7 +28,7 @@ the exactly-once order; the source only keeps to its part:
 - positions are JSON (they go into ``__connect_offsets``): ``{"end_lsn": "X/X",
   "commit_lsn": "X/X", "seq": n, "last": bool}``, ordered by ``(end_lsn, seq)`` (keys
   ``(end_lsn, 1, seq)``, after the snapshot rows ``(consistent_lsn, 0, rows)``);
-- **heartbeats** (``heartbeat_interval_ms``, default 1 s, 0 = off): when a poll has waited
+- **heartbeats** (``heartbeat_interval_ms``, default 0.5 s, 0 = off): when a poll has waited
   that long with nothing to return, the source writes a flushed ``rivven.cdc.heartbeat``
   logical message (content: the slot name) and, when the stream delivers it at LSN ``M``,
   queues a position-only record (``Record.heartbeat``) at ``{"end_lsn": M, "commit_lsn": M,

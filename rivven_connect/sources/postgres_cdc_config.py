@@ -26,10 +26,11 @@ from rivven_connect.pg.snapshot import (
 __all__ = ["heartbeat_interval_ms_default", "heartbeat_interval_ms_max", "parse_config",
            "reconnect_attempts_max_max", "reconnect_timeout_ms_max"]
 
-#: Heartbeats: the default interval, and the largest one accepted (0 = off). A second: the
-#: slot keeps about one interval of WAL while only unpublished tables change (pg/slot.py
-#: "Restart points"), and a heartbeat is written only when the WAL moved.
-heartbeat_interval_ms_default = 1_000
+#: Heartbeats: the default interval, and the largest one accepted (0 = off). Half a second:
+#: the slot keeps about one interval of WAL plus a heartbeat's way back while only
+#: unpublished tables change (pg/slot.py "Restart points"; 52-53 MB at 45 MB/s of such WAL,
+#: docs/performance.md), and a heartbeat is written only when the WAL moved.
+heartbeat_interval_ms_default = 500
 heartbeat_interval_ms_max = 3_600_000
 #: The largest ``reconnect_attempts_max`` and ``reconnect_timeout_ms`` accepted.
 reconnect_attempts_max_max = 1000

@@ -128,7 +128,7 @@ def test_metrics_are_the_lag_the_retained_wal_once_read_and_the_changes_per_tabl
 
 
 def test_heartbeat_interval_option():
-    assert _build().heartbeat_interval_ms == 1_000
+    assert _build().heartbeat_interval_ms == 500
     assert _build(heartbeat_interval_ms=0).heartbeat_interval_ms == 0
     with pytest.raises(ConnectConfigError, match="config.heartbeat_interval_ms"):
         _build(heartbeat_interval_ms=-1)
