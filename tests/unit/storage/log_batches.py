@@ -10,8 +10,9 @@ from __future__ import annotations
 import trio
 
 from rivven_broker.records import header
+from rivven_broker.storage.errors import SyncFailedError
 
-__all__ = ["make_batch", "stored", "batch_header", "append_and_sync"]
+__all__ = ["make_batch", "stored", "batch_header", "append_and_sync", "run_until_failed"]
 
 
 def make_batch(
@@ -59,3 +60,12 @@ async def append_and_sync(worker, logs, batch: bytes) -> None:
         for log, info in zip(logs, infos):
             await worker.wait_durable(log, info.last_offset)
         await worker.aclose()
+
+
+async def run_until_failed(worker, failures: list[BaseException]) -> None:
+    """Run ``worker`` (a ``SyncWorker``); the ``SyncFailedError`` that stops it goes to
+    ``failures`` (the fsync-failure tests count it beside their waiters')."""
+    try:
+        await worker.run()
+    except SyncFailedError as exc:
+        failures.append(exc)

@@ -31,7 +31,7 @@ from rivven_broker.storage.sync_worker import SyncPolicy, SyncWorker, inline_run
 from sim.disk import DiskConfig, SimDisk
 from sim.trace import Trace
 
-from .log_batches import append_and_sync, make_batch
+from .log_batches import append_and_sync, make_batch, run_until_failed
 
 BATCH = make_batch(3, b"r" * 200)
 
@@ -208,14 +208,8 @@ async def test_a_failed_filesystem_sync_stops_the_worker_for_good():
         worker.mark_dirty(log)
     failures: list[BaseException] = []
 
-    async def run_worker() -> None:
-        try:
-            await worker.run()
-        except SyncFailedError as exc:
-            failures.append(exc)
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(run_worker)
+        nursery.start_soon(run_until_failed, worker, failures)
         try:
             await worker.wait_durable(logs[0], infos[0].last_offset)
         except SyncFailedError as exc:

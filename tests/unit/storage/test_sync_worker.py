@@ -27,7 +27,7 @@ from rivven_broker.storage.sync_worker import (
     inline_run_sync,
 )
 
-from .log_batches import append_and_sync, make_batch
+from .log_batches import append_and_sync, make_batch, run_until_failed
 
 BATCH = make_batch(3, b"r" * 200)
 
@@ -161,12 +161,6 @@ async def test_fsync_failure_fails_every_waiter_and_stops_the_worker() -> None:
     worker = SyncWorker(SyncPolicy.parse("always"), gate)
     failures: list[BaseException] = []
 
-    async def run_worker() -> None:
-        try:
-            await worker.run()
-        except SyncFailedError as exc:
-            failures.append(exc)
-
     async def wait(offset: int) -> None:
         try:
             await worker.wait_durable(log, offset)
@@ -178,7 +172,7 @@ async def test_fsync_failure_fails_every_waiter_and_stops_the_worker() -> None:
             raise OSError(errno.EIO, "injected")
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(run_worker)
+        nursery.start_soon(run_until_failed, worker, failures)
         for _ in range(5):
             info = log.append(BATCH, 0)
             worker.mark_dirty(log)
