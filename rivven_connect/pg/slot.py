@@ -257,7 +257,7 @@ class ReplicationSlot:
         #: Log a running-transactions record after each heartbeat ("Restart points").
         self.restart_points = restart_points
         self.restart_points_logged = 0
-        self._restart_point_refused: str | None = None  # (logged once until one succeeds)
+        self._restart_point_refused = False  # (a refusal is logged once until one succeeds)
         self._connection: Any = None
         self._cursor: Any = None
         #: The ``data_start`` of the last frame read on this connection (None: none yet).
@@ -525,12 +525,11 @@ class ReplicationSlot:
         except psycopg2.Error as error:
             if connection_lost(error) and getattr(error, "pgcode", None) is None:
                 raise  # (the server said nothing: the connection is gone)
-            text = str(error).strip()
-            if self._restart_point_refused is None:
+            if not self._restart_point_refused:
                 _log.warning("postgres-cdc %s: no restart point (the slot keeps WAL until "
                              "Postgres logs running transactions itself): %s",
-                             self.slot_name, text)
-            self._restart_point_refused = text
+                             self.slot_name, str(error).strip())
+            self._restart_point_refused = True
             return False
 
     @staticmethod
@@ -543,7 +542,7 @@ class ReplicationSlot:
 
     def _restart_point_logged(self) -> bool:
         self.restart_points_logged += 1
-        self._restart_point_refused = None
+        self._restart_point_refused = False
         return True
 
     # --- streaming (trio) ---------------------------------------------------------------------
