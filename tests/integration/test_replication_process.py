@@ -76,6 +76,12 @@ def _metrics(process) -> dict[str, float]:
             if name and not name.startswith("#") and "{" not in name}
 
 
+def _live_brokers(process) -> set[int]:
+    """The brokers ``process`` considers live (registered, its SWIM view agreeing)."""
+    with Admin(process.address) as admin:
+        return {broker.node_id for broker in admin.cluster_status().brokers}
+
+
 def _bootstrap(processes) -> str:
     return ",".join(p.address for p in processes.values() if p.popen.poll() is None)
 
@@ -429,3 +435,57 @@ def test_transactions_survive_their_coordinators_broker(broker_process, tmp_path
         seen.extend(r.value.decode() for r in consumer.poll(timeout_ms=1000))
     assert sorted(seen) == sorted(f"{label}-{v}" for label in ("first", "second", "third")
                                   for v in range(12))
+
+
+def test_a_follower_killed_catches_up_through_megabyte_answers_then_leads(
+        broker_process, tmp_path) -> None:
+    """A follower SIGKILLed while ~3 MB is written, restarted, catches up: its fetch answers
+    are up to a megabyte, so they take the replica link's copy-once path (records beside the
+    answer's document, the frame handed out as a view of the receive buffer; link_frame.py).
+    Then the leader is SIGKILLed and that follower, first in replica order, leads: it serves
+    every acknowledged record, byte for byte."""
+    processes, start = _cluster(broker_process, tmp_path)
+    with Admin(processes[1].address) as admin:
+        _wait(lambda: len(admin.cluster_status().brokers) == 3, "three live brokers")
+        admin.create_topic(TOPIC, partitions=1, replication_factor=3,
+                           config={"min.insync.replicas": "2"})
+    _wait(lambda: _partition(processes[1]) and len(_partition(processes[1]).isr) == 3,
+          "a full ISR")
+    first = _partition(processes[1])
+    leader = first.leader
+    follower = next(n for n in first.replicas if n != leader)  # elected first, later
+    processes[follower].popen.send_signal(signal.SIGKILL)
+    processes[follower].popen.wait()
+
+    def value(n: int) -> bytes:
+        return (b"%06d" % n) * 1365  # ~8 KiB, distinct per record
+
+    acked: dict[int, int] = {}  # offset -> record number
+    with Producer(processes[leader].address, acks=1) as producer:
+        futures = [(n, producer.send(TOPIC, value(n), partition=0)) for n in range(400)]
+        for n, future in futures:
+            acked[future.result(timeout=60).offset] = n
+    processes[follower] = start(follower)
+    _wait(lambda: _ready(processes[follower]), "the killed follower back")
+    _wait(lambda: follower in _partition(processes[leader]).isr, "the follower caught up")
+    for process in processes.values():  # whichever becomes the controller knows it live
+        _wait(lambda p=process: follower in _live_brokers(p), "the follower live everywhere")
+    with Producer(processes[leader].address, acks="all") as producer:
+        for n in range(400, 410):
+            acked[producer.send(TOPIC, value(n), partition=0).result(timeout=60).offset] = n
+
+    processes[leader].popen.send_signal(signal.SIGKILL)
+    processes[leader].popen.wait()
+    survivor = processes[follower]
+    moved = _wait(lambda: (lambda i: i if i.leader not in (None, -1, leader) else None)(
+        _partition(survivor)), "a new leader")
+    assert moved.leader == follower and moved.leader_epoch > first.leader_epoch
+    seen: dict[int, bytes] = {}
+    with Consumer(survivor.address, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition(TOPIC, 0)])
+        deadline = time.monotonic() + 30
+        while len(seen) < len(acked) and time.monotonic() < deadline:
+            for record in consumer.poll(timeout_ms=500):
+                seen[record.offset] = record.value
+    assert {offset: seen.get(offset) for offset in acked} == \
+        {offset: value(n) for offset, n in acked.items()}
