@@ -295,9 +295,11 @@ class SourceRunner:
             if problems:  # the configuration names a topic the broker refuses
                 topic, error = next(iter(problems.items()))
                 raise _SourceStopped(f"cannot create topic {topic!r}: {error}")
+            gathers = hasattr(self.source, "poll_ready")  # else one poll per transaction
             self.cycle = bc.BatchCycle(router, chain.apply, self.rng.random,
                                        stored_position=stored,
-                                       position_key=self.source.position_key)
+                                       position_key=self.source.position_key,
+                                       gather=self.config.transaction if gathers else None)
             use_encoded = getattr(self.source, "use_encoded_records", None)
             if use_encoded is not None and self.cycle.encoded_allowed:
                 use_encoded()  # nothing per-record configured: blocks may come
@@ -361,7 +363,7 @@ class SourceRunner:
         """Run one list of instructions; the event it ends with (None after ``Halt``)."""
         for index, instruction in enumerate(instructions):
             if isinstance(instruction, bc.Poll):
-                return await self._poll()
+                return await self._poll(instruction)
             if isinstance(instruction, bc.BeginTransaction):
                 return await self._transact(instructions[index:], producer, admin)
             if isinstance(instruction, bc.AbortTransaction):
@@ -510,10 +512,17 @@ class SourceRunner:
         """(completed, result) of ``call()``; not completed if ``stop`` came first."""
         return await interruptible(call, self.stop, watch=not self._stop_told)
 
-    async def _poll(self) -> bc.Event:
+    async def _poll(self, instruction: bc.Poll) -> bc.Event:
+        """The source's ``poll`` (cancelled by a stop), or its ``poll_ready``, which never
+        waits and is not interrupted (what it read is in the batch before the stop is
+        told)."""
+        wanted = min(poll_records_max, bc.batch_records_max, instruction.records_max
+                     or bc.batch_records_max)
         try:
-            done, records = await self._interruptible(
-                lambda: self.source.poll(min(poll_records_max, bc.batch_records_max)))
+            if instruction.ready_only:
+                done, records = True, await self.source.poll_ready(wanted)  # type: ignore
+            else:
+                done, records = await self._interruptible(lambda: self.source.poll(wanted))
         except (SourceError, BaseExceptionGroup) as caught:
             error = find_error(caught, (SourceError,))
             if error is None:

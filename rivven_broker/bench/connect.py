@@ -5,7 +5,8 @@ Theory of operation
 Starts a ``rivven-broker`` process (fresh data directory, ``--sync``), creates
 ``--destinations`` topics (``--partitions`` each) and runs ``python -m rivven_connect`` as a
 subprocess with one ``datagen`` source: unlimited count, no rate limit, ``--batch-size``
-records per transaction, values of about ``--record-bytes`` bytes (JSON ``{"seq", "payload",
+records per poll and one poll per transaction (with ``--interval-ms N``: the transaction
+boundary ``interval``, polls gathered for up to N ms per transaction), values of about ``--record-bytes`` bytes (JSON ``{"seq", "payload",
 "topic"}``), record ``n`` routed by ``topic_column`` to topic ``n mod N``. The one-topic
 case routes the same way to a list of one, so the two differ only in the number of
 destinations (one transaction touches N topics, plus the offsets topic).
@@ -70,6 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="record value size, about (default 100)")
     parser.add_argument("--batch-size", type=int, default=500,
                         help="datagen batch size: records per transaction (default 500)")
+    parser.add_argument("--interval-ms", type=int, default=0,
+                        help="the source's transaction boundary: 0 (default) one poll per "
+                             "transaction (boundary: poll); N gathers polls for up to N ms "
+                             "(boundary: interval, records_max 100,000)")
     parser.add_argument("--sync", choices=("always", "none"), default="always",
                         help="the broker's sync policy (default always, its default)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
@@ -96,6 +101,9 @@ def _write_config(path: pathlib.Path, topics: list[str], args: argparse.Namespac
                        "batch_size": args.batch_size, "topics": topics},
             "routing": {"topic_column": "topic", "default_topic": topics[0],
                         "admission": {"max_destinations": max(256, len(topics))}},
+            "transaction": ({"boundary": "interval", "interval_ms": args.interval_ms,
+                             "records_max": 100_000} if args.interval_ms
+                            else {"boundary": "poll"}),
         }},
     }))
 
@@ -214,7 +222,10 @@ def run_connect_bench(args: argparse.Namespace) -> dict[str, Any]:
     per_million = 1e6 / counted if counted else 0.0
     return {
         "workload": (f"datagen -> {args.destinations} topic(s) x {args.partitions} "
-                     f"partition(s), {args.batch_size} records/transaction, "
+                     f"partition(s), " + (
+                         f"{args.batch_size} records/poll, transactions of up to "
+                         f"{args.interval_ms} ms of polls, " if args.interval_ms else
+                         f"{args.batch_size} records/transaction, ") +
                      f"~{args.record_bytes} B values, sync {args.sync}"),
         "destinations": args.destinations,
         "records_per_s": round(rate),
@@ -235,9 +246,10 @@ def run_connect_bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.destinations < 1 or args.partitions < 1 or args.duration <= 0:
+    if args.destinations < 1 or args.partitions < 1 or args.duration <= 0 or not (
+            0 <= args.interval_ms <= 60_000):
         raise SystemExit("rivven bench connect: --destinations, --partitions >= 1, "
-                         "--duration > 0")
+                         "--duration > 0, --interval-ms in 0..60000")
     result = run_connect_bench(args)
     if args.json:
         print(json.dumps(result, indent=1))

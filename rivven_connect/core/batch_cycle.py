@@ -16,6 +16,20 @@ flight at a time (the phase says where it is):
     runs after that commit like any other. Nothing new: if the poll returned only replays, their side effect is run
     again at the committed position (a crash between commit and side effect left it undone);
     if it returned nothing, ``Poll`` again.
+``GATHERING`` (only with ``gather``: ``sources.NAME.transaction`` ``boundary: interval``,
+    and a source that has ``poll_ready``)
+    One transaction may carry several polls. After the first poll with fresh records the
+    cycle asks for what the source has ready now (``Poll(ready_only=True)``: the source's
+    ``poll_ready``, which never waits) and adds it to the batch, until a ready poll brings
+    nothing fresh, the batch holds ``gather.records_max`` records, or ``gather.interval_ms`` have
+    passed since the first poll; then ``PRODUCING`` as for one poll. The batch's last
+    position is the last gathered one, so this needs positions whose side effect covers
+    every earlier position (a source with ``poll_ready`` promises it). What it buys: the
+    per-transaction costs (the transaction's rounds, and per partition a batch, a marker and
+    their fsyncs) are paid once per gathered batch, not once per poll; a source that has
+    nothing more ready commits at once, so a quiet source's latency is what it was.
+    ``StopRequested`` while gathering ends the gathering: the batch so far commits, then
+    the cycle halts ``stopped``.
 ``PRODUCING``
     Each record is routed at the source, transformed (the injected chain; an exception goes
     to the DLQ under ``errors.tolerance: all``, else the source stops in ``error``) and
@@ -76,7 +90,7 @@ from typing import Any, Callable, Union
 import attrs
 
 from rivven_connect.core.admission import SendOutcome
-from rivven_connect.core.config import OFFSETS_TOPIC
+from rivven_connect.core.config import OFFSETS_TOPIC, TransactionInterval
 from rivven_connect.core.records import Destination, EncodedRecords, Record
 from rivven_connect.core.routing import Action, Router, encoded_path_allowed
 
@@ -139,6 +153,7 @@ class Status(enum.Enum):
 class Phase(enum.Enum):
     NEW = "new"
     POLLING = "polling"
+    GATHERING = "gathering"
     PRODUCING = "producing"
     SIDE_EFFECT = "side_effect"
     BACKING_OFF = "backing_off"
@@ -209,7 +224,12 @@ Event = Union[PollCompleted, TransactionCommitted, TransactionFailed, SideEffect
 
 @attrs.frozen
 class Poll:
-    """Ask the source for the next records (it may wait for some)."""
+    """Ask the source for the next records: at most ``records_max`` (None: the driver's
+    bound); it may wait for some unless ``ready_only`` (then ``poll_ready``: what it has
+    now, maybe nothing)."""
+
+    ready_only: bool = False
+    records_max: int | None = None
 
 
 @attrs.frozen
@@ -276,8 +296,10 @@ class CycleStatus:
 @attrs.define
 class _Batch:
     batch_id: int
-    records: tuple[Record | EncodedRecords, ...]  # as polled, replays removed
+    records: list[Record | EncodedRecords]  # as polled (one or more polls), replays removed
     last_position: Any
+    #: When its first poll completed (``GATHERING`` ends ``gather.interval_ms`` later).
+    first_polled_ms: int = 0
     transaction_open: bool = False
     #: Records sent per admitted topic in the current attempt.
     topics: dict[str, int] = attrs.Factory(dict)
@@ -300,8 +322,12 @@ class BatchCycle:
         stored_position: Any = None,
         position_key: Callable[[Any], Any] = lambda position: position,
         offsets_topic: str = OFFSETS_TOPIC,
+        gather: TransactionInterval | None = None,
     ) -> None:
+        assert gather is None or 0 < gather.records_max <= batch_records_max, gather
         self.router = router
+        #: Several polls per transaction (``GATHERING``), or one (None).
+        self.gather = gather
         self.source = router.source
         #: Whether polled ``EncodedRecords`` are allowed (the source was told so).
         self.encoded_allowed = encoded_path_allowed(router.source)
@@ -337,7 +363,7 @@ class BatchCycle:
         if self.committed_position is not None:
             batch_id = self.next_batch_id
             self.next_batch_id += 1
-            self.batch = _Batch(batch_id, (), self.committed_position)
+            self.batch = _Batch(batch_id, [], self.committed_position)
             self.phase = Phase.SIDE_EFFECT
             return [RunSideEffect(batch_id, self.committed_position)]
         self.phase = Phase.POLLING
@@ -350,8 +376,9 @@ class BatchCycle:
         if isinstance(event, StopRequested):
             out = self._on_stop()
         elif isinstance(event, PollCompleted):
-            assert self.phase is Phase.POLLING
-            out = self._on_polled(event)
+            assert self.phase in (Phase.POLLING, Phase.GATHERING), self.phase
+            out = (self._on_gathered(event) if self.phase is Phase.GATHERING
+                   else self._on_polled(event))
         elif isinstance(event, TransactionCommitted):
             self._assert_current(event.batch_id, Phase.PRODUCING)
             out = self._on_committed(event)
@@ -402,13 +429,53 @@ class BatchCycle:
 
     # --- polling ------------------------------------------------------------------------------
     def _on_polled(self, event: PollCompleted) -> list[Instruction]:
-        polled = event.records
+        if not event.records:
+            return [Poll()]
+        fresh = self._fresh(event.records)
+        batch_id = self.next_batch_id
+        self.next_batch_id += 1
+        if not fresh:  # only replays: redo the side effect of what is committed
+            self.batch = _Batch(batch_id, [], self.committed_position)
+            self.phase = Phase.SIDE_EFFECT
+            return [RunSideEffect(batch_id, self.committed_position)]
+        self.batch = _Batch(batch_id, list(fresh), fresh[-1].position,
+                            first_polled_ms=event.now_ms)
+        return self._gather_or_produce(event.now_ms)
+
+    def _on_gathered(self, event: PollCompleted) -> list[Instruction]:
+        """A ready poll's records join the batch; nothing fresh ends the gathering."""
+        batch = self.batch
+        assert batch is not None and self.gather is not None
+        fresh = self._fresh(event.records) if event.records else ()
+        if not fresh:
+            return self._produce(event.now_ms)
+        assert self.position_key(fresh[0].position) > self.position_key(
+            batch.last_position), "a ready poll goes back before the gathered records"
+        batch.records.extend(fresh)
+        batch.last_position = fresh[-1].position
+        return self._gather_or_produce(event.now_ms)
+
+    def _gather_or_produce(self, now_ms: int) -> list[Instruction]:
+        """Ask for what is ready, or produce the batch once the gathering is over."""
+        batch = self.batch
+        assert batch is not None
+        gather = self.gather
+        if gather is None or self.stopping:
+            return self._produce(now_ms)
+        gathered = sum(record.record_count for record in batch.records)
+        if (gathered >= gather.records_max  # (a first poll may bring more)
+                or now_ms - batch.first_polled_ms >= gather.interval_ms):
+            return self._produce(now_ms)
+        self.phase = Phase.GATHERING
+        return [Poll(ready_only=True, records_max=gather.records_max - gathered)]
+
+    def _fresh(self, polled: tuple[Record | EncodedRecords, ...]
+               ) -> tuple[Record | EncodedRecords, ...]:
+        """``polled`` without the replays (at or below the committed position)."""
         assert sum(record.record_count for record in polled) <= batch_records_max
         keys = [self.position_key(record.position) for record in polled]
         assert all(record.position is not None for record in polled)
         assert all(a <= b for a, b in zip(keys, keys[1:])), "positions go backwards"
-        if not polled:
-            return [Poll()]
         committed = (None if self.committed_position is None
                      else self.position_key(self.committed_position))
         fresh = tuple(record for record, key in zip(polled, keys)
@@ -418,14 +485,7 @@ class BatchCycle:
                 assert self.encoded_allowed, "a block polled with per-record routing on"
                 assert committed is None or self.position_key(
                     record.first_position) > committed, "a block straddles the committed position"
-        batch_id = self.next_batch_id
-        self.next_batch_id += 1
-        if not fresh:  # only replays: redo the side effect of what is committed
-            self.batch = _Batch(batch_id, (), self.committed_position)
-            self.phase = Phase.SIDE_EFFECT
-            return [RunSideEffect(batch_id, self.committed_position)]
-        self.batch = _Batch(batch_id, fresh, fresh[-1].position)
-        return self._produce(event.now_ms)
+        return fresh
 
     # --- producing ----------------------------------------------------------------------------
     def _produce(self, now_ms: int) -> list[Instruction]:
@@ -588,8 +648,8 @@ class BatchCycle:
 
     def _on_stop(self) -> list[Instruction]:
         self.stopping = True
-        if self.phase in (Phase.PRODUCING, Phase.SIDE_EFFECT):
-            return []  # the batch in flight finishes first
+        if self.phase in (Phase.GATHERING, Phase.PRODUCING, Phase.SIDE_EFFECT):
+            return []  # the batch in flight finishes first (a gathered one: as it stands)
         return self._halt(Status.STOPPED)
 
     def _halt_error(self, error: str) -> list[Instruction]:
@@ -606,6 +666,11 @@ class BatchCycle:
         batch = self.batch
         if self.phase is Phase.POLLING:
             assert batch is None
+        if self.phase is Phase.GATHERING:
+            assert self.gather is not None
+            assert batch is not None and not batch.transaction_open and batch.records
+            assert sum(record.record_count for record in batch.records
+                       ) < self.gather.records_max
         if self.phase is Phase.PRODUCING:
             assert batch is not None and batch.transaction_open and batch.records
         if batch is not None and batch.transaction_open:

@@ -57,6 +57,7 @@ __all__ = [
     "SourceMode",
     "TopicDefaults",
     "TopicTemplate",
+    "TransactionInterval",
     "load_config",
 ]
 
@@ -69,6 +70,10 @@ CDC_CONNECTORS = frozenset({"postgres-cdc"})
 DESTRUCTIVE_OPTIONS = ("delete_after_read", "processed_column")
 #: Polling connectors that always delete or mark what they delivered (whatever the options).
 DESTRUCTIVE_CONNECTORS = frozenset({"postgres-outbox-poll"})
+#: ``sources.NAME.transaction`` (``boundary: interval``) bounds: how long one transaction may
+#: gather polls, and the records it may hold (the batch cycle's ``batch_records_max``).
+interval_ms_limit = 60_000
+interval_records_limit = 100_000
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _ENV = re.compile(r"\$(\$?)\{([^}]*)\}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -162,6 +167,21 @@ class RoutingConfig:
         return self.by_table is not None or self.topic_column is not None
 
 
+@attrs.frozen
+class TransactionInterval:
+    """``sources.NAME.transaction`` with ``boundary: interval``: one transaction takes the
+    records of several polls — the first poll's, then what the source has ready without
+    waiting — until it holds ``records_max`` records, has gathered for ``interval_ms``, or
+    the source has nothing more ready (``batch_cycle`` ``GATHERING``)."""
+
+    interval_ms: int = 100
+    records_max: int = 10_000
+
+    def __attrs_post_init__(self) -> None:
+        assert 0 < self.interval_ms <= interval_ms_limit, self.interval_ms
+        assert 0 < self.records_max <= interval_records_limit, self.records_max
+
+
 @attrs.frozen(kw_only=True)
 class SourceConfig:
     name: str
@@ -176,6 +196,9 @@ class SourceConfig:
     #: (the record goes to ``routing.dlq_topic``).
     errors_tolerance: str = "none"
     mode: SourceMode = SourceMode.OTHER
+    #: ``transaction``: ``boundary: interval`` (several polls per transaction), or None:
+    #: ``boundary: poll`` (one poll, one transaction; the default, as Kafka Connect's).
+    transaction: TransactionInterval | None = None
 
     @property
     def transactional_id(self) -> str:
@@ -375,7 +398,8 @@ def _template(value: object, path: str) -> TopicTemplate:
 
 # --- sources ----------------------------------------------------------------------------------
 
-_SOURCE_KEYS = ("connector", "topic", "config", "transforms", "routing", "errors")
+_SOURCE_KEYS = ("connector", "topic", "config", "transforms", "routing", "errors",
+                "transaction")
 _ROUTING_KEYS = (
     "by_table", "topic_column", "default_topic", "key_column", "strip_columns",
     "on_missing_destination", "admission", "on_admission_failure", "dlq_topic",
@@ -412,7 +436,27 @@ def _source(name: str, raw: object, path: str,
         raise ConnectConfigError(exc.path, exc.reason) from exc
     return SourceConfig(name=name, connector=connector, topic=topic, config=config,
                         transforms=transforms, routing=routing, errors_tolerance=tolerance,
-                        mode=mode)
+                        mode=mode, transaction=_transaction(table.get("transaction"),
+                                                            f"{path}.transaction"))
+
+
+def _transaction(raw: object, path: str) -> TransactionInterval | None:
+    """``transaction: {boundary: poll | interval, interval_ms, records_max}`` (absent:
+    ``poll``)."""
+    table = _mapping(raw or {}, path)
+    _known(table, path, ("boundary", "interval_ms", "records_max"))
+    boundary = _choice(table.get("boundary", "poll"), f"{path}.boundary", ("poll", "interval"))
+    if boundary == "poll":
+        extra = sorted(set(table) - {"boundary"})
+        if extra:
+            _fail(f"{path}.{extra[0]}", "applies only with boundary: interval")
+        return None
+    default = TransactionInterval()
+    return TransactionInterval(
+        _int(table.get("interval_ms", default.interval_ms), f"{path}.interval_ms", 1,
+             interval_ms_limit),
+        _int(table.get("records_max", default.records_max), f"{path}.records_max", 1,
+             interval_records_limit))
 
 
 def _source_mode(connector: str, config: Mapping[str, Any]) -> SourceMode:

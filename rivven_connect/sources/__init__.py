@@ -21,6 +21,13 @@ the batch cycle, the producer or the offsets topic; it only
   waiting for new data; nothing it prepares may be visible outside the source before that
   poll returns it. Never raises: an error is kept and raised by the next ``poll``. Not for
   a source whose next poll depends on the side effect (``postgres-outbox-poll``);
+- optionally ``await poll_ready(max_records)`` — what ``poll`` would return now without
+  waiting for new data, at most ``max_records`` records (maybe none; never ``None``). Its
+  presence is a promise that a position's side effect covers every earlier position, so the
+  batch cycle may gather several polls into one transaction and commit only the last
+  position (``sources.NAME.transaction``; docs/connect.md "One transaction, several
+  polls"). ``datagen``, ``file`` and ``postgres-cdc`` have it; ``postgres-outbox-poll``,
+  whose positions name the rows of one poll, does not;
 - optionally ``use_encoded_records()`` — called once, before the first ``poll``, when nothing
   per-record is configured (``routing.encoded_path_allowed``): ``poll`` may then return
   ``EncodedRecords`` blocks among its records (docs/connect.md "The encoded path").

@@ -77,25 +77,43 @@ class DatagenSource:
 
     async def poll(self, max_records: int) -> list[Record] | None:
         """Up to ``min(max_records, batch_size)`` records; waits for the rate. A checkpoint."""
+        if self.count is not None and self.next_seq >= self.count:
+            await trio.lowlevel.checkpoint()
+            return None
+        if self.rate is not None:
+            if self._started_s is None:
+                self._started_s = trio.current_time()
+            if self._allowed(trio.current_time()) <= self.next_seq:  # the next record's turn
+                await trio.sleep_until(
+                    self._started_s + (self.next_seq - self._first_seq) / self.rate)
+        await trio.lowlevel.checkpoint()
+        return self._take(max(1, self._due(max_records)))
+
+    async def poll_ready(self, max_records: int) -> list[Record]:
+        """What ``poll`` would return now without waiting for the rate: maybe nothing (also
+        once ``count`` is reached; the next ``poll`` then says so). A checkpoint."""
+        await trio.lowlevel.checkpoint()
+        return self._take(self._due(max_records))
+
+    def _due(self, max_records: int) -> int:
+        """How many records may be generated now (up to the batch size)."""
         wanted = min(max_records, self.batch_size)
         if self.count is not None:
             wanted = min(wanted, self.count - self.next_seq)
-            if wanted <= 0:
-                await trio.lowlevel.checkpoint()
-                return None
         if self.rate is not None:
-            now_s = trio.current_time()
             if self._started_s is None:
-                self._started_s = now_s
-            allowed = self._first_seq + int((now_s - self._started_s) * self.rate) + 1
-            if allowed <= self.next_seq:  # wait for the next record's turn
-                due_s = self._started_s + (self.next_seq - self._first_seq) / self.rate
-                await trio.sleep_until(due_s)
-                allowed = self.next_seq + 1
-            wanted = min(wanted, allowed - self.next_seq)
-        await trio.lowlevel.checkpoint()
-        records = [self.record(seq) for seq in range(self.next_seq, self.next_seq + wanted)]
-        self.next_seq += wanted
+                self._started_s = trio.current_time()
+            wanted = min(wanted, self._allowed(trio.current_time()) - self.next_seq)
+        return max(0, wanted)
+
+    def _allowed(self, now_s: float) -> int:
+        """The sequence number after the last record the rate allows at ``now_s``."""
+        assert self.rate is not None and self._started_s is not None
+        return self._first_seq + int((now_s - self._started_s) * self.rate) + 1
+
+    def _take(self, count: int) -> list[Record]:
+        records = [self.record(seq) for seq in range(self.next_seq, self.next_seq + count)]
+        self.next_seq += count
         return records
 
     async def side_effect(self, position: Any) -> None:

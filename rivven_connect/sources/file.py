@@ -63,6 +63,17 @@ class FileSource:
     async def poll(self, max_records: int) -> list[Record] | None:
         """Up to ``min(max_records, batch_size)`` records from the current offset. Raises
         ``SourceError``. Waits only with ``follow``."""
+        while True:
+            records = await self.poll_ready(max_records)
+            if records:
+                return records
+            if not self.follow:
+                return None
+            await trio.sleep(self.poll_interval_ms / 1000)
+
+    async def poll_ready(self, max_records: int) -> list[Record]:
+        """What the file holds now past the offset, up to ``min(max_records, batch_size)``
+        records; never waits (at the end: nothing). Raises ``SourceError``."""
         from rivven_connect.sources import SourceError
 
         wanted = min(max_records, self.batch_size)
@@ -72,13 +83,9 @@ class FileSource:
             except OSError as error:
                 raise SourceError(f"{self.path}: cannot read: {error}") from error
             self.offset += consumed
-            if records:
+            if records or at_end:
                 return records
-            if not at_end:  # only blank lines: go on
-                continue
-            if not self.follow:
-                return None
-            await trio.sleep(self.poll_interval_ms / 1000)
+            # only blank lines: go on
 
     def _read(self, wanted: int) -> tuple[list[Record], int, bool]:
         """(records, bytes consumed, reached the end). In a worker thread; changes nothing."""

@@ -362,6 +362,35 @@ class PostgresCdcSource:
                 EnvelopeError, IncrementalSnapshotError) as error:
             self._prepare_error = error
 
+    async def poll_ready(self, max_records: int) -> list[Record | EncodedRecords]:
+        """What ``poll`` would return now without waiting for the stream (the batch cycle's
+        gathering): a snapshot's next rows, or the whole transactions readable now, read as
+        ``prepare_poll`` reads them — at most ``min(max_records, batch_size)`` records (a
+        transaction that does not fit waits for the next poll); maybe nothing. Raises
+        ``SourceError``. A checkpoint."""
+        from rivven_connect.sources import SourceError
+
+        wanted = min(max_records, self.batch_size)
+        await self.prepare_poll(wanted)
+        if self._prepare_error is not None:
+            error, self._prepare_error = self._prepare_error, None
+            raise SourceError(f"postgres-cdc {self.slot.slot_name}: {error}") from error
+        if self._prepared is not None:  # a snapshot's rows (or the commit's preparation)
+            prepared = self._prepared
+            if sum(record.record_count for record in prepared) > wanted:
+                return []  # the next poll takes them
+            self._prepared = None
+            return prepared
+        transactions = self._transactions
+        out: list[Record | EncodedRecords] = []
+        taken = 0
+        while transactions and taken + transactions[0][1] <= wanted:
+            items, count = transactions.popleft()
+            out.extend(items)
+            taken += count
+        self._queued -= taken
+        return out
+
     async def _maybe_heartbeat(self) -> None:
         """Write the heartbeat marker if one is due (it comes back through the stream)."""
         now_ms = self.clock_ms()
@@ -593,8 +622,9 @@ class PostgresCdcSource:
         while run.chunk_needed(wanted):
             run.add_chunk(await self._fetched_chunk(run), chunk_rows)
         items = run.take(wanted)
-        if run.chunk_needed(wanted):  # the next poll needs a chunk: read it meanwhile
-            self._start_chunk_fetch(run)
+        if run.chunk_needed(wanted) and self._chunk_fetch is None:
+            self._start_chunk_fetch(run)  # the next poll needs a chunk: read it meanwhile
+            # (one may be in flight already: started by a call that wanted more rows)
         now_ms = self.clock_ms()
         records: list[Record | EncodedRecords] = []
         for item in items:

@@ -28,9 +28,13 @@ TOPICS = ("crash.a", "crash.b", "crash.c")
 LINES, LINE_BATCH = 600, 64  # the file source: 10 batches
 COUNT, GEN_BATCH = 3000, 100  # datagen: 30 batches
 RUN_TIMEOUT_S = 90
+#: ``transaction: {boundary: interval}``: polls gathered up to this many records (a long
+#: interval, so the bound and the end of the data decide, as the crash counts need).
+GATHERED_RECORDS = {"file": 200, "datagen": 300}
 
 
-def _config(tmp_path: pathlib.Path, kind: str, rate: int | None = None) -> pathlib.Path:
+def _config(tmp_path: pathlib.Path, kind: str, rate: int | None = None,
+            boundary: str = "poll") -> pathlib.Path:
     if kind == "file":
         path = tmp_path / "rows.jsonl"
         with open(path, "w") as handle:
@@ -42,6 +46,8 @@ def _config(tmp_path: pathlib.Path, kind: str, rate: int | None = None) -> pathl
         source = (f"connector: datagen\n    config: {{ count: {COUNT}, batch_size: {GEN_BATCH},"
                   f" record_size_bytes: 32, rate: {rate or 'null'}, "
                   f"topics: [{', '.join(TOPICS)}] }}")
+    transaction = "{ boundary: poll }" if boundary == "poll" else (
+        f"{{ boundary: interval, interval_ms: 60000, records_max: {GATHERED_RECORDS[kind]} }}")
     config = tmp_path / "connect.yaml"
     config.write_text(f"""
 version: "1.0"
@@ -51,6 +57,7 @@ sources:
     {source}
     topic: {TOPICS[0]}
     routing: {{ topic_column: topic, default_topic: {TOPICS[0]} }}
+    transaction: {transaction}
 """)
     return config
 
@@ -87,9 +94,14 @@ async def _read_all(bootstrap: str, isolation_level: str = "read_committed"
             for topic in TOPICS}
 
 
+async def _offset_records(bootstrap: str) -> list[dict]:
+    """The source's committed offset records: one per committed transaction."""
+    records = await read_committed(bootstrap, OFFSETS_TOPIC)
+    return [json.loads(record.value) for record in records if record.key == b"src"]
+
+
 async def _last_offset_record(bootstrap: str) -> dict:
-    records = [r for r in await read_committed(bootstrap, OFFSETS_TOPIC) if r.key == b"src"]
-    return json.loads(records[-1].value)
+    return (await _offset_records(bootstrap))[-1]
 
 
 def _check_exactly_once(bootstrap: str, kind: str) -> None:
@@ -107,22 +119,26 @@ def _check_exactly_once(bootstrap: str, kind: str) -> None:
 LINE_BYTES = sum(len(json.dumps({"n": n, "topic": TOPICS[n % 3]})) + 1 for n in range(LINES))
 
 
-def _crash_at(point: str, kind: str) -> str:
+def _crash_at(point: str, kind: str, boundary: str) -> str:
     """Mid-run, except between commit and side effect of the file source: its last batch,
     so only the restart can write the final ``.done`` marker."""
     if point == "after_commit_before_side_effect" and kind == "file":
-        return f"{point}:{math.ceil(LINES / LINE_BATCH)}"
+        per_transaction = LINE_BATCH if boundary == "poll" else (
+            LINE_BATCH * math.ceil(GATHERED_RECORDS[kind] / LINE_BATCH))
+        return f"{point}:{math.ceil(LINES / per_transaction)}"
     return f"{point}:3"
 
 
-@pytest.mark.parametrize("kind", ["file", "datagen"])
+@pytest.mark.parametrize("kind,boundary", [("file", "poll"), ("datagen", "poll"),
+                                           ("file", "interval"), ("datagen", "interval")])
 @pytest.mark.parametrize("point", POINTS)
 def test_kill_9_at_a_crash_point_then_a_restart_delivers_exactly_once(
-        broker_process, tmp_path, point, kind):
+        broker_process, tmp_path, point, kind, boundary):
+    """Also with several polls per transaction (``boundary: interval``)."""
     broker = broker_process()
     trio.run(_create_topics, broker.address)
-    config = _config(tmp_path, kind)
-    crash_at = _crash_at(point, kind)
+    config = _config(tmp_path, kind, boundary=boundary)
+    crash_at = _crash_at(point, kind, boundary)
 
     code, stderr = _finish(_runtime(config, broker.address, crash_at))
     assert code == -9 and f"crash point {crash_at} reached" in stderr, (code, stderr)
@@ -137,6 +153,12 @@ def test_kill_9_at_a_crash_point_then_a_restart_delivers_exactly_once(
     _check_exactly_once(broker.address, kind)
     if kind == "file":
         assert done.read_text() == f"{LINE_BYTES}\n"  # the side effect at the final position
+    if boundary == "interval":  # a transaction took several polls (+1: the crashed run's)
+        batch = LINE_BATCH if kind == "file" else GEN_BATCH
+        total = LINES if kind == "file" else COUNT
+        per_transaction = batch * math.ceil(GATHERED_RECORDS[kind] / batch)
+        committed = len(trio.run(_offset_records, broker.address))
+        assert committed <= math.ceil(total / per_transaction) + 1, committed
     if point == "before_commit":  # the killed batch was in the log, aborted by the restart
         raw = trio.run(_read_all, broker.address, "read_uncommitted")
         assert sum(map(len, raw.values())) > (LINES if kind == "file" else COUNT)

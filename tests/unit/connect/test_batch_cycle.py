@@ -10,18 +10,19 @@ from hypothesis import strategies as st
 
 from rivven_connect.core import batch_cycle as bc
 from rivven_connect.core.admission import Admission, RejectReason
-from rivven_connect.core.config import OFFSETS_TOPIC, load_config
+from rivven_connect.core.config import OFFSETS_TOPIC, TransactionInterval, load_config
 from rivven_connect.core.records import EncodedRecords, Record
 from rivven_connect.core.routing import DLQ_HEADERS, Router, encoded_path_allowed
 
 
-def _cycle(routing=None, transform=lambda r: r, stored=None, errors=None):
+def _cycle(routing=None, transform=lambda r: r, stored=None, errors=None, gather=None):
     source = {"connector": "postgres-cdc", "topic": "t", "routing": routing or {}}
     if errors:
         source["errors"] = errors
     config = load_config({"sources": {"db": source}}, {}).sources["db"]
     router = Router(config, Admission(config.routing.admission))
-    return bc.BatchCycle(router, transform, jitter=lambda: 0.5, stored_position=stored)
+    return bc.BatchCycle(router, transform, jitter=lambda: 0.5, stored_position=stored,
+                         gather=gather)
 
 
 def _records(*positions):
@@ -32,7 +33,8 @@ class World:
     """The fake driver: a source with a replay point (moved by side effects), a broker whose
     transactions either commit whole or vanish, and the checks of every instruction."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, gather: TransactionInterval | None = None) -> None:
+        self.gather = gather
         self.source = list(range(1, total + 1))
         self.acked = 0  # the source's durable side-effect point (the slot)
         self.cursor = 0  # next index the source delivers
@@ -51,7 +53,7 @@ class World:
         self.open, self.in_flight_batch, self.halted = None, None, None
         self.stop_requested, self.committed_after_stop = False, None
         self.cursor = self.acked  # the source replays from its durable point
-        return _cycle(stored=self.durable_offset)
+        return _cycle(stored=self.durable_offset, gather=self.gather)
 
     def run(self, cycle: bc.BatchCycle, instructions, events: list) -> None:
         """Execute instructions; events answering them are appended (the driver's queue)."""
@@ -60,7 +62,10 @@ class World:
             if isinstance(ins, bc.Poll):
                 assert self.in_flight_batch is None, "a poll while a batch is in flight"
                 assert not self.stop_requested, "a poll after the stop"
-                events.append("poll")
+                assert ins.ready_only == (self.gather is not None and ins.records_max is not None)
+                if ins.ready_only:
+                    self.stats["ready poll"] = self.stats.get("ready poll", 0) + 1
+                events.append(("poll", ins))
             elif isinstance(ins, bc.BeginTransaction):
                 assert self.open is None, "two transactions open"
                 self.open, self.in_flight_batch = [], ins.batch_id
@@ -109,9 +114,12 @@ TOTALS: dict[str, int] = {}
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)  # (the coverage test below)
-@given(st.data(), st.integers(1, 40))
-def test_random_runs_keep_the_cycle_exactly_once(data, total):
-    world = World(total)
+@given(st.data(), st.integers(1, 40),
+       st.sampled_from([None, None, TransactionInterval(5, 4), TransactionInterval(1000, 12)]))
+def test_random_runs_keep_the_cycle_exactly_once(data, total, gather):
+    """Also with several polls per transaction (``gather``: a short interval, or a records
+    bound that ends most gatherings)."""
+    world = World(total, gather)
     cycle = world.restart()
     events: list = []
     world.run(cycle, cycle.start(), events)
@@ -128,7 +136,8 @@ def test_random_runs_keep_the_cycle_exactly_once(data, total):
             world.run(cycle, cycle.start(), events)
             continue
         if not stop_during_batch and data.draw(st.integers(0, 40), label="stop?") == 0:
-            stop_during_batch = cycle.phase in (bc.Phase.PRODUCING, bc.Phase.SIDE_EFFECT)
+            stop_during_batch = cycle.phase in (bc.Phase.GATHERING, bc.Phase.PRODUCING,
+                                                bc.Phase.SIDE_EFFECT)
             stopped_in = cycle.phase
             world.stop_requested = True
             world.run(cycle, cycle.handle(bc.StopRequested(world.now_ms)), events)
@@ -138,10 +147,15 @@ def test_random_runs_keep_the_cycle_exactly_once(data, total):
             continue
         event = events.pop(0)
         world.now_ms += 1
-        if event == "poll":
-            if world.cursor >= total:
-                break  # the source is drained; the run ends here
-            count = data.draw(st.integers(1, 6), label="poll size")
+        if event[0] == "poll":
+            poll = event[1]
+            if poll.ready_only:  # what is ready now: maybe nothing, never more than asked
+                assert cycle.phase is bc.Phase.GATHERING and 0 < poll.records_max
+                count = min(poll.records_max, data.draw(st.integers(0, 6), label="ready"))
+            else:
+                if world.cursor >= total:
+                    break  # the source is drained; the run ends here
+                count = data.draw(st.integers(1, 6), label="poll size")
             chunk = world.source[world.cursor:world.cursor + count]
             world.cursor += len(chunk)
             out = cycle.handle(bc.PollCompleted(_records(*chunk), world.now_ms))
@@ -198,7 +212,7 @@ def test_the_random_runs_reached_every_instruction_and_degraded():
     """Runs after the property above (file order): the runs were not all trivial."""
     assert TOTALS, "run test_random_runs_keep_the_cycle_exactly_once first"
     for name in ("Poll", "Send", "CommitTransaction", "AbortTransaction", "RunSideEffect",
-                 "WakeAt", "Halt", "degraded"):
+                 "WakeAt", "Halt", "degraded", "ready poll"):
         assert TOTALS.get(name, 0) > 0, (name, TOTALS)
 
 
@@ -541,3 +555,81 @@ def test_a_block_is_sent_in_slices_of_bounded_size_in_order():
     assert [part.record_count for part in parts] == [3, 3, 1]
     assert [key for part in parts for key in part.keys] == block.keys
     assert [t for part in parts for t in part.timestamps_ms] == block.timestamps_ms
+
+
+# --- one transaction, several polls (``transaction: {boundary: interval}``) ------------------
+
+
+def _sent_positions(instructions):
+    """The data positions of a transaction's sends, and its offset record's position."""
+    assert isinstance(instructions[0], bc.BeginTransaction)
+    assert isinstance(instructions[-1], bc.CommitTransaction)
+    *data, offset = [ins.record for ins in instructions[1:-1]]
+    assert offset.destination.topic == OFFSETS_TOPIC
+    return [record.position for record in data], offset.value["position"]
+
+
+def test_an_interval_boundary_gathers_ready_polls_until_nothing_is_ready():
+    cycle = _cycle(gather=TransactionInterval(interval_ms=100, records_max=10))
+    assert cycle.start() == [bc.Poll()]
+    assert cycle.handle(bc.PollCompleted(_records(1, 2), 0)) == [
+        bc.Poll(ready_only=True, records_max=8)]
+    assert cycle.phase is bc.Phase.GATHERING
+    assert cycle.handle(bc.PollCompleted(_records(3, 4, 5), 1)) == [
+        bc.Poll(ready_only=True, records_max=5)]
+    out = cycle.handle(bc.PollCompleted((), 2))  # nothing more ready: commit now
+    assert _sent_positions(out) == ([1, 2, 3, 4, 5], 5)
+    assert cycle.handle(bc.TransactionCommitted(out[0].batch_id, 3)) == [
+        bc.RunSideEffect(out[0].batch_id, 5)]
+    assert cycle.status().records == 5 and cycle.status().batches == 1
+
+
+def test_an_interval_boundary_ends_at_its_records_bound_and_at_its_interval():
+    by_records = _cycle(gather=TransactionInterval(interval_ms=1_000, records_max=4))
+    by_records.start()
+    assert by_records.handle(bc.PollCompleted(_records(1, 2), 0)) == [
+        bc.Poll(ready_only=True, records_max=2)]
+    assert _sent_positions(by_records.handle(bc.PollCompleted(_records(3, 4), 1))) == (
+        [1, 2, 3, 4], 4)
+    big_first = _cycle(gather=TransactionInterval(interval_ms=1_000, records_max=2))
+    big_first.start()  # a first poll past the bound is a transaction on its own
+    assert _sent_positions(big_first.handle(bc.PollCompleted(_records(1, 2, 3), 0))) == (
+        [1, 2, 3], 3)
+    by_time = _cycle(gather=TransactionInterval(interval_ms=10, records_max=100))
+    by_time.start()
+    by_time.handle(bc.PollCompleted(_records(1), 0))
+    assert by_time.handle(bc.PollCompleted(_records(2), 9)) == [
+        bc.Poll(ready_only=True, records_max=98)]
+    assert _sent_positions(by_time.handle(bc.PollCompleted(_records(3), 10))) == ([1, 2, 3], 3)
+
+
+def test_a_stop_while_gathering_commits_what_was_gathered_then_halts():
+    cycle = _cycle(gather=TransactionInterval(interval_ms=100, records_max=10))
+    cycle.start()
+    cycle.handle(bc.PollCompleted(_records(1, 2), 0))
+    assert cycle.handle(bc.StopRequested(1)) == []  # the ready poll in flight answers first
+    out = cycle.handle(bc.PollCompleted(_records(3), 2))
+    assert _sent_positions(out) == ([1, 2, 3], 3)
+    batch_id = out[0].batch_id
+    assert cycle.handle(bc.TransactionCommitted(batch_id, 3)) == [bc.RunSideEffect(batch_id, 3)]
+    assert cycle.handle(bc.SideEffectCompleted(batch_id, 4)) == [bc.Halt(bc.Status.STOPPED)]
+
+
+def test_a_failed_gathered_transaction_is_retried_whole():
+    cycle = _cycle(gather=TransactionInterval(interval_ms=100, records_max=10))
+    cycle.start()
+    cycle.handle(bc.PollCompleted(_records(1, 2), 0))
+    cycle.handle(bc.PollCompleted(_records(3), 1))
+    first = cycle.handle(bc.PollCompleted((), 2))
+    batch_id = first[0].batch_id
+    out = cycle.handle(bc.TransactionFailed(batch_id, "broker gone", True, 3))
+    assert out[0] == bc.AbortTransaction(batch_id) and isinstance(out[1], bc.WakeAt)
+    again = cycle.handle(bc.TimerFired(out[1].at_ms))
+    assert again[0] == bc.BeginTransaction(batch_id)
+    assert _sent_positions(again) == ([1, 2, 3], 3)
+
+
+def test_without_an_interval_boundary_every_poll_is_its_own_transaction():
+    cycle = _cycle()
+    cycle.start()
+    assert _sent_positions(cycle.handle(bc.PollCompleted(_records(1, 2), 0))) == ([1, 2], 2)

@@ -7,7 +7,12 @@ import copy
 import pytest
 
 from rivven_connect.core.admission import AdmissionMode, TopicPattern
-from rivven_connect.core.config import ConnectConfigError, SourceMode, load_config
+from rivven_connect.core.config import (
+    ConnectConfigError,
+    SourceMode,
+    TransactionInterval,
+    load_config,
+)
 
 EXAMPLE = """
 version: "1.0"
@@ -72,6 +77,16 @@ def test_on_admission_failure_defaults_by_source_kind(connector, config, expecte
     doc = _base()
     doc["sources"]["s"].update(connector=connector, config=config)
     assert load_config(doc, {}).sources["s"].routing.on_admission_failure == expected
+
+
+def test_the_transaction_boundary_is_one_poll_unless_interval_is_asked():
+    assert load_config(_base(), {}).sources["s"].transaction is None
+    assert load_config(_src(transaction={"boundary": "poll"}), {}).sources["s"].transaction is None
+    assert load_config(_src(transaction={"boundary": "interval"}), {}
+                       ).sources["s"].transaction == TransactionInterval(100, 10_000)
+    assert load_config(_src(transaction={"boundary": "interval", "interval_ms": 20,
+                                         "records_max": 500}), {}
+                       ).sources["s"].transaction == TransactionInterval(20, 500)
 
 
 def _src(**changes):
@@ -148,6 +163,16 @@ BAD = [
      "sources.s.routing.topic_defaults.configs.x", "string or number"),
     (_src(errors={"tolerance": "all"}), {}, "sources.s.errors.tolerance", "dlq_topic"),
     (_src(errors={"tolerance": "some"}), {}, "sources.s.errors.tolerance", "not one of"),
+    (_src(transaction={"boundary": "connector"}), {}, "sources.s.transaction.boundary",
+     "not one of"),
+    (_src(transaction={"interval_ms": 50}), {}, "sources.s.transaction.interval_ms",
+     "only with boundary: interval"),
+    (_src(transaction={"boundary": "interval", "interval_ms": 0}), {},
+     "sources.s.transaction.interval_ms", "integer in 1..60000"),
+    (_src(transaction={"boundary": "interval", "records_max": 100_001}), {},
+     "sources.s.transaction.records_max", "integer in 1..100000"),
+    (_src(transaction={"boundary": "interval", "records": 5}), {},
+     "sources.s.transaction.records", "did you mean 'records_max'"),
     ({"sinks": {"k": {"connector": "file", "topics": []}}}, {}, "sinks.k.topics", "non-empty"),
     ({"sinks": {"k": {"connector": "file", "topics": ["ok", "no way"]}}}, {}, "sinks.k.topics[1]",
      "legal topic"),

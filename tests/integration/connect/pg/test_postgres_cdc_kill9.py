@@ -11,7 +11,10 @@ identified by its op and a sequence number: an insert's or update's new ``seq`` 
 a delete's deleted ``seq`` (``before``: the table is REPLICA IDENTITY FULL; a row version is
 deleted at most once). The slot is checked never to be ahead of the stored offset after
 every kill. The configuration has no transforms and no routing at the source, so the changes
-take the encoded path (``EncodedRecords``): the last run's ``/metrics`` must say so."""
+take the encoded path (``EncodedRecords``): the last run's ``/metrics`` must say so. Every
+other run, and the last, gathers polls into transactions (``transaction: {boundary:
+interval}``), so the crashes also fall inside gathered transactions and on changes of the
+boundary between runs."""
 
 from __future__ import annotations
 
@@ -114,7 +117,10 @@ class Connector:
         return self.wait(30)
 
 
-def _config(path, database: str, bootstrap: str, http: str = "off") -> None:
+def _config(path, database: str, bootstrap: str, http: str = "off",
+            boundary: str = "poll") -> None:
+    transaction = ("{ boundary: poll }" if boundary == "poll"
+                   else "{ boundary: interval, interval_ms: 200, records_max: 2000 }")
     path.write_text(f"""
 version: "1.0"
 broker: {{ bootstrap: "{bootstrap}" }}
@@ -128,6 +134,7 @@ sources:
               tables: [public.items, public.pulse], snapshot: {{ mode: never }},
               status_interval_ms: 1000, batch_size: 500 }}
     routing: {{ topic_defaults: {{ partitions: 4 }} }}
+    transaction: {transaction}
 """)
 
 
@@ -179,7 +186,9 @@ def test_kill_9_at_random_and_at_each_crash_point_while_four_writers_commit(
     writers = [Writer(dsn, index, CHANGES // WRITERS, pause_s=0.02) for index in range(WRITERS)]
     kills, connector = [], None
     try:
-        for crash_at in lives:
+        for life, crash_at in enumerate(lives):
+            _config(config, pg_database, bootstrap,
+                    boundary="interval" if life % 2 else "poll")
             connector = Connector(config, postgres_server.port, log, crash_at)
             if not kills:  # the first run creates the slot: the writers start after it
                 _wait(lambda: _slot(dsn)[1], "the slot to be active", timeout_s=30)
@@ -199,7 +208,8 @@ def test_kill_9_at_random_and_at_each_crash_point_while_four_writers_commit(
             _slot_not_ahead(dsn, bootstrap)
             assert all(writer.error is None for writer in writers)
         http_port = _free_port()  # the last run drains, and says which path the records took
-        _config(config, pg_database, bootstrap, http=f'"127.0.0.1:{http_port}"')
+        _config(config, pg_database, bootstrap, http=f'"127.0.0.1:{http_port}"',
+                boundary="interval")
         connector = Connector(config, postgres_server.port, log)
         for writer in writers:
             writer.join()

@@ -118,3 +118,43 @@ def test_a_poll_cancelled_while_its_chunk_is_read_loses_no_row(postgres_server, 
             source.close()
 
     assert trio.run(main) == list(range(1, ROWS + 1))
+
+
+def test_ready_polls_hand_out_the_same_rows_and_only_whole_transactions_that_fit(
+        postgres_server, pg_database):
+    """``poll_ready`` (the batch cycle's gathering) between polls: the snapshot's rows come
+    out once, in order, never more than asked; while streaming, a ready poll takes the
+    whole transactions readable now that fit and leaves a bigger one to the next poll."""
+    dsn = postgres_server.dsn(pg_database)
+    _sql(dsn, f"CREATE TABLE items (id int PRIMARY KEY, body text); "
+              f"INSERT INTO items SELECT n, 'row ' || n FROM generate_series(1, {ROWS}) n")
+
+    async def main() -> None:
+        source = _source(postgres_server.port, pg_database, "ready_slot")
+        try:
+            ids = [key["id"] for key in _keys(await source.poll(100))]
+            while source.snapshot is not None:
+                ready = await source.poll_ready(10)
+                assert sum(record.record_count for record in ready) <= 10
+                ids.extend(key["id"] for key in _keys(ready))
+                if not ready:
+                    ids.extend(key["id"] for key in _keys(await source.poll(100)))
+            assert ids == list(range(1, ROWS + 1))
+            _sql(dsn, "INSERT INTO items VALUES (1001, 'small'), (1002, 'small')")
+            streamed = [key["id"] for key in _keys(await source.poll(100))]
+            _sql(dsn, "INSERT INTO items SELECT n, 'big' FROM generate_series(2001, 2040) n")
+            with trio.fail_after(10):
+                while source._queued < 40:  # read and queued, but never handed out ...
+                    assert await source.poll_ready(BATCH) == []  # ... 40 rows > BATCH
+                    await trio.sleep(0.01)
+            streamed.extend(key["id"] for key in _keys(await source.poll(100)))
+            assert streamed == [1001, 1002, *range(2001, 2041)]
+            _sql(dsn, "INSERT INTO items VALUES (3001, 'fits')")
+            with trio.fail_after(10):
+                while not (ready := await source.poll_ready(BATCH)):
+                    await trio.sleep(0.01)
+            assert [key["id"] for key in _keys(ready)] == [3001]
+        finally:
+            source.close()
+
+    trio.run(main)
