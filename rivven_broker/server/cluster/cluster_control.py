@@ -35,6 +35,11 @@ replica of it and answers from what it has applied. This module is the server's 
 - *metadata*: ``metadata()`` answers the Metadata api from the applied image: live brokers
   (registered, not fenced, and alive to SWIM), the controller (the Raft leader), and per
   partition its leader, leader epoch, replicas and ISR.
+- *failover*: on the Raft leader, ``_election_loop`` moves leaderships off gone brokers and
+  takes them out of the ISRs. Gone is ``rivven_cluster.replication.liveness``'s judgement of
+  the registration against this broker's SWIM view; a broker the view has no word on yet is
+  spared for a grace (as long as SWIM takes to call a crashed member dead) after this broker
+  became the controller, so a view still being built is not acted on.
 
 A broker holds a log for every partition of every topic for now (the replica fetcher of the
 replication step makes the followers' copies meaningful); which broker leads is the metadata's.
