@@ -59,7 +59,7 @@ from sim.log_context import ACTOR
 from sim.net import SimNet
 from sim.scenario import ConsumerSpec, ProducerSpec
 from sim.trace import Trace
-from sim.workload import PollObserver, Target
+from sim.workload import PollObserver, Target, padded_value, read_value
 
 __all__ = ["ClientProducerProcess", "ClientConsumerProcess", "read_group_offsets"]
 
@@ -189,7 +189,9 @@ class ClientProducerProcess(_ClientProcess):
         invocation = self.history.invoke(self.name, "send", details)
         outcome: tuple[str, dict[str, Any]] = (INFO, {"error": "cancelled"})
         try:
-            meta = await producer.send(self.spec.topic, value=value.encode(), partition=partition)
+            meta = await producer.send(self.spec.topic,
+                                       value=padded_value(value, self.spec.value_bytes),
+                                       partition=partition)
             outcome = (INFO, {"error": "acks=0"}) if self.spec.acks == 0 else (OK, {"offset": meta.offset})
         except RivvenError as exc:
             outcome = (INFO, {"error": type(exc).__name__})
@@ -245,7 +247,7 @@ class ClientConsumerProcess(_ClientProcess):
                     generation = consumer.group_metadata().generation_id
                 by_partition: dict[int, list[list[Any]]] = {}
                 for record in records:
-                    value = None if record.value is None else record.value.decode("utf-8", "replace")
+                    value = read_value(record.value)
                     by_partition.setdefault(record.partition, []).append([record.offset, value])
                 for partition in sorted(by_partition):
                     assigned = None

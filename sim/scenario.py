@@ -54,6 +54,9 @@ __all__ = [
 
 _DURATION = re.compile(r"\s*([-+]?[0-9]+(?:\.[0-9]+)?)\s*(us|ms|s|m|h)\s*")
 _UNIT_MS = {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+#: A producer's values (x records per send) at most: one send's batch stays far below the
+#: broker's batch bound and the replica link's 1 MiB per-partition answers hold several.
+_VALUE_BYTES_MAX = 256 * 1024
 #: Fault kinds and the keys each takes besides ``at`` and ``kind``.
 FAULT_KINDS: dict[str, frozenset[str]] = {
     "crash": frozenset({"node", "restart_after", "tear"}),
@@ -179,6 +182,9 @@ class ProducerSpec:
     idempotent: bool = False
     in_flight: int = 2
     records_per_send_max: int = 3
+    #: Each value padded to this many bytes (0: the bare unique id; ``workload.padded_value``)
+    #: - large values make replica fetch answers of 64 KiB and more.
+    value_bytes: int = 0
     request_timeout_ms: int = 5_000
     #: The real client only: sends in transactions of 1..``transaction_sends_max`` sends,
     #: each ended by a commit, or by an abort with ``abort_probability``.
@@ -524,6 +530,7 @@ def _workload(table: _Table) -> tuple[tuple[TopicSpec, ...], tuple[ProducerSpec,
             idempotent=p.take("idempotent", False, bool),
             in_flight=p.take("in_flight", 2, int),
             records_per_send_max=p.take("records_per_send_max", 3, int),
+            value_bytes=p.take("value_bytes", 0, int),
             request_timeout_ms=p.duration("request_timeout", 5_000),
             transactional=p.take("transactional", False, bool),
             transaction_sends_max=p.take("transaction_sends_max", 4, int),
@@ -654,6 +661,11 @@ def _validate(scenario: Scenario) -> None:
         if spec.count < 0 or (isinstance(spec, ProducerSpec) and (
                 spec.rate_per_s <= 0 or spec.in_flight < 1 or spec.records_per_send_max < 1)):
             raise ScenarioError("workload: counts >= 0, rate > 0, in_flight and records >= 1")
+        if isinstance(spec, ProducerSpec) and not (
+                0 <= spec.value_bytes <= _VALUE_BYTES_MAX
+                and spec.records_per_send_max * spec.value_bytes <= _VALUE_BYTES_MAX):
+            raise ScenarioError(f"workload.producers: value_bytes x records_per_send_max at "
+                                f"most {_VALUE_BYTES_MAX} (one batch of a send)")
     for spec in scenario.producers:
         if spec.transactional and (spec.client not in REAL_CLIENTS or spec.acks != -1
                                    or spec.transaction_sends_max < 1

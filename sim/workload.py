@@ -25,6 +25,13 @@ The *final read* (``read_logs``), after the workload has stopped and every node 
 each partition from its log start to its high watermark: the ground truth the checkers
 compare the history with.
 
+Values are the unique ids themselves, or with a producer's ``value_bytes`` the id padded to
+that size (``padded_value``: ``#`` and the id repeated), so a cluster scenario can move
+replica fetch answers of 64 KiB and more (the replica link hands those out as views of its
+receive buffer). Every reader takes values back through ``read_value``, which returns the id
+only when the filler is exactly what that id's padding is — a corrupted byte anywhere in a
+large value makes it a value nobody sent, which the checkers report.
+
 Test switch ``fetch_skip_probability`` makes a consumer drop one record of a poll: a fetch
 that skips an offset, for the tests that prove the gap checker bites.
 """
@@ -88,12 +95,35 @@ PollObserver = Callable[[str, str, int, int, int], None]
 _BACKOFF_MIN_S = 0.05
 _BACKOFF_MAX_S = 1.0
 _BATCH_BYTES_MAX = 1 << 16
+#: A value's padding starts with this (never in an id: ``p1-17``).
+_PAD_MARK = "#"
 _FETCH_BYTES_MAX = 1 << 20
 _PARTITION_FETCH_BYTES_MAX = 1 << 18
 
 
 def _now_ms() -> float:
     return trio.current_time() * 1000
+
+
+def padded_value(value: str, value_bytes: int) -> bytes:
+    """``value`` (an ASCII id) padded to ``value_bytes`` with ``#`` and the id repeated;
+    itself when it is that long already."""
+    data = value.encode()
+    fill = value_bytes - len(data) - len(_PAD_MARK)
+    if fill < 0:
+        return data
+    return data + _PAD_MARK.encode() + (data * (fill // len(data) + 1))[:fill]
+
+
+def read_value(data: bytes | None) -> str | None:
+    """The id a stored value carries: ``padded_value`` undone when its filler is intact;
+    otherwise the whole value as text (a value nobody sent)."""
+    if data is None:
+        return None
+    head, mark, _ = data.partition(_PAD_MARK.encode())
+    if mark and head and padded_value(head.decode("utf-8", "replace"), len(data)) == data:
+        return head.decode("utf-8", "replace")
+    return data.decode("utf-8", "replace")
 
 
 @attrs.frozen
@@ -168,10 +198,11 @@ class ProducerProcess(_Process):
         for _ in range(count):
             self._sequence += 1
             values.append(f"{self.name}-{self._sequence}")
-        builder = BatchBuilder(batch_bytes_max=_BATCH_BYTES_MAX)
+        builder = BatchBuilder(batch_bytes_max=max(_BATCH_BYTES_MAX,
+                                                   count * (spec.value_bytes + 64) + 128))
         timestamp_ms = WALL_EPOCH_MS + int(_now_ms())
         for value in values:
-            builder.append(timestamp_ms, None, value.encode())
+            builder.append(timestamp_ms, None, padded_value(value, spec.value_bytes))
         request = Produce(
             acks=spec.acks, timeout_ms=spec.request_timeout_ms,
             topics=(ProduceTopic(spec.topic, (ProducePartition(partition, builder.build()),)),),
@@ -293,7 +324,7 @@ def parse_fetched(data: bytes, position: int) -> tuple[list[list[Any]], list[int
             control.extend(range(max(header.base_offset, position), last + 1))
         end = max(end, last + 1)
     records = [
-        [record.offset, None if record.value is None else record.value.decode("utf-8", "replace")]
+        [record.offset, read_value(record.value)]
         for record in decode_records(data, min_offset=position)
     ]
     return records, control, end

@@ -410,6 +410,7 @@ class Broker:
             observer=self.controller_observer, raft=RaftConfig.from_ms(config.controller_timings_ms()), context=context,
             replication=ReplicaConfig(lag_max_ms=config.replica_lag_time_max_ms,
                                       faults=self.replication_faults),
+            liveness_grace_ms=config.membership_config().dead_within_ms(len(config.peers) + 1),
         )
 
     def _members(self) -> list[Member]:

@@ -93,6 +93,14 @@ class MembershipConfig:
             return low, low
         return low, low * self.suspicion_max_multiplier
 
+    def dead_within_ms(self, members: int) -> int:
+        """How long this node's own view may take to call a crashed member dead, in a cluster
+        of ``members`` without faults of its own: its probes visit every other member once per
+        ``members - 1`` probe periods (one more for the probe and the indirect probes), then
+        the suspicion runs for at most the longest timeout. The controller waits this long
+        before it treats a silence of its view as a failure (``replication.liveness``)."""
+        return self.probe_interval_ms * max(1, members) + self.suspicion_bounds_ms(members)[1]
+
     def retransmits(self, members: int) -> int:
         """How many times one broadcast is sent."""
         return self.retransmit_multiplier * max(1, _ceil_log10(members + 1))

@@ -4,8 +4,10 @@
   the ISR and live. None live: no leader (``NO_LEADER``) — the partition stays offline until
   an ISR member returns; an out-of-sync replica is never elected (no unclean election).
 - The ISR that comes with it drops the members that are not live (their fetches stopped; they
-  rejoin through the new leader once caught up). An offline partition keeps its last ISR: it
-  says who may lead again.
+  rejoin through the new leader once caught up), but keeps the *spared* ones: brokers the
+  controller has no word on yet and gives a grace (``liveness``) — they are never chosen to
+  lead, and never taken out on a silence. An offline partition keeps its last ISR: it says who
+  may lead again.
 - The preferred leader (``preferred_move``) is the first replica; leadership returns to it when
   it is live and in the ISR and another replica leads.
 """
@@ -20,12 +22,13 @@ NO_LEADER = -1
 
 
 def leader_after_failure(replicas: tuple[int, ...], isr: tuple[int, ...],
-                         live: Collection[int]) -> tuple[int, tuple[int, ...]]:
+                         live: Collection[int], spared: Collection[int] = ()
+                         ) -> tuple[int, tuple[int, ...]]:
     """``(leader, isr)`` for a partition whose leader is gone (or that has none)."""
-    survivors = tuple(r for r in replicas if r in isr and r in live)
-    if not survivors:
+    candidates = [r for r in replicas if r in isr and r in live]
+    if not candidates:
         return NO_LEADER, isr
-    return survivors[0], survivors
+    return candidates[0], tuple(r for r in replicas if r in isr and (r in live or r in spared))
 
 
 def preferred_move(replicas: tuple[int, ...], leader: int, isr: tuple[int, ...],

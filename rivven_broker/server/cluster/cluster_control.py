@@ -35,6 +35,11 @@ replica of it and answers from what it has applied. This module is the server's 
 - *metadata*: ``metadata()`` answers the Metadata api from the applied image: live brokers
   (registered, not fenced, and alive to SWIM), the controller (the Raft leader), and per
   partition its leader, leader epoch, replicas and ISR.
+- *failover*: on the Raft leader, ``_election_loop`` moves leaderships off gone brokers and
+  takes them out of the ISRs. Gone is ``rivven_cluster.replication.liveness``'s judgement of
+  the registration against this broker's SWIM view; a broker the view has no word on yet is
+  spared for a grace (as long as SWIM takes to call a crashed member dead) after this broker
+  became the controller, so a view still being built is not acted on.
 
 A broker holds a log for every partition of every topic for now (the replica fetcher of the
 replication step makes the followers' copies meaningful); which broker leads is the metadata's.
@@ -85,7 +90,7 @@ from rivven_broker.server.local_topics import LocalTopics
 from rivven_broker.storage.checkpoint import read_checkpoint, write_checkpoint
 from rivven_broker.storage.errors import StorageError, TopicExistsError, stop_on_io_error
 from rivven_broker.storage.topic_config import TopicConfig
-from rivven_cluster.membership import KeyRing, Member, MemberState
+from rivven_cluster.membership import KeyRing, Member, MembershipConfig, MemberState
 from rivven_cluster.metadata import (
     AllocateProducerIds,
     AlterTopicConfigs,
@@ -98,12 +103,20 @@ from rivven_cluster.metadata import (
     FenceBroker,
     MetadataImage,
     Outcome,
+    PartitionRecord,
     RegisterBroker,
     Status,
     UpdateIsr,
 )
 from rivven_cluster.placement import PlacementBroker, PlacementError, assign_topic
-from rivven_cluster.replication import leader_after_failure, preferred_move
+from rivven_cluster.replication import (
+    ControllerLiveness,
+    Judgement,
+    Registration,
+    Sighting,
+    leader_after_failure,
+    preferred_move,
+)
 
 __all__ = ["ClusterControl", "AdminAnswer"]
 
@@ -136,7 +149,8 @@ class ClusterControl:
                  default_partitions: int = 3, default_replication_factor: int = 1,
                  raft: RaftConfig = RaftConfig(), observer: ControllerObserver | None = None,
                  context: ServerContext | None = None,
-                 replication: ReplicaConfig = ReplicaConfig()) -> None:
+                 replication: ReplicaConfig = ReplicaConfig(),
+                 liveness_grace_ms: int | None = None) -> None:
         self._env = env
         self.node_id = node_id
         self.boot_id = 0
@@ -168,6 +182,12 @@ class ClusterControl:
         #: Calls to and from other brokers (transaction markers, offsets, checks).
         self.calls: BrokerCalls | None = None
         self._allocating = trio.Lock()
+        #: How long, as the controller, a silence of SWIM about a registered broker is not
+        #: taken for a failure (``replication.liveness``): by default as long as SWIM needs
+        #: to call a crashed member dead.
+        self.liveness_grace_ms = (MembershipConfig().dead_within_ms(len(self.voters))
+                                  if liveness_grace_ms is None else liveness_grace_ms)
+        self._liveness = ControllerLiveness(node_id, 0, self.liveness_grace_ms)
 
     # -- running -----------------------------------------------------------------------------
 
@@ -176,6 +196,7 @@ class ClusterControl:
         """Run the controller for this process (``boot_id``), registered at ``advertised``,
         its Raft links on ``listen``; until cancelled."""
         self.boot_id, self._advertised = boot_id, advertised
+        self._liveness = ControllerLiveness(self.node_id, boot_id, self.liveness_grace_ms)
         voters = {**self._voters, self.node_id: listen}
         known = await ask_voters(self._env, self.node_id, boot_id, self._voters, self._ring,
                                  _ASK_VOTERS_S)
@@ -296,52 +317,84 @@ class ClusterControl:
         return self._voters.get(broker_id)
 
     async def _election_loop(self) -> None:
-        """On the Raft leader: give every partition whose leader is not live the first live
-        ISR member (``leader_after_failure``), take brokers that are not live out of every
-        other ISR, and every ``_PREFERRED_CHECK_S`` move leadership back to preferred
-        replicas that are live and in sync."""
+        """On the Raft leader: give every partition whose leader is gone the first live ISR
+        member (``leader_after_failure``), take gone brokers out of every other ISR, and every
+        ``_PREFERRED_CHECK_S`` move leadership back to preferred replicas that are live and in
+        sync. Gone and live are ``judge_liveness``'s: a broker SWIM has no word on yet is
+        spared for a grace after this broker became the controller — neither taken out nor
+        given anything — so a controller whose view is still being built does not act on it.
+        The judgement is made again after every proposal (time passes while one commits, and
+        the term may change under it)."""
         preferred_due = self._env.clock.monotonic_ms() + _PREFERRED_CHECK_S * 1000
         while True:
             await trio.sleep(_ELECTION_CHECK_S)
-            if not self.running or self.status().state != "leader" or not self.reconciled.is_set():
+            if not self.running or not self.reconciled.is_set():
                 continue
-            live = set(self.live_brokers())
+            judged = self.judge_liveness()
+            if judged is None:
+                continue
             now_ms = self._env.clock.monotonic_ms()
             preferred = now_ms >= preferred_due
             if preferred:
                 preferred_due = now_ms + _PREFERRED_CHECK_S * 1000
-            for name, record in sorted(self.image().topics.items()):
-                for index, part in enumerate(record.partitions):
-                    command: Command | None = None
-                    if part.leader not in live:
-                        eligible = (part.replicas if self._replication.faults.elect_outside_isr
-                                    else part.isr)
-                        leader, isr = leader_after_failure(part.replicas, eligible, live)
-                        if leader != part.leader:
-                            command = ElectLeader(name, index, part.leader_epoch, leader, isr)
-                    elif any(r not in live for r in part.isr):  # as Kafka's controller does:
-                        # a dead follower leaves every ISR at once, so acks=all does not wait
-                        # out the lag bound for it
-                        command = UpdateIsr(name, index, part.leader_epoch, part.partition_epoch,
-                                            tuple(r for r in part.isr if r in live))
-                    elif preferred:
-                        moved = preferred_move(part.replicas, part.leader, part.isr, live)
-                        if moved is not None:
-                            command = ElectLeader(name, index, part.leader_epoch, moved,
-                                                  part.isr)
-                    if command is None:
-                        continue
-                    try:
-                        outcome = await self.propose(command)
-                    except ControllerUnavailable:
-                        break
-                    if outcome.ok and isinstance(command, ElectLeader):
-                        log.info("%s/%d: leader %d -> %d at epoch %d (ISR %s)", name, index,
-                                 part.leader, command.leader, part.leader_epoch + 1,
-                                 list(command.isr))
-                    elif outcome.ok:
-                        log.info("%s/%d: ISR %s without the brokers that are not live",
-                                 name, index, list(command.isr))
+            partitions = [(name, index, part)
+                          for name, record in sorted(self.image().topics.items())
+                          for index, part in enumerate(record.partitions)]
+            for name, index, part in partitions:
+                if judged is None:
+                    judged = self.judge_liveness()
+                    if judged is None:
+                        break  # no longer the controller
+                    part = self.image().partition(name, index) or part
+                command = self._election_command(name, index, part, judged, preferred)
+                if command is None:
+                    continue
+                judged = None  # judged again after the proposal
+                try:
+                    outcome = await self.propose(command)
+                except ControllerUnavailable:
+                    break
+                if outcome.ok and isinstance(command, ElectLeader):
+                    log.info("%s/%d: leader %d -> %d at epoch %d (ISR %s)", name, index,
+                             part.leader, command.leader, part.leader_epoch + 1,
+                             list(command.isr))
+                elif outcome.ok:
+                    log.info("%s/%d: ISR %s without the brokers that are gone",
+                             name, index, list(command.isr))
+
+    def _election_command(self, name: str, index: int, part: PartitionRecord, judged: Judgement,
+                          preferred: bool) -> Command | None:
+        """What the controller proposes for one partition now (None: nothing)."""
+        live, kept = judged.live, judged.kept
+        if part.leader not in kept:
+            eligible = (part.replicas if self._replication.faults.elect_outside_isr
+                        else part.isr)
+            leader, isr = leader_after_failure(part.replicas, eligible, live, judged.spared)
+            if leader != part.leader:
+                return ElectLeader(name, index, part.leader_epoch, leader, isr)
+        elif any(r not in kept for r in part.isr):  # as Kafka's controller does: a gone
+            # follower leaves every ISR at once, so acks=all does not wait out the lag bound
+            return UpdateIsr(name, index, part.leader_epoch, part.partition_epoch,
+                             tuple(r for r in part.isr if r in kept))
+        elif preferred:
+            moved = preferred_move(part.replicas, part.leader, part.isr, live)
+            if moved is not None:
+                return ElectLeader(name, index, part.leader_epoch, moved, part.isr)
+        return None
+
+    def judge_liveness(self) -> Judgement | None:
+        """As the Raft leader: the brokers that are live and those spared for their grace
+        (``replication.liveness``); None when this broker is not the Raft leader."""
+        status = self.status() if self.running else None
+        if status is None or status.state != "leader":
+            self._liveness.follows()
+            return None
+        now_ms = self._env.clock.monotonic_ms()
+        self._liveness.leads(status.term, now_ms)
+        seen = {m.node_id: Sighting(m.boot_id, m.state) for m in self._members()}
+        registrations = [Registration(b.broker_id, b.boot_id, b.fenced)
+                         for b in self.image().brokers.values()]
+        return self._liveness.judge(registrations, seen, now_ms)
 
     async def _internal_topics_loop(self) -> None:
         """On the Raft leader: create ``__consumer_offsets`` and ``__transaction_state`` in
