@@ -70,6 +70,12 @@ _SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
 #: the event loop). Recovery deletes such a file and every segment at or below its base.
 DELETED_SUFFIX = ".deleted"
 _DIGITS = 20
+#: An append this large (a follower's fetched batches, a group commit of large batches) does
+#: not run the preallocation ahead: the zeros would be written only to be overwritten (each
+#: byte reaching the disk twice), and an fdatasync of such an append costs the file's growth
+#: little beside its data. Smaller appends still get zeros ahead, where they cut append +
+#: fdatasync latency (docs/storage-format.md "Preallocation").
+PREALLOCATE_APPEND_BYTES_MAX = 128 * 1024
 #: Most buffers one ``pwritev`` may carry (Linux ``IOV_MAX``).
 IOV_MAX = 1024
 #: Bytes read at a time when walking batch headers.
@@ -256,7 +262,8 @@ class Segment:
 
         ``parts`` are the stored batches as buffers, in order. Preallocates up to
         ``preallocate_bytes`` ahead (not past ``preallocate_limit`` unless the write itself
-        goes further). Blocks on file I/O.
+        goes further), unless the append is ``PREALLOCATE_APPEND_BYTES_MAX`` or larger.
+        Blocks on file I/O.
 
         Raises:
             OSError: the store failed; nothing changed (bytes past ``size`` are junk the
@@ -266,7 +273,7 @@ class Segment:
         total = sum(map(_size_of, batches))
         position = self.size
         end = position + total
-        if preallocate_bytes and end > self.allocated:
+        if preallocate_bytes and end > self.allocated and total < PREALLOCATE_APPEND_BYTES_MAX:
             target = max(end, min(end + preallocate_bytes, preallocate_limit))
             try:
                 self.store.allocate(self.log_handle, target)

@@ -16,6 +16,7 @@ from rivven_broker.storage.errors import LogFailedError, OffsetOutOfRangeError, 
 from rivven_broker.storage.log_config import LogConfig
 from rivven_broker.storage.memory_store import MemoryFileStore
 from rivven_broker.storage.partition_log import PartitionLog
+from rivven_broker.storage.segment import PREALLOCATE_APPEND_BYTES_MAX
 
 from .log_batches import make_batch, stored
 
@@ -339,6 +340,26 @@ def test_preallocation_keeps_zeros_ahead_and_is_trimmed_at_roll_and_close() -> N
     assert store.size(newest) == 100
     store.close(active)
     store.close(newest)
+
+
+def test_a_large_append_does_not_run_the_preallocation_ahead() -> None:
+    """Zeros ahead of an append of PREALLOCATE_APPEND_BYTES_MAX or more would only be
+    overwritten; the zeros already ahead are used, none are added."""
+    store = MemoryFileStore()
+    log = open_log(store, preallocate_bytes=200_000, segment_bytes=4 << 20)
+    append_100(log)
+    active = store.open(f"{DIRECTORY}/00000000000000000000.log", create=False)
+    assert store.size(active) == 200_100
+    large = make_batch(2, b"r" * (PREALLOCATE_APPEND_BYTES_MAX - 61))  # exactly the bound
+    assert len(large) == PREALLOCATE_APPEND_BYTES_MAX
+    log.append(large, 0)  # fits in the zeros ahead: written into them
+    assert store.size(active) == 200_100
+    log.append(large, 0)  # goes past them: the file grows with the data only
+    assert store.size(active) == 100 + 2 * len(large)
+    append_100(log)  # a small append runs the zeros ahead again
+    assert store.size(active) == 100 + 2 * len(large) + 100 + 200_000
+    store.close(active)
+    log.close()
 
 
 def test_preallocated_zeros_are_not_corruption() -> None:
