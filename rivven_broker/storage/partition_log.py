@@ -2,8 +2,9 @@
 
 Theory of operation
 -------------------
-A partition log is a list of segments (``segment.py``) covering dense offsets
-``[log_start_offset, log_end_offset)``; only the last one, the *active* segment, grows. The log
+A partition log is a list of segments (``segment.py``; the list and its base offsets are a
+``SegmentList``, ``segment_list.py``) covering dense offsets ``[log_start_offset,
+log_end_offset)``; only the last one, the *active* segment, grows. The log
 does all I/O through its ``FileStore`` and takes ``now_ms`` as an argument: no clocks, threads
 or trio here. It is not thread-safe: one owner calls it, and only ``store.fsync`` on the handles
 of a ``SyncTicket`` (and ``fsync_dir`` of its directory) and ``SegmentRemoval.run`` may run
@@ -73,7 +74,6 @@ from __future__ import annotations
 
 import contextlib
 import posixpath
-from bisect import bisect_right
 from typing import Iterator
 
 import attrs
@@ -110,6 +110,7 @@ from rivven_broker.storage.log_config import LogConfig
 from rivven_broker.storage.log_results import AppendInfo, LogStatistics, ReadResult, SyncTicket
 from rivven_broker.storage.recovery import RecoveryReport, recover
 from rivven_broker.storage.segment import DELETED_SUFFIX, Segment, disk_full
+from rivven_broker.storage.segment_list import SegmentList
 from rivven_broker.storage.staged_appends import StagedBatches
 
 __all__ = ["PartitionLog", "AppendInfo", "ReadResult", "SyncTicket", "LogStatistics",
@@ -177,8 +178,7 @@ class PartitionLog:
         self.config = config
         self._store = store
         self._directory = directory
-        self._segments = segments
-        self._bases = [segment.base_offset for segment in segments]
+        self._segments = SegmentList(segments)
         self._log_start_offset = log_start_offset
         self._recovery_point = recovery_point
         self._durable_offset = segments[-1].next_offset
@@ -244,7 +244,7 @@ class PartitionLog:
     @property
     def log_end_offset(self) -> int:
         """The next offset to assign."""
-        return self._segments[-1].next_offset
+        return self._segments.active.next_offset
 
     @property
     def durable_offset(self) -> int:
@@ -262,7 +262,7 @@ class PartitionLog:
     @property
     def segment_base_offsets(self) -> tuple[int, ...]:
         """Base offset of every segment, oldest first (the last is the active one)."""
-        return tuple(self._bases)
+        return self._segments.bases
 
     @property
     def failed(self) -> bool:
@@ -275,7 +275,7 @@ class PartitionLog:
         return self._failed is None and (
             self._durable_offset < self.log_end_offset
             or bool(self._directory_changes)
-            or any(not s.synced for s in self._segments[:-1])
+            or any(not s.synced for s in self._segments.sealed())
         )
 
     # --- appending -------------------------------------------------------------------------------
@@ -318,7 +318,7 @@ class PartitionLog:
         batches, total, span = self._validate(view)
         if self._should_roll(total, span, now_ms):
             self.roll(now_ms)
-        active = self._segments[-1]
+        active = self._segments.active
         parts: list[bytes | memoryview] = []
         placed: list[tuple[int, int, int]] = []
         base_offset = active.next_offset
@@ -348,7 +348,7 @@ class PartitionLog:
         if staged is None:
             if self._should_roll(total, span, now_ms):
                 self.roll(now_ms)
-            staged = StagedBatches(self._segments[-1].next_offset, now_ms)
+            staged = StagedBatches(self._segments.active.next_offset, now_ms)
         elif self._should_roll(total, span, now_ms, staged):
             return None
         base_offset = staged.next_offset
@@ -374,7 +374,7 @@ class PartitionLog:
         staged, self._staged_batches = self._staged_batches, None
         assert staged is not None
         self._check_writable()
-        self._write(self._segments[-1], staged.parts, staged.placed, staged.next_offset,
+        self._write(self._segments.active, staged.parts, staged.placed, staged.next_offset,
                     staged.total, staged.first_now_ms)
 
     def append_as_follower(
@@ -415,7 +415,7 @@ class PartitionLog:
                 except OSError as exc:
                     raise StorageError(f"leader-epoch checkpoint of {self._directory}: "
                                        f"{exc}") from exc
-        active = self._segments[-1]
+        active = self._segments.active
         placed = [(header.base_offset, size, header.max_timestamp)
                   for _, size, header in batches]
         self._write(active, [view], placed, next_offset, total, now_ms)
@@ -473,7 +473,7 @@ class PartitionLog:
                      staged: StagedBatches | None = None) -> bool:
         """Must the active segment roll before ``total`` bytes spanning ``span`` offsets are
         added (after what is ``staged``, counted as written)?"""
-        active = self._segments[-1]
+        active = self._segments.active
         size, first_append_ms, next_offset = active.size, active.first_append_ms, \
             active.next_offset
         if staged is not None:
@@ -503,7 +503,7 @@ class PartitionLog:
             LogFailedError: the store failed.
         """
         self._check_writable()
-        old = self._segments[-1]
+        old = self._segments.active
         if old.size == 0:
             return
         try:
@@ -520,7 +520,6 @@ class PartitionLog:
             raise StorageError(f"roll of {self._directory} failed: {exc}") from exc
         with self._mutation():
             self._segments.append(new)
-            self._bases.append(new.base_offset)
             old.synced = False
             self._rolls += 1
             start = self._log_start_offset
@@ -551,7 +550,7 @@ class PartitionLog:
 
     def _synced_prefix_end(self) -> int:
         end = self._recovery_point
-        for segment in self._segments[:-1]:
+        for segment in self._segments.sealed():
             if not segment.synced:
                 break
             end = max(end, segment.next_offset)
@@ -585,7 +584,7 @@ class PartitionLog:
             raise OffsetOutOfRangeError(offset, self._log_start_offset, end_offset)
         if offset == end_offset:
             return ReadResult(b"", offset)
-        segment = self._segments[bisect_right(self._bases, offset) - 1]
+        segment = self._segments.holding(offset)
         try:
             position, first = segment.find_batch(offset)
             if max_offset is not None and first.base_offset >= max_offset:
@@ -621,7 +620,7 @@ class PartitionLog:
     def sealed_segment_bases(self) -> list[int]:
         """Base offsets of the sealed segments (all but the active one), oldest first."""
         assert not self._closed
-        return [segment.base_offset for segment in self._segments[:-1]]
+        return [segment.base_offset for segment in self._segments.sealed()]
 
     def scrub(self, base_offset: int, position: int, max_bytes: int) -> int | None:
         """Check the sealed segment ``base_offset`` from byte ``position`` (a batch boundary):
@@ -634,7 +633,7 @@ class PartitionLog:
             StorageError: the store failed.
         """
         assert not self._closed and max_bytes > 0
-        index = bisect_right(self._bases, base_offset) - 1
+        index = self._segments.index_of(base_offset)
         if index < 0 or index >= len(self._segments) - 1:
             return None  # gone, or now the active segment (never scrubbed)
         segment = self._segments[index]
@@ -680,9 +679,9 @@ class PartitionLog:
         start = max(from_offset, self._log_start_offset)
         if start >= self.log_end_offset:
             return
-        first = bisect_right(self._bases, start) - 1
+        first = self._segments.index_of(start)
         try:
-            for index, segment in enumerate(self._segments[first:]):
+            for index, segment in enumerate(self._segments.from_index(first)):
                 if segment.size == 0:
                     continue
                 position = segment.find_batch(start)[0] if index == 0 else 0
@@ -808,7 +807,7 @@ class PartitionLog:
         self._check_writable()
         retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
         doomed, remaining_bytes = 0, self._size_bytes
-        for oldest in self._segments[:-1]:
+        for oldest in self._segments.sealed():
             assert oldest.max_timestamp is not None
             expired = retention_ms >= 0 and now_ms - oldest.max_timestamp > retention_ms
             too_big = retention_bytes >= 0 and remaining_bytes - oldest.size >= retention_bytes
@@ -822,7 +821,7 @@ class PartitionLog:
         with self._mutation():
             if self._segments[doomed].base_offset >= self._durable_floor():
                 self._sync_directory_now()  # recovery must find the first remaining segment
-            gone = [s for s in self._segments[:-1] if s.next_offset <= start]
+            gone = [s for s in self._segments.sealed() if s.next_offset <= start]
             unsynced = any(s.next_offset > self._durable_offset for s in gone)
             for segment in gone:
                 for path in segment.paths:
@@ -831,8 +830,7 @@ class PartitionLog:
                         self._removing.append(path + DELETED_SUFFIX)
             held = frozenset().union(*self._ticket_bases.values())
             for segment in gone:
-                self._segments.pop(0)
-                self._bases.pop(0)
+                self._segments.pop_first()
                 self._size_bytes -= segment.size
                 self._segments_deleted += 1
                 if segment.base_offset in held:
@@ -862,8 +860,7 @@ class PartitionLog:
         self.epochs.truncate_from_start(start)
 
     def _delete_first_segment(self) -> None:
-        segment = self._segments.pop(0)
-        self._bases.pop(0)
+        segment = self._segments.pop_first()
         self._size_bytes -= segment.size
         self._segments_deleted += 1
         self._retire(segment)
@@ -893,7 +890,7 @@ class PartitionLog:
         if offset < self._log_start_offset:
             self._truncate_fully(offset)
             return
-        index = bisect_right(self._bases, offset) - 1
+        index = self._segments.index_of(offset)
         segment = self._segments[index]
         with self._mutation():
             position, header = segment.find_batch(offset)
@@ -905,9 +902,7 @@ class PartitionLog:
             if self._recovery_point > cut:
                 self._write_checkpoint(RECOVERY_POINT_FILE, cut)
                 self._recovery_point = cut
-            later = self._segments[index + 1 :]
-            del self._segments[index + 1 :]
-            del self._bases[index + 1 :]
+            later = self._segments.cut_after(index)
             for removed in later:
                 self._size_bytes -= removed.size
                 self._retire(removed)
@@ -946,13 +941,10 @@ class PartitionLog:
             self._log_start_offset = start
             for segment in self._segments:
                 self._retire(segment)
-            self._segments = [
-                Segment.open(
-                    self._store, self._directory, start, self.config.index_interval_bytes,
-                    fresh=True,
-                )
-            ]
-            self._bases = [start]
+            self._segments.reset(Segment.open(
+                self._store, self._directory, start, self.config.index_interval_bytes,
+                fresh=True,
+            ))
             self._size_bytes = 0
             self._sync_directory_now()
         self._after_truncation(start)
@@ -960,20 +952,20 @@ class PartitionLog:
 
     def _after_truncation(self, cut: int) -> None:
         self.epochs.truncate_from_end(cut)
-        if all(segment.synced for segment in self._segments[:-1]):
+        if all(segment.synced for segment in self._segments.sealed()):
             self._durable_offset = cut  # the active segment was just fsynced
         else:
             self._durable_offset = min(self._durable_offset, cut)
         for ticket_id, end in self._tickets.items():
             self._tickets[ticket_id] = min(end, cut)
-        self._segments[-1].synced = True
+        self._segments.active.synced = True
 
     # --- compaction (storage/cleaner.py) ----------------------------------------------------------
 
     def sealed_segments(self) -> tuple[Segment, ...]:
         """The segments below the active one, oldest first, for the cleaner to read (one
         atomic snapshot; their bytes never change in place). Never blocks."""
-        return tuple(self._segments[:-1])
+        return tuple(self._segments.sealed())
 
     def replace_sealed_segment(self, old: Segment, new: Segment) -> bool:
         """Put the cleaned segment ``new`` (already durable, same offset range, files already
@@ -985,12 +977,10 @@ class PartitionLog:
             LogFailedError: the log failed earlier.
         """
         self._check_writable()
-        index = next((i for i, s in enumerate(self._segments[:-1]) if s is old), None)
-        if index is None:
-            return False
         assert (new.base_offset, new.next_offset) == (old.base_offset, old.next_offset)
         assert new.synced and new.size > 0
-        self._segments[index] = new
+        if not self._segments.replace_sealed(old, new):
+            return False
         self._size_bytes += new.size - old.size
         if self._tickets:
             self._doomed.append(old)
@@ -1013,7 +1003,7 @@ class PartitionLog:
         if self._failed is not None:
             return None
         try:  # once per sync rather than once per entry; keeps the file close to memory
-            self._segments[-1].write_indexes()
+            self._segments.active.write_indexes()
         except OSError as exc:
             if not disk_full(exc):
                 self._failed = exc  # every later call raises LogFailedError carrying it
@@ -1022,11 +1012,11 @@ class PartitionLog:
             # data already written is made durable all the same.
         handles: list[int] = []
         versions = []
-        for segment in self._segments[:-1]:
+        for segment in self._segments.sealed():
             if not segment.synced:
                 handles.extend(segment.handles)
                 versions.append((segment.base_offset, segment.version))
-        active = self._segments[-1]
+        active = self._segments.active
         bases = [base for base, _ in versions]
         if self._durable_offset < self.log_end_offset and active.size:
             # Always the active log when anything in it may be unsynced, even if a ticket
@@ -1086,7 +1076,7 @@ class PartitionLog:
             self._durable_offset = max(
                 self._durable_offset, min(end, self.log_end_offset, self._durable_floor()))
             versions = dict(ticket.segment_versions)
-            for segment in self._segments[:-1]:
+            for segment in self._segments.sealed():
                 if versions.get(segment.base_offset) == segment.version:
                     segment.synced = True
         staged = self._staged.pop(ticket.ticket_id, None)
@@ -1155,7 +1145,7 @@ class PartitionLog:
             return
         try:
             if self._failed is None and not self._tickets:
-                active = self._segments[-1]
+                active = self._segments.active
                 with self._mutation():
                     active.trim()
                 self.flush()
@@ -1238,8 +1228,8 @@ class PartitionLog:
     def check_invariants(self, *, deep: bool = False) -> None:
         """Assert the log's invariants (docs/invariants.md). ``deep`` also reads every batch
         header and CRC and checks the indexes against them. Blocks on reads when ``deep``."""
-        segments = self._segments
-        assert segments and self._bases == [s.base_offset for s in segments]
+        self._segments.check_invariants()
+        segments = self._segments.from_index(0)
         for previous, segment in zip(segments, segments[1:]):
             assert previous.next_offset == segment.base_offset, "offsets are dense"
             assert previous.size > 0, "only the active segment may be empty"
