@@ -10,8 +10,8 @@ or trio here. It is not thread-safe: one owner calls it, and only ``store.fsync`
 of a ``SyncTicket`` (and ``fsync_dir`` of its directory) and ``SegmentRemoval.run`` may run
 elsewhere meanwhile.
 
-Appending: every batch of the request is validated first (size, magic, counts, CRC); one bad
-batch rejects the whole request. The log then rolls if the active segment is full
+Appending: every batch of the request is validated first (size, magic, counts, CRC;
+``incoming_batches.py``); one bad batch rejects the whole request. The log then rolls if the active segment is full
 (``segment.bytes``) or old (``segment.ms`` since its first batch), assigns offsets, and writes
 ``(stamp, batch[16:])`` buffer pairs with one ``pwritev``: only the 16-byte stamp (base offset,
 length, leader epoch, all outside the CRC) is new; the batch bytes are not copied. ``stage``
@@ -78,17 +78,13 @@ from typing import Iterator
 
 import attrs
 
-from rivven_broker.protocol import limits
 from rivven_broker.records.header import (
     HEADER_BYTES,
-    LOG_OVERHEAD_BYTES,
     BatchError,
     BatchHeader,
     InvalidBatchError,
-    batch_length_at,
     iter_batches,
     parse_header,
-    stamp,
     validate,
 )
 from rivven_broker.storage.checkpoint import (
@@ -101,10 +97,10 @@ from rivven_broker.storage.errors import (
     CorruptRecordsError,
     LogFailedError,
     OffsetOutOfRangeError,
-    RecordTooLargeError,
     StorageError,
 )
 from rivven_broker.storage.file_store import FileStore
+from rivven_broker.storage.incoming_batches import check_batches, place_batches
 from rivven_broker.storage.leader_epochs import LeaderEpochCache
 from rivven_broker.storage.log_config import LogConfig
 from rivven_broker.storage.log_results import AppendInfo, LogStatistics, ReadResult, SyncTicket
@@ -116,7 +112,6 @@ from rivven_broker.storage.staged_appends import StagedBatches
 __all__ = ["PartitionLog", "AppendInfo", "ReadResult", "SyncTicket", "LogStatistics",
            "SegmentRemoval", "REGION_BATCH_BYTES_MIN"]
 
-_STAMP_BYTES = 16  # base_offset, batch_length, partition_leader_epoch
 #: The least first-batch size for which a zero-copy read names the bytes instead of reading
 #: them: it then reads one header per batch, which beats copying only for large batches.
 REGION_BATCH_BYTES_MIN = 64 * 1024
@@ -312,17 +307,14 @@ class PartitionLog:
         assert self._staged_batches is None, "write what is staged first"
         if leader_epoch is None:
             leader_epoch = self.leader_epoch
-        view = memoryview(records)
-        if view.format != "B" or view.ndim != 1:
-            view = view.cast("B")
-        batches, total, span = self._validate(view)
+        view, batches, total, span = check_batches(records, self.config.max_message_bytes)
         if self._should_roll(total, span, now_ms):
             self.roll(now_ms)
         active = self._segments.active
         parts: list[bytes | memoryview] = []
         placed: list[tuple[int, int, int]] = []
         base_offset = active.next_offset
-        offset = _place(view, batches, base_offset, leader_epoch, parts, placed)
+        offset = place_batches(view, batches, base_offset, leader_epoch, parts, placed)
         self._write(active, parts, placed, offset, total, now_ms)
         return AppendInfo(base_offset, offset - 1, now_ms, len(batches), total)
 
@@ -340,10 +332,7 @@ class PartitionLog:
         """
         if self._closed or self._failed is not None:  # (``_check_writable`` raises then)
             self._check_writable()
-        view = memoryview(records)
-        if view.format != "B" or view.ndim != 1:
-            view = view.cast("B")
-        batches, total, span = self._validate(view)
+        view, batches, total, span = check_batches(records, self.config.max_message_bytes)
         staged = self._staged_batches
         if staged is None:
             if self._should_roll(total, span, now_ms):
@@ -352,8 +341,8 @@ class PartitionLog:
         elif self._should_roll(total, span, now_ms, staged):
             return None
         base_offset = staged.next_offset
-        staged.next_offset = _place(view, batches, base_offset, self.leader_epoch,
-                                    staged.parts, staged.placed)
+        staged.next_offset = place_batches(view, batches, base_offset, self.leader_epoch,
+                                           staged.parts, staged.placed)
         staged.total += total
         staged.span += span
         self._staged_batches = staged
@@ -394,10 +383,8 @@ class PartitionLog:
         """
         self._check_writable()
         assert self._staged_batches is None, "write what is staged first"
-        view = memoryview(records)
-        if view.format != "B" or view.ndim != 1:
-            view = view.cast("B")
-        batches, total, _ = self._validate(view, dense=False)
+        view, batches, total, _ = check_batches(
+            records, self.config.max_message_bytes, dense=False)
         next_offset = self.log_end_offset
         for _, _, header in batches:
             if header.base_offset < next_offset:
@@ -442,32 +429,6 @@ class PartitionLog:
         self._appends += 1
         self._appended_batches += len(placed)
         self._appended_bytes += total
-
-    def _validate(self, view: memoryview, *,
-                  dense: bool = True) -> tuple[list[tuple[int, int, BatchHeader]], int, int]:
-        """Every batch's ``(position, size, header)``, their total bytes and offset span."""
-        batches = []
-        total = span = 0
-        position, end = 0, len(view)
-        max_bytes = self.config.max_message_bytes
-        while position < end:
-            if end - position < HEADER_BYTES:
-                raise InvalidBatchError(f"{end - position} trailing bytes are not a batch")
-            size = batch_length_at(view, position) + LOG_OVERHEAD_BYTES
-            if size > end - position:
-                raise InvalidBatchError(f"batch of {size} bytes runs past the request's end")
-            if size > max_bytes:
-                raise RecordTooLargeError(size, max_bytes)
-            header = validate(view, position, size, dense=dense)
-            if header.last_offset_delta >= limits.batch_records_max:
-                raise InvalidBatchError(f"batch spans {header.last_offset_delta + 1} offsets")
-            batches.append((position, size, header))
-            total += size
-            span += header.last_offset_delta + 1
-            position += size
-        if not batches:
-            raise InvalidBatchError("no record batch to append")
-        return batches, total, span
 
     def _should_roll(self, total: int, span: int, now_ms: int,
                      staged: StagedBatches | None = None) -> bool:
@@ -1248,14 +1209,3 @@ class PartitionLog:
         for segment in segments:
             segment.check_invariants(deep=deep)
 
-
-def _place(view: memoryview, batches: list[tuple[int, int, BatchHeader]], offset: int,
-           leader_epoch: int, parts: list[bytes | memoryview],
-           placed: list[tuple[int, int, int]]) -> int:
-    """Stamp ``batches`` from ``offset`` on into ``parts``/``placed``; the next offset."""
-    for position, size, header in batches:
-        parts.append(stamp(offset, header.batch_length, leader_epoch))
-        parts.append(view[position + _STAMP_BYTES : position + size])
-        placed.append((offset, size, header.max_timestamp))
-        offset += header.last_offset_delta + 1
-    return offset
