@@ -29,8 +29,10 @@ way.
 Durability (group commit): appends dirty the active segment. ``begin_sync`` hands out a
 ``SyncTicket`` listing the handles to fsync (the active ``.log``; for a segment rolled since its
 last sync, its ``.log`` and both indexes) and the offset it covers; a worker thread fsyncs them;
-``complete_sync`` then raises ``durable_offset``. The active segment's indexes are never fsynced
-with the data: recovery rebuilds them. Index entries are buffered in memory and written in one
+``complete_sync`` then raises ``durable_offset``. What must be remembered between the two
+(tickets out, directory changes, the staged recovery point, segments whose handles wait for
+the tickets) is a ``SyncLedger`` (``sync_ledger.py``). The active segment's indexes are
+never fsynced with the data: recovery rebuilds them. Index entries are buffered in memory and written in one
 write per index file at each ``begin_sync``, roll, truncation and close.
 
 Directory changes ride the group commit: nothing on the append path fsyncs. A roll records a
@@ -107,6 +109,7 @@ from rivven_broker.storage.log_results import AppendInfo, LogStatistics, ReadRes
 from rivven_broker.storage.recovery import RecoveryReport, recover
 from rivven_broker.storage.segment import DELETED_SUFFIX, Segment, disk_full
 from rivven_broker.storage.segment_list import SegmentList
+from rivven_broker.storage.sync_ledger import StagedCheckpoint, SyncLedger
 from rivven_broker.storage.staged_appends import StagedBatches
 
 __all__ = ["PartitionLog", "AppendInfo", "ReadResult", "SyncTicket", "LogStatistics",
@@ -117,7 +120,6 @@ __all__ = ["PartitionLog", "AppendInfo", "ReadResult", "SyncTicket", "LogStatist
 REGION_BATCH_BYTES_MIN = 64 * 1024
 #: Offsets and positions in the index are u32; Kafka keeps both below 2**31.
 _RELATIVE_MAX = 2**31 - 1
-_NO_FLOOR = 2**63  # no directory change caps the durable offset
 
 
 @attrs.define(eq=False)
@@ -151,16 +153,6 @@ class SegmentRemoval:
         self.done = True
 
 
-@attrs.define(eq=False)
-class _StagedCheckpoint:
-    """A recovery-point checkpoint written ahead, riding a sync ticket (``begin_sync``)."""
-
-    handle: int
-    tmp_path: str
-    value: int
-    cancelled: bool = False  # a truncation came first: never rename it in
-
-
 class PartitionLog:
     """The log of one partition. See the module docstring."""
 
@@ -178,18 +170,9 @@ class PartitionLog:
         self._recovery_point = recovery_point
         self._durable_offset = segments[-1].next_offset
         self._size_bytes = sum(segment.size for segment in segments)
-        self._tickets: dict[int, int] = {}  # ticket id -> end offset it may still claim
-        self._ticket_bases: dict[int, frozenset[int]] = {}  # ticket id -> sealed bases in it
-        self._next_ticket_id = 1
-        #: Directory changes not yet fsynced: (generation, floor). Until the generation is
-        #: covered by a directory fsync, ``durable_offset`` stays at or below the floor (None:
-        #: no cap; the change only has to become durable some time).
-        self._directory_changes: list[tuple[int, int | None]] = []
-        self._directory_generation = 0
-        self._staged: dict[int, _StagedCheckpoint] = {}  # ticket id -> recovery point in it
-        self._recovery_point_due = False  # a roll happened: the next ticket records it
+        #: Tickets out, directory changes, staged recovery points, doomed segments.
+        self._ledger = SyncLedger()
         self._removing: list[str] = []  # ``*.deleted`` names retention has yet to unlink
-        self._doomed: list[Segment] = []  # removed while a ticket was out; close later
         self._failed: BaseException | None = None
         self._closed = False
         self._appends = self._appended_batches = self._appended_bytes = 0
@@ -269,7 +252,7 @@ class PartitionLog:
         ticket, unless the only such data is covered by a ticket still out)."""
         return self._failed is None and (
             self._durable_offset < self.log_end_offset
-            or bool(self._directory_changes)
+            or self._ledger.directory_dirty
             or any(not s.synced for s in self._segments.sealed())
         )
 
@@ -486,28 +469,13 @@ class PartitionLog:
             start = self._log_start_offset
             while len(self._segments) > 1 and self._segments[0].next_offset <= start:
                 self._delete_first_segment()  # delete_records reached the end of it
-            self._directory_changed(new.base_offset)
-            self._recovery_point_due = True
-
-    def _directory_changed(self, floor: int | None) -> None:
-        """Names in the directory changed; until a directory fsync covers that, no offset at
-        or above ``floor`` may be reported durable."""
-        self._directory_generation += 1
-        self._directory_changes.append((self._directory_generation, floor))
-
-    def _directory_synced(self, generation: int) -> None:
-        """A directory fsync that started after change ``generation`` completed."""
-        self._directory_changes = [
-            change for change in self._directory_changes if change[0] > generation]
-
-    def _durable_floor(self) -> int:
-        floors = [floor for _, floor in self._directory_changes if floor is not None]
-        return min(floors, default=_NO_FLOOR)
+            self._ledger.directory_changed(new.base_offset)
+            self._ledger.recovery_point_due = True
 
     def _sync_directory_now(self) -> None:
         """Inline ``fsync_dir`` covering every change so far (blocking paths only)."""
         self._store.fsync_dir(self._directory)
-        self._directory_synced(self._directory_generation)
+        self._ledger.directory_synced(self._ledger.directory_generation)
 
     def _synced_prefix_end(self) -> int:
         end = self._recovery_point
@@ -780,7 +748,7 @@ class PartitionLog:
             return None
         start = max(self._log_start_offset, self._segments[doomed].base_offset)
         with self._mutation():
-            if self._segments[doomed].base_offset >= self._durable_floor():
+            if self._segments[doomed].base_offset >= self._ledger.durable_floor():
                 self._sync_directory_now()  # recovery must find the first remaining segment
             gone = [s for s in self._segments.sealed() if s.next_offset <= start]
             unsynced = any(s.next_offset > self._durable_offset for s in gone)
@@ -789,19 +757,19 @@ class PartitionLog:
                     if self._store.exists(path):
                         self._store.rename(path, path + DELETED_SUFFIX)
                         self._removing.append(path + DELETED_SUFFIX)
-            held = frozenset().union(*self._ticket_bases.values())
+            held = self._ledger.held_bases()
             for segment in gone:
                 self._segments.pop_first()
                 self._size_bytes -= segment.size
                 self._segments_deleted += 1
                 if segment.base_offset in held:
-                    self._doomed.append(segment)
+                    self._ledger.defer_close(segment)
                 else:
                     segment.close()
-            self._directory_changed(start if unsynced else None)
+            self._ledger.directory_changed(start if unsynced else None)
             self._raise_log_start(start)
         return SegmentRemoval(self._store, self._directory, tuple(self._removing), len(gone),
-                              self._directory_generation)
+                              self._ledger.directory_generation)
 
     def finish_removal(self, removal: SegmentRemoval) -> None:
         """After ``removal.run()`` returned, raised or was never called (cancelled): record
@@ -809,7 +777,7 @@ class PartitionLog:
         a restart or recovery unlinks them). Never blocks; never raises."""
         if not removal.done:
             return
-        self._directory_synced(removal.generation)
+        self._ledger.directory_synced(removal.generation)
         gone = set(removal.paths)
         self._removing = [path for path in self._removing if path not in gone]
 
@@ -828,8 +796,8 @@ class PartitionLog:
 
     def _retire(self, segment: Segment) -> None:
         segment.remove_files()
-        if self._tickets:
-            self._doomed.append(segment)
+        if self._ledger.outstanding:
+            self._ledger.defer_close(segment)
         else:
             segment.close()
 
@@ -859,7 +827,7 @@ class PartitionLog:
             if cut <= self._log_start_offset:
                 self._truncate_fully(cut)
                 return
-            self._cancel_staged()
+            self._ledger.cancel_staged()
             if self._recovery_point > cut:
                 self._write_checkpoint(RECOVERY_POINT_FILE, cut)
                 self._recovery_point = cut
@@ -871,7 +839,7 @@ class PartitionLog:
             segment.truncate(position, cut)
             for handle in segment.handles:
                 self._store.fsync(handle)
-            if later or self._directory_changes:
+            if later or self._ledger.directory_dirty:
                 self._sync_directory_now()
         self._after_truncation(cut)
 
@@ -889,7 +857,7 @@ class PartitionLog:
 
     def _truncate_fully(self, start: int) -> None:
         """Empty the log and restart it at ``start``; durable when it returns."""
-        self._cancel_staged()
+        self._ledger.cancel_staged()
         with self._mutation():
             self._write_checkpoint(LOG_START_OFFSET_FILE, start)
             for path in self._removing:  # retention's leftovers must not outlive the restart
@@ -917,8 +885,7 @@ class PartitionLog:
             self._durable_offset = cut  # the active segment was just fsynced
         else:
             self._durable_offset = min(self._durable_offset, cut)
-        for ticket_id, end in self._tickets.items():
-            self._tickets[ticket_id] = min(end, cut)
+        self._ledger.clamp(cut)
         self._segments.active.synced = True
 
     # --- compaction (storage/cleaner.py) ----------------------------------------------------------
@@ -943,8 +910,8 @@ class PartitionLog:
         if not self._segments.replace_sealed(old, new):
             return False
         self._size_bytes += new.size - old.size
-        if self._tickets:
-            self._doomed.append(old)
+        if self._ledger.outstanding:
+            self._ledger.defer_close(old)
         else:
             old.close()
         return True
@@ -984,32 +951,30 @@ class PartitionLog:
             # still out covers it: this ticket must not rely on that one finishing first.
             handles.append(active.log_handle)
             bases.append(active.base_offset)
-        directory = self._directory if self._directory_changes else None
+        directory = self._directory if self._ledger.directory_dirty else None
         if not handles and directory is None:
-            if not self._tickets:  # everything is synced (or was deleted unsynced)
+            if not self._ledger.outstanding:  # everything is synced (or was deleted unsynced)
                 self._durable_offset = self.log_end_offset
             return None
-        ticket_id = self._next_ticket_id
-        self._next_ticket_id += 1
+        ticket_id = self._ledger.next_ticket_id()
         if not self._stage_recovery_point(ticket_id, handles):
             return None
         ticket = SyncTicket(
             tuple(handles), self.log_end_offset, ticket_id, tuple(versions),
-            directory, self._directory_generation,
+            directory, self._ledger.directory_generation,
         )
-        self._tickets[ticket_id] = ticket.end_offset
-        self._ticket_bases[ticket_id] = frozenset(bases)
+        self._ledger.issue(ticket_id, ticket.end_offset, frozenset(bases))
         return ticket
 
     def _stage_recovery_point(self, ticket_id: int, handles: list[int]) -> bool:
         """After a roll, if the synced prefix grew past the recovery point, write the new value
         to a file of its own whose handle rides this ticket (``complete_sync`` renames it in).
         One at a time. False when the store failed (the log is failed)."""
-        if not self._recovery_point_due or self._staged:
+        if not self._ledger.recovery_point_due or self._ledger.staging:
             return True
         value = self._synced_prefix_end()
         if value <= self._recovery_point:
-            self._recovery_point_due = False
+            self._ledger.recovery_point_due = False
             return True
         try:
             handle, tmp = stage_checkpoint(
@@ -1020,8 +985,7 @@ class PartitionLog:
             self._failed = exc
             return False
         handles.append(handle)
-        self._staged[ticket_id] = _StagedCheckpoint(handle, tmp, value)
-        self._recovery_point_due = False
+        self._ledger.stage(ticket_id, StagedCheckpoint(handle, tmp, value))
         return True
 
     def complete_sync(self, ticket: SyncTicket) -> None:
@@ -1029,30 +993,28 @@ class PartitionLog:
 
         Raises ``StorageError`` only if closing a segment deferred by the ticket fails.
         """
-        end = self._tickets.pop(ticket.ticket_id)
-        self._ticket_bases.pop(ticket.ticket_id)
+        end, staged = self._ledger.settle(ticket.ticket_id)
         if ticket.directory is not None:
-            self._directory_synced(ticket.directory_generation)
+            self._ledger.directory_synced(ticket.directory_generation)
         if self._failed is None:
             self._durable_offset = max(
-                self._durable_offset, min(end, self.log_end_offset, self._durable_floor()))
+                self._durable_offset, min(end, self.log_end_offset, self._ledger.durable_floor()))
             versions = dict(ticket.segment_versions)
             for segment in self._segments.sealed():
                 if versions.get(segment.base_offset) == segment.version:
                     segment.synced = True
-        staged = self._staged.pop(ticket.ticket_id, None)
         if staged is not None:
             self._install_recovery_point(staged)
         self._syncs += 1
-        if not self._tickets:
-            doomed, self._doomed = self._doomed, []
+        doomed = self._ledger.release_doomed()
+        if doomed:
             try:
                 for segment in doomed:
                     segment.close()
             except OSError as exc:
                 raise StorageError(f"closing a removed segment failed: {exc}") from exc
 
-    def _install_recovery_point(self, staged: _StagedCheckpoint) -> None:
+    def _install_recovery_point(self, staged: StagedCheckpoint) -> None:
         """Rename a staged (now fsynced) recovery point over the checkpoint, on the owner's
         thread, so it is ordered against truncations; the next directory fsync makes it
         durable (either value is true meanwhile). A failure fails the log."""
@@ -1067,12 +1029,7 @@ class PartitionLog:
             self._failed = self._failed or exc
             return
         self._recovery_point = max(self._recovery_point, staged.value)
-        self._directory_changed(None)
-
-    def _cancel_staged(self) -> None:
-        """A truncation is about to rewrite the recovery point: no staged value goes in."""
-        for staged in self._staged.values():
-            staged.cancelled = True
+        self._ledger.directory_changed(None)
 
     def flush(self) -> None:
         """Make everything appended so far durable, inline. Blocks on fsync.
@@ -1105,7 +1062,7 @@ class PartitionLog:
         if self._closed:
             return
         try:
-            if self._failed is None and not self._tickets:
+            if self._failed is None and not self._ledger.outstanding:
                 active = self._segments.active
                 with self._mutation():
                     active.trim()
@@ -1129,18 +1086,17 @@ class PartitionLog:
     def _release_handles(self) -> None:
         self._closed = True
         error: OSError | None = None
-        for segment in [*self._segments, *self._doomed]:
+        doomed, staged_checkpoints = self._ledger.abandon()  # tickets that never complete
+        for segment in [*self._segments, *doomed]:
             try:
                 segment.close()
             except OSError as exc:
                 error = error or exc
-        for staged in self._staged.values():  # tickets that will never complete
+        for staged in staged_checkpoints:
             try:
                 self._store.close(staged.handle)
             except OSError as exc:
                 error = error or exc
-        self._doomed = []
-        self._staged = {}
         if error is not None:
             raise error
 
@@ -1181,7 +1137,7 @@ class PartitionLog:
             appended_bytes=self._appended_bytes,
             rolls=self._rolls,
             syncs_completed=self._syncs,
-            syncs_outstanding=len(self._tickets),
+            syncs_outstanding=self._ledger.outstanding,
             segments_deleted=self._segments_deleted,
             failed=self._failed is not None,
         )
@@ -1199,10 +1155,10 @@ class PartitionLog:
         assert self._log_start_offset <= self._durable_offset <= self.log_end_offset
         assert self._recovery_point <= self.log_end_offset or self._failed is not None
         assert self._size_bytes == sum(s.size for s in segments)
-        assert all(end <= self.log_end_offset for end in self._tickets.values())
-        assert not self._doomed or self._tickets, "removed segments wait only for tickets"
-        assert set(self._staged) <= set(self._tickets), "a staged recovery point rides a ticket"
-        assert (self._durable_offset <= max(self._durable_floor(), self._log_start_offset)
+        self._ledger.check_invariants(self.log_end_offset)
+        assert not self._ledger.doomed or self._ledger.outstanding, \
+            "removed segments wait only for tickets"
+        assert (self._durable_offset <= max(self._ledger.durable_floor(), self._log_start_offset)
                 or self._failed is not None), "nothing past an unsynced directory change"
         if self._closed:
             return
