@@ -48,16 +48,11 @@ next group (or ``close``/``flush``). While a ticket is out, segments removed by
 under the worker) until the last ticket completes; retention closes a removed segment's
 handles at once unless a ticket out names it.
 
-Retention (``plan_retention``, on the owner's thread) only decides and renames: the deleted
-segments leave the list, the log start moves up to the first remaining one, their files become
-``*.deleted``. ``SegmentRemoval.run`` (off the loop) unlinks them and fsyncs the directory.
-No log-start checkpoint is needed: recovery deletes a ``*.deleted`` file and every segment at
-or below its base, and starts the log at its first segment, so any subset of the renames on
-disk reads as "deleted"; none of them is the log as it was. A deleted segment whose data was
-never synced would come back damaged and be cut along with every later segment, so then the
-removal is a directory change with the new start as its floor: nothing later counts as durable
-before a directory fsync covers the renames. If the first remaining segment's own name is not
-durable yet (a fresh roll), planning fsyncs the directory inline first.
+Retention (``plan_retention``, on the owner's thread) only decides (``retention.py``) and
+renames: the deleted segments leave the list, the log start moves up to the first remaining
+one, their files become ``*.deleted``; ``SegmentRemoval.run`` (off the loop) unlinks them and
+fsyncs the directory. ``retention.py`` says why no checkpoint is needed and when a removal is
+a directory change with a floor.
 
 Recovery point: after each roll, the next ticket carries the end of the prefix of segments
 whose log and indexes a completed sync covered, written to a staged checkpoint file whose
@@ -77,8 +72,6 @@ from __future__ import annotations
 import contextlib
 import posixpath
 from typing import Iterator
-
-import attrs
 
 from rivven_broker.records.header import (
     HEADER_BYTES,
@@ -107,6 +100,7 @@ from rivven_broker.storage.leader_epochs import LeaderEpochCache
 from rivven_broker.storage.log_config import LogConfig
 from rivven_broker.storage.log_results import AppendInfo, LogStatistics, ReadResult, SyncTicket
 from rivven_broker.storage.recovery import RecoveryReport, recover
+from rivven_broker.storage.retention import SegmentRemoval, segments_past_retention
 from rivven_broker.storage.segment import DELETED_SUFFIX, Segment, disk_full
 from rivven_broker.storage.segment_list import SegmentList
 from rivven_broker.storage.sync_ledger import StagedCheckpoint, SyncLedger
@@ -120,37 +114,6 @@ __all__ = ["PartitionLog", "AppendInfo", "ReadResult", "SyncTicket", "LogStatist
 REGION_BATCH_BYTES_MIN = 64 * 1024
 #: Offsets and positions in the index are u32; Kafka keeps both below 2**31.
 _RELATIVE_MAX = 2**31 - 1
-
-
-@attrs.define(eq=False)
-class SegmentRemoval:
-    """Segments retention took out of a log, whose files still have to go: ``run`` (off the
-    event loop) unlinks their ``*.deleted`` names and fsyncs the directory; then the log's
-    owner calls ``PartitionLog.finish_removal`` on the loop, whether ``run`` ran or not."""
-
-    store: FileStore
-    directory: str
-    paths: tuple[str, ...]  # the renamed files to unlink
-    segments: int  # how many segments retention deleted
-    generation: int  # the log's directory changes up to this one are covered by ``run``
-    done: bool = False
-
-    def run(self) -> None:
-        """Unlink the files and fsync the directory. Blocks on file I/O and one fsync; touches
-        no handle, so it may run on another thread while the log is used.
-
-        A file or the directory already gone is no error: a truncation or the topic's
-        deletion removed it meanwhile.
-
-        Raises:
-            OSError: the store failed.
-        """
-        for path in self.paths:
-            with contextlib.suppress(FileNotFoundError):
-                self.store.remove(path)
-        with contextlib.suppress(FileNotFoundError):
-            self.store.fsync_dir(self.directory)
-        self.done = True
 
 
 class PartitionLog:
@@ -734,16 +697,9 @@ class PartitionLog:
             LogFailedError: the store failed.
         """
         self._check_writable()
-        retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
-        doomed, remaining_bytes = 0, self._size_bytes
-        for oldest in self._segments.sealed():
-            assert oldest.max_timestamp is not None
-            expired = retention_ms >= 0 and now_ms - oldest.max_timestamp > retention_ms
-            too_big = retention_bytes >= 0 and remaining_bytes - oldest.size >= retention_bytes
-            if not (expired or too_big):
-                break
-            doomed += 1
-            remaining_bytes -= oldest.size
+        doomed = segments_past_retention(
+            self._segments.sealed(), self._size_bytes, self.config.retention_ms,
+            self.config.retention_bytes, now_ms)
         if doomed == 0:
             return None
         start = max(self._log_start_offset, self._segments[doomed].base_offset)
