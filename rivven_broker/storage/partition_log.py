@@ -11,29 +11,29 @@ of a ``SyncTicket`` (and ``fsync_dir`` of its directory) and ``SegmentRemoval.ru
 elsewhere meanwhile.
 
 Appending: every batch of the request is validated first (size, magic, counts, CRC;
-``incoming_batches.py``); one bad batch rejects the whole request. The log then rolls if the active segment is full
-(``segment.bytes``) or old (``segment.ms`` since its first batch), assigns offsets, and writes
-``(stamp, batch[16:])`` buffer pairs with one ``pwritev``: only the 16-byte stamp (base offset,
-length, leader epoch, all outside the CRC) is new; the batch bytes are not copied. ``stage``
-does the same up to the write and keeps the pairs (``StagedBatches``), so that
-``write_staged`` writes many requests' batches with one ``pwritev``
-(``storage/staged_appends.py``); until then the log end offset does not move.
+``incoming_batches.py``); one bad batch rejects the whole request. The log then rolls if the
+active segment is full (``segment.bytes``) or old (``segment.ms`` since its first batch),
+assigns offsets, and writes ``(stamp, batch[16:])`` buffer pairs with one ``pwritev``: only the
+16-byte stamp (base offset, length, leader epoch, all outside the CRC) is new; the batch bytes
+are not copied. ``stage`` does the same up to the write and keeps the pairs
+(``StagedBatches``), so that ``write_staged`` writes many requests' batches with one
+``pwritev`` (``storage/staged_appends.py``); until then the log end offset does not move.
 
-Reading: bisect the segment by base offset, bisect the sparse offset index, scan batch headers
-forward to the batch holding the offset, then return whole batches (never a partial one, at
-least one if any) from that one segment. A fetch asks for ``zero_copy``: when the batches are
-large it then gets a ``FileRegion`` (found by their headers alone) that the connection sends
-with ``os.sendfile``, instead of the bytes. ``offset_for_timestamp`` uses the time index the same
-way.
+Reading: bisect the segment by base offset (``SegmentList``), then, in that one segment
+(``segment_reads.py``), bisect the sparse offset index, scan batch headers forward to the batch
+holding the offset, and return whole batches (never a partial one, at least one if any). A
+fetch asks for ``zero_copy``: when the batches are large it then gets a ``FileRegion`` (found
+by their headers alone) that the connection sends with ``os.sendfile``, instead of the bytes.
+``offset_for_timestamp`` uses the time index the same way.
 
 Durability (group commit): appends dirty the active segment. ``begin_sync`` hands out a
-``SyncTicket`` listing the handles to fsync (the active ``.log``; for a segment rolled since its
-last sync, its ``.log`` and both indexes) and the offset it covers; a worker thread fsyncs them;
-``complete_sync`` then raises ``durable_offset``. What must be remembered between the two
-(tickets out, directory changes, the staged recovery point, segments whose handles wait for
-the tickets) is a ``SyncLedger`` (``sync_ledger.py``). The active segment's indexes are
-never fsynced with the data: recovery rebuilds them. Index entries are buffered in memory and written in one
-write per index file at each ``begin_sync``, roll, truncation and close.
+``SyncTicket`` listing the handles to fsync (the active ``.log``; for a segment rolled since
+its last sync, its ``.log`` and both indexes) and the offset it covers; a worker thread fsyncs
+them; ``complete_sync`` then raises ``durable_offset``. What must be remembered between the two
+(tickets out, directory changes, the staged recovery point, segments whose handles wait for the
+tickets) is a ``SyncLedger`` (``sync_ledger.py``). The active segment's indexes are never
+fsynced with the data: recovery rebuilds them. Index entries are buffered in memory and written
+in one write per index file at each ``begin_sync``, roll, truncation and close.
 
 Directory changes ride the group commit: nothing on the append path fsyncs. A roll records a
 *directory change* whose floor is the new segment's base; ``begin_sync`` then names the
@@ -73,27 +73,14 @@ import contextlib
 import posixpath
 from typing import Iterator
 
-from rivven_broker.records.header import (
-    HEADER_BYTES,
-    BatchError,
-    BatchHeader,
-    InvalidBatchError,
-    iter_batches,
-    parse_header,
-    validate,
-)
+from rivven_broker.records.header import BatchHeader, InvalidBatchError
 from rivven_broker.storage.checkpoint import (
     LOG_START_OFFSET_FILE,
     RECOVERY_POINT_FILE,
     stage_checkpoint,
     write_checkpoint,
 )
-from rivven_broker.storage.errors import (
-    CorruptRecordsError,
-    LogFailedError,
-    OffsetOutOfRangeError,
-    StorageError,
-)
+from rivven_broker.storage.errors import LogFailedError, OffsetOutOfRangeError, StorageError
 from rivven_broker.storage.file_store import FileStore
 from rivven_broker.storage.incoming_batches import check_batches, place_batches
 from rivven_broker.storage.leader_epochs import LeaderEpochCache
@@ -103,15 +90,17 @@ from rivven_broker.storage.recovery import RecoveryReport, recover
 from rivven_broker.storage.retention import SegmentRemoval, segments_past_retention
 from rivven_broker.storage.segment import DELETED_SUFFIX, Segment, disk_full
 from rivven_broker.storage.segment_list import SegmentList
+from rivven_broker.storage.segment_reads import (
+    REGION_BATCH_BYTES_MIN,
+    read_batches,
+    scrub_batches,
+)
 from rivven_broker.storage.sync_ledger import StagedCheckpoint, SyncLedger
 from rivven_broker.storage.staged_appends import StagedBatches
 
 __all__ = ["PartitionLog", "AppendInfo", "ReadResult", "SyncTicket", "LogStatistics",
            "SegmentRemoval", "REGION_BATCH_BYTES_MIN"]
 
-#: The least first-batch size for which a zero-copy read names the bytes instead of reading
-#: them: it then reads one header per batch, which beats copying only for large batches.
-REGION_BATCH_BYTES_MIN = 64 * 1024
 #: Offsets and positions in the index are u32; Kafka keeps both below 2**31.
 _RELATIVE_MAX = 2**31 - 1
 
@@ -476,38 +465,8 @@ class PartitionLog:
             raise OffsetOutOfRangeError(offset, self._log_start_offset, end_offset)
         if offset == end_offset:
             return ReadResult(b"", offset)
-        segment = self._segments.holding(offset)
-        try:
-            position, first = segment.find_batch(offset)
-            if max_offset is not None and first.base_offset >= max_offset:
-                return ReadResult(b"", offset)
-            want = min(segment.size - position, max(max_bytes, first.size))
-            if zero_copy and first.size >= REGION_BATCH_BYTES_MIN:
-                # Large batches: walk their headers, name the bytes, never read them.
-                end, next_offset, count = segment.whole_batches(
-                    position, first, position + want, max_offset)
-                assert count >= 1
-                segment.remember(next_offset, end)
-                return ReadResult(segment.region(position, end - position), next_offset, count)
-            data = segment.read(position, want)
-        except OSError as exc:
-            raise StorageError(f"read of {segment.log_path} failed: {exc}") from exc
-        end = count = 0
-        next_offset = first.base_offset
-        for batch_position, header in iter_batches(data):
-            if max_offset is not None and header.base_offset >= max_offset:
-                break
-            if segment.damage(position + batch_position, header, next_offset) is not None:
-                break  # served up to the damage; a read starting there reports it
-            end = batch_position + header.size
-            count += 1
-            next_offset = header.next_offset
-        if count == 0:  # find_batch found a sound header, but the batch's bytes are not whole
-            raise CorruptRecordsError(segment.log_path, position, first.base_offset,
-                                      "the batch does not parse where its header says it is")
-        segment.remember(next_offset, position + end)
-        # A view, not a slice: the tail past the last whole batch is dropped without copying.
-        return ReadResult(data if end == len(data) else memoryview(data)[:end], next_offset, count)
+        return read_batches(self._segments.holding(offset), offset, max_bytes, max_offset,
+                            zero_copy)
 
     def sealed_segment_bases(self) -> list[int]:
         """Base offsets of the sealed segments (all but the active one), oldest first."""
@@ -531,33 +490,7 @@ class PartitionLog:
         segment = self._segments[index]
         if segment.base_offset != base_offset or position >= segment.size:
             return None
-        try:
-            data = segment.read(position, min(segment.size - position, max_bytes))
-            if len(data) >= HEADER_BYTES:
-                first = parse_header(data)
-                if first.size > len(data) and segment.damage(position, first, 0) is None:
-                    data = segment.read(position, first.size)  # one large batch: read it whole
-        except OSError as exc:
-            raise StorageError(f"read of {segment.log_path} failed: {exc}") from exc
-        done = 0
-        expected = 0
-        for batch_position, header in iter_batches(data):
-            where = position + batch_position
-            problem = segment.damage(where, header, expected)
-            if problem is not None:  # the header itself is not to be believed
-                raise CorruptRecordsError(segment.log_path, where, expected or base_offset,
-                                          problem)
-            try:
-                validate(data, batch_position, header.size, dense=False)
-            except BatchError as exc:
-                raise CorruptRecordsError(segment.log_path, where, header.base_offset,
-                                          str(exc)) from exc
-            done = batch_position + header.size
-            expected = header.next_offset
-        if done == 0:  # not even one whole batch where a batch must start
-            raise CorruptRecordsError(segment.log_path, position, expected or base_offset,
-                                      "no whole batch starts here")
-        return position + done if position + done < segment.size else None
+        return scrub_batches(segment, position, max_bytes)
 
     def iter_headers(self, from_offset: int) -> Iterator[BatchHeader]:
         """The stored header of every batch from the one holding ``max(from_offset, log start)``
