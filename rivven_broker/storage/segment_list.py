@@ -3,12 +3,14 @@
 Theory of operation
 -------------------
 A partition log (``partition_log.py``) is a run of segments whose offset ranges meet end to
-start; only the last one, the *active* segment, grows. Lookups bisect a plain list of base
-offsets, kept in step with the segments here and nowhere else: every change to the run (a
-roll appends, retention and ``delete_records`` pop the oldest, a truncation cuts the newest,
-the cleaner replaces a sealed one, a full truncation starts over with one) is one method of
-this type. ``active`` is a plain attribute, so the append path pays one attribute access for
-it. The type does no I/O: opening, closing and removing segment files stays with the log.
+start; only the last one, the *active* segment, grows. Lookups bisect the base offsets, kept
+in step with the segments here and nowhere else: every change to the run (a roll appends,
+retention and ``delete_records`` pop the oldest, a truncation cuts the newest, the cleaner
+replaces a sealed one, a full truncation starts over with one) is one method of this type.
+``active`` and ``bases`` (a tuple, rebuilt at each change: changes are rare, and the partition
+reads the active base after every append) are plain attributes, so the append path pays one
+attribute access for either. The type does no I/O: opening, closing and removing segment
+files stays with the log.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ __all__ = ["SegmentList"]
 class SegmentList:
     """The segments of one log, oldest first; the last is ``active``. Never empty."""
 
-    __slots__ = ("_segments", "_bases", "active")
+    __slots__ = ("_segments", "bases", "active")
 
     def __init__(self, segments: list[Segment]) -> None:
         assert segments, "a log always has an active segment"
         self._segments = list(segments)
-        self._bases = [segment.base_offset for segment in segments]
+        #: Every segment's base offset, oldest first (read only: the type replaces it).
+        self.bases: tuple[int, ...] = tuple(segment.base_offset for segment in segments)
         #: The last segment, the one appends go to.
         self.active: Segment = segments[-1]
 
@@ -43,11 +46,6 @@ class SegmentList:
     def __getitem__(self, index: int) -> Segment:
         return self._segments[index]
 
-    @property
-    def bases(self) -> tuple[int, ...]:
-        """Every segment's base offset, oldest first."""
-        return tuple(self._bases)
-
     def sealed(self) -> list[Segment]:
         """The segments below the active one, oldest first (a copy)."""
         return self._segments[:-1]
@@ -55,11 +53,11 @@ class SegmentList:
     def index_of(self, offset: int) -> int:
         """The index of the segment whose range would hold ``offset``: the last one based at
         or below it (-1 when ``offset`` is below the first base)."""
-        return bisect_right(self._bases, offset) - 1
+        return bisect_right(self.bases, offset) - 1
 
     def holding(self, offset: int) -> Segment:
         """The segment holding ``offset``, which must be at or above the first base."""
-        index = bisect_right(self._bases, offset) - 1
+        index = bisect_right(self.bases, offset) - 1
         assert index >= 0
         return self._segments[index]
 
@@ -69,15 +67,15 @@ class SegmentList:
 
     def append(self, segment: Segment) -> None:
         """Add ``segment`` as the new active one (a roll)."""
-        assert segment.base_offset > self._bases[-1], "bases strictly increase"
+        assert segment.base_offset > self.bases[-1], "bases strictly increase"
         self._segments.append(segment)
-        self._bases.append(segment.base_offset)
+        self.bases = (*self.bases, segment.base_offset)
         self.active = segment
 
     def pop_first(self) -> Segment:
         """Take out the oldest segment, which must not be the active one."""
         assert len(self._segments) > 1, "the active segment is never popped"
-        del self._bases[0]
+        self.bases = self.bases[1:]
         return self._segments.pop(0)
 
     def cut_after(self, index: int) -> list[Segment]:
@@ -86,7 +84,7 @@ class SegmentList:
         assert 0 <= index < len(self._segments)
         later = self._segments[index + 1 :]
         del self._segments[index + 1 :]
-        del self._bases[index + 1 :]
+        self.bases = self.bases[: index + 1]
         self.active = self._segments[-1]
         return later
 
@@ -104,7 +102,7 @@ class SegmentList:
         """Make ``segment`` the only one; returns the segments it replaces, oldest first."""
         old = self._segments
         self._segments = [segment]
-        self._bases = [segment.base_offset]
+        self.bases = (segment.base_offset,)
         self.active = segment
         return old
 
@@ -113,5 +111,5 @@ class SegmentList:
         ``active`` is the last segment. Never blocks."""
         segments = self._segments
         assert segments and self.active is segments[-1]
-        assert self._bases == [segment.base_offset for segment in segments]
-        assert all(a < b for a, b in zip(self._bases, self._bases[1:])), "bases increase"
+        assert self.bases == tuple(segment.base_offset for segment in segments)
+        assert all(a < b for a, b in zip(self.bases, self.bases[1:])), "bases increase"
