@@ -2,35 +2,38 @@
 
 Theory of operation
 -------------------
-A partition log is a list of segments (``segment.py``) covering dense offsets
-``[log_start_offset, log_end_offset)``; only the last one, the *active* segment, grows. The log
+A partition log is a list of segments (``segment.py``; the list and its base offsets are a
+``SegmentList``, ``segment_list.py``) covering dense offsets ``[log_start_offset,
+log_end_offset)``; only the last one, the *active* segment, grows. The log
 does all I/O through its ``FileStore`` and takes ``now_ms`` as an argument: no clocks, threads
 or trio here. It is not thread-safe: one owner calls it, and only ``store.fsync`` on the handles
 of a ``SyncTicket`` (and ``fsync_dir`` of its directory) and ``SegmentRemoval.run`` may run
 elsewhere meanwhile.
 
-Appending: every batch of the request is validated first (size, magic, counts, CRC); one bad
-batch rejects the whole request. The log then rolls if the active segment is full
-(``segment.bytes``) or old (``segment.ms`` since its first batch), assigns offsets, and writes
-``(stamp, batch[16:])`` buffer pairs with one ``pwritev``: only the 16-byte stamp (base offset,
-length, leader epoch, all outside the CRC) is new; the batch bytes are not copied. ``stage``
-does the same up to the write and keeps the pairs (``StagedBatches``), so that
-``write_staged`` writes many requests' batches with one ``pwritev``
-(``storage/staged_appends.py``); until then the log end offset does not move.
+Appending: every batch of the request is validated first (size, magic, counts, CRC;
+``incoming_batches.py``); one bad batch rejects the whole request. The log then rolls if the
+active segment is full (``segment.bytes``) or old (``segment.ms`` since its first batch),
+assigns offsets, and writes ``(stamp, batch[16:])`` buffer pairs with one ``pwritev``: only the
+16-byte stamp (base offset, length, leader epoch, all outside the CRC) is new; the batch bytes
+are not copied. ``stage`` does the same up to the write and keeps the pairs
+(``StagedBatches``), so that ``write_staged`` writes many requests' batches with one
+``pwritev`` (``storage/staged_appends.py``); until then the log end offset does not move.
 
-Reading: bisect the segment by base offset, bisect the sparse offset index, scan batch headers
-forward to the batch holding the offset, then return whole batches (never a partial one, at
-least one if any) from that one segment. A fetch asks for ``zero_copy``: when the batches are
-large it then gets a ``FileRegion`` (found by their headers alone) that the connection sends
-with ``os.sendfile``, instead of the bytes. ``offset_for_timestamp`` uses the time index the same
-way.
+Reading: bisect the segment by base offset (``SegmentList``), then, in that one segment
+(``segment_reads.py``), bisect the sparse offset index, scan batch headers forward to the batch
+holding the offset, and return whole batches (never a partial one, at least one if any). A
+fetch asks for ``zero_copy``: when the batches are large it then gets a ``FileRegion`` (found
+by their headers alone) that the connection sends with ``os.sendfile``, instead of the bytes.
+``offset_for_timestamp`` uses the time index the same way.
 
 Durability (group commit): appends dirty the active segment. ``begin_sync`` hands out a
-``SyncTicket`` listing the handles to fsync (the active ``.log``; for a segment rolled since its
-last sync, its ``.log`` and both indexes) and the offset it covers; a worker thread fsyncs them;
-``complete_sync`` then raises ``durable_offset``. The active segment's indexes are never fsynced
-with the data: recovery rebuilds them. Index entries are buffered in memory and written in one
-write per index file at each ``begin_sync``, roll, truncation and close.
+``SyncTicket`` listing the handles to fsync (the active ``.log``; for a segment rolled since
+its last sync, its ``.log`` and both indexes) and the offset it covers; a worker thread fsyncs
+them; ``complete_sync`` then raises ``durable_offset``. What must be remembered between the two
+(tickets out, directory changes, the staged recovery point, segments whose handles wait for the
+tickets) is a ``SyncLedger`` (``sync_ledger.py``). The active segment's indexes are never
+fsynced with the data: recovery rebuilds them. Index entries are buffered in memory and written
+in one write per index file at each ``begin_sync``, roll, truncation and close.
 
 Directory changes ride the group commit: nothing on the append path fsyncs. A roll records a
 *directory change* whose floor is the new segment's base; ``begin_sync`` then names the
@@ -45,16 +48,11 @@ next group (or ``close``/``flush``). While a ticket is out, segments removed by
 under the worker) until the last ticket completes; retention closes a removed segment's
 handles at once unless a ticket out names it.
 
-Retention (``plan_retention``, on the owner's thread) only decides and renames: the deleted
-segments leave the list, the log start moves up to the first remaining one, their files become
-``*.deleted``. ``SegmentRemoval.run`` (off the loop) unlinks them and fsyncs the directory.
-No log-start checkpoint is needed: recovery deletes a ``*.deleted`` file and every segment at
-or below its base, and starts the log at its first segment, so any subset of the renames on
-disk reads as "deleted"; none of them is the log as it was. A deleted segment whose data was
-never synced would come back damaged and be cut along with every later segment, so then the
-removal is a directory change with the new start as its floor: nothing later counts as durable
-before a directory fsync covers the renames. If the first remaining segment's own name is not
-durable yet (a fresh roll), planning fsyncs the directory inline first.
+Retention (``plan_retention``, on the owner's thread) only decides (``retention.py``) and
+renames: the deleted segments leave the list, the log start moves up to the first remaining
+one, their files become ``*.deleted``; ``SegmentRemoval.run`` (off the loop) unlinks them and
+fsyncs the directory. ``retention.py`` says why no checkpoint is needed and when a removal is
+a directory change with a floor.
 
 Recovery point: after each roll, the next ticket carries the end of the prefix of segments
 whose log and indexes a completed sync covered, written to a staged checkpoint file whose
@@ -73,96 +71,38 @@ from __future__ import annotations
 
 import contextlib
 import posixpath
-from bisect import bisect_right
 from typing import Iterator
 
-import attrs
-
-from rivven_broker.protocol import limits
-from rivven_broker.records.header import (
-    HEADER_BYTES,
-    LOG_OVERHEAD_BYTES,
-    BatchError,
-    BatchHeader,
-    InvalidBatchError,
-    batch_length_at,
-    iter_batches,
-    parse_header,
-    stamp,
-    validate,
-)
+from rivven_broker.records.header import BatchHeader, InvalidBatchError
 from rivven_broker.storage.checkpoint import (
     LOG_START_OFFSET_FILE,
     RECOVERY_POINT_FILE,
     stage_checkpoint,
     write_checkpoint,
 )
-from rivven_broker.storage.errors import (
-    CorruptRecordsError,
-    LogFailedError,
-    OffsetOutOfRangeError,
-    RecordTooLargeError,
-    StorageError,
-)
+from rivven_broker.storage.errors import LogFailedError, OffsetOutOfRangeError, StorageError
 from rivven_broker.storage.file_store import FileStore
+from rivven_broker.storage.incoming_batches import check_batches, place_batches
 from rivven_broker.storage.leader_epochs import LeaderEpochCache
 from rivven_broker.storage.log_config import LogConfig
 from rivven_broker.storage.log_results import AppendInfo, LogStatistics, ReadResult, SyncTicket
 from rivven_broker.storage.recovery import RecoveryReport, recover
+from rivven_broker.storage.retention import SegmentRemoval, segments_past_retention
 from rivven_broker.storage.segment import DELETED_SUFFIX, Segment, disk_full
+from rivven_broker.storage.segment_list import SegmentList
+from rivven_broker.storage.segment_reads import (
+    REGION_BATCH_BYTES_MIN,
+    read_batches,
+    scrub_batches,
+)
+from rivven_broker.storage.sync_ledger import StagedCheckpoint, SyncLedger
 from rivven_broker.storage.staged_appends import StagedBatches
 
 __all__ = ["PartitionLog", "AppendInfo", "ReadResult", "SyncTicket", "LogStatistics",
            "SegmentRemoval", "REGION_BATCH_BYTES_MIN"]
 
-_STAMP_BYTES = 16  # base_offset, batch_length, partition_leader_epoch
-#: The least first-batch size for which a zero-copy read names the bytes instead of reading
-#: them: it then reads one header per batch, which beats copying only for large batches.
-REGION_BATCH_BYTES_MIN = 64 * 1024
 #: Offsets and positions in the index are u32; Kafka keeps both below 2**31.
 _RELATIVE_MAX = 2**31 - 1
-_NO_FLOOR = 2**63  # no directory change caps the durable offset
-
-
-@attrs.define(eq=False)
-class SegmentRemoval:
-    """Segments retention took out of a log, whose files still have to go: ``run`` (off the
-    event loop) unlinks their ``*.deleted`` names and fsyncs the directory; then the log's
-    owner calls ``PartitionLog.finish_removal`` on the loop, whether ``run`` ran or not."""
-
-    store: FileStore
-    directory: str
-    paths: tuple[str, ...]  # the renamed files to unlink
-    segments: int  # how many segments retention deleted
-    generation: int  # the log's directory changes up to this one are covered by ``run``
-    done: bool = False
-
-    def run(self) -> None:
-        """Unlink the files and fsync the directory. Blocks on file I/O and one fsync; touches
-        no handle, so it may run on another thread while the log is used.
-
-        A file or the directory already gone is no error: a truncation or the topic's
-        deletion removed it meanwhile.
-
-        Raises:
-            OSError: the store failed.
-        """
-        for path in self.paths:
-            with contextlib.suppress(FileNotFoundError):
-                self.store.remove(path)
-        with contextlib.suppress(FileNotFoundError):
-            self.store.fsync_dir(self.directory)
-        self.done = True
-
-
-@attrs.define(eq=False)
-class _StagedCheckpoint:
-    """A recovery-point checkpoint written ahead, riding a sync ticket (``begin_sync``)."""
-
-    handle: int
-    tmp_path: str
-    value: int
-    cancelled: bool = False  # a truncation came first: never rename it in
 
 
 class PartitionLog:
@@ -177,24 +117,14 @@ class PartitionLog:
         self.config = config
         self._store = store
         self._directory = directory
-        self._segments = segments
-        self._bases = [segment.base_offset for segment in segments]
+        self._segments = SegmentList(segments)
         self._log_start_offset = log_start_offset
         self._recovery_point = recovery_point
         self._durable_offset = segments[-1].next_offset
         self._size_bytes = sum(segment.size for segment in segments)
-        self._tickets: dict[int, int] = {}  # ticket id -> end offset it may still claim
-        self._ticket_bases: dict[int, frozenset[int]] = {}  # ticket id -> sealed bases in it
-        self._next_ticket_id = 1
-        #: Directory changes not yet fsynced: (generation, floor). Until the generation is
-        #: covered by a directory fsync, ``durable_offset`` stays at or below the floor (None:
-        #: no cap; the change only has to become durable some time).
-        self._directory_changes: list[tuple[int, int | None]] = []
-        self._directory_generation = 0
-        self._staged: dict[int, _StagedCheckpoint] = {}  # ticket id -> recovery point in it
-        self._recovery_point_due = False  # a roll happened: the next ticket records it
+        #: Tickets out, directory changes, staged recovery points, doomed segments.
+        self._ledger = SyncLedger()
         self._removing: list[str] = []  # ``*.deleted`` names retention has yet to unlink
-        self._doomed: list[Segment] = []  # removed while a ticket was out; close later
         self._failed: BaseException | None = None
         self._closed = False
         self._appends = self._appended_batches = self._appended_bytes = 0
@@ -244,7 +174,7 @@ class PartitionLog:
     @property
     def log_end_offset(self) -> int:
         """The next offset to assign."""
-        return self._segments[-1].next_offset
+        return self._segments.active.next_offset
 
     @property
     def durable_offset(self) -> int:
@@ -262,7 +192,7 @@ class PartitionLog:
     @property
     def segment_base_offsets(self) -> tuple[int, ...]:
         """Base offset of every segment, oldest first (the last is the active one)."""
-        return tuple(self._bases)
+        return self._segments.bases
 
     @property
     def failed(self) -> bool:
@@ -274,8 +204,8 @@ class PartitionLog:
         ticket, unless the only such data is covered by a ticket still out)."""
         return self._failed is None and (
             self._durable_offset < self.log_end_offset
-            or bool(self._directory_changes)
-            or any(not s.synced for s in self._segments[:-1])
+            or self._ledger.directory_dirty
+            or any(not s.synced for s in self._segments.sealed())
         )
 
     # --- appending -------------------------------------------------------------------------------
@@ -312,17 +242,14 @@ class PartitionLog:
         assert self._staged_batches is None, "write what is staged first"
         if leader_epoch is None:
             leader_epoch = self.leader_epoch
-        view = memoryview(records)
-        if view.format != "B" or view.ndim != 1:
-            view = view.cast("B")
-        batches, total, span = self._validate(view)
+        view, batches, total, span = check_batches(records, self.config.max_message_bytes)
         if self._should_roll(total, span, now_ms):
             self.roll(now_ms)
-        active = self._segments[-1]
+        active = self._segments.active
         parts: list[bytes | memoryview] = []
         placed: list[tuple[int, int, int]] = []
         base_offset = active.next_offset
-        offset = _place(view, batches, base_offset, leader_epoch, parts, placed)
+        offset = place_batches(view, batches, base_offset, leader_epoch, parts, placed)
         self._write(active, parts, placed, offset, total, now_ms)
         return AppendInfo(base_offset, offset - 1, now_ms, len(batches), total)
 
@@ -340,20 +267,17 @@ class PartitionLog:
         """
         if self._closed or self._failed is not None:  # (``_check_writable`` raises then)
             self._check_writable()
-        view = memoryview(records)
-        if view.format != "B" or view.ndim != 1:
-            view = view.cast("B")
-        batches, total, span = self._validate(view)
+        view, batches, total, span = check_batches(records, self.config.max_message_bytes)
         staged = self._staged_batches
         if staged is None:
             if self._should_roll(total, span, now_ms):
                 self.roll(now_ms)
-            staged = StagedBatches(self._segments[-1].next_offset, now_ms)
+            staged = StagedBatches(self._segments.active.next_offset, now_ms)
         elif self._should_roll(total, span, now_ms, staged):
             return None
         base_offset = staged.next_offset
-        staged.next_offset = _place(view, batches, base_offset, self.leader_epoch,
-                                    staged.parts, staged.placed)
+        staged.next_offset = place_batches(view, batches, base_offset, self.leader_epoch,
+                                           staged.parts, staged.placed)
         staged.total += total
         staged.span += span
         self._staged_batches = staged
@@ -374,7 +298,7 @@ class PartitionLog:
         staged, self._staged_batches = self._staged_batches, None
         assert staged is not None
         self._check_writable()
-        self._write(self._segments[-1], staged.parts, staged.placed, staged.next_offset,
+        self._write(self._segments.active, staged.parts, staged.placed, staged.next_offset,
                     staged.total, staged.first_now_ms)
 
     def append_as_follower(
@@ -394,10 +318,8 @@ class PartitionLog:
         """
         self._check_writable()
         assert self._staged_batches is None, "write what is staged first"
-        view = memoryview(records)
-        if view.format != "B" or view.ndim != 1:
-            view = view.cast("B")
-        batches, total, _ = self._validate(view, dense=False)
+        view, batches, total, _ = check_batches(
+            records, self.config.max_message_bytes, dense=False)
         next_offset = self.log_end_offset
         for _, _, header in batches:
             if header.base_offset < next_offset:
@@ -415,7 +337,7 @@ class PartitionLog:
                 except OSError as exc:
                     raise StorageError(f"leader-epoch checkpoint of {self._directory}: "
                                        f"{exc}") from exc
-        active = self._segments[-1]
+        active = self._segments.active
         placed = [(header.base_offset, size, header.max_timestamp)
                   for _, size, header in batches]
         self._write(active, [view], placed, next_offset, total, now_ms)
@@ -443,37 +365,11 @@ class PartitionLog:
         self._appended_batches += len(placed)
         self._appended_bytes += total
 
-    def _validate(self, view: memoryview, *,
-                  dense: bool = True) -> tuple[list[tuple[int, int, BatchHeader]], int, int]:
-        """Every batch's ``(position, size, header)``, their total bytes and offset span."""
-        batches = []
-        total = span = 0
-        position, end = 0, len(view)
-        max_bytes = self.config.max_message_bytes
-        while position < end:
-            if end - position < HEADER_BYTES:
-                raise InvalidBatchError(f"{end - position} trailing bytes are not a batch")
-            size = batch_length_at(view, position) + LOG_OVERHEAD_BYTES
-            if size > end - position:
-                raise InvalidBatchError(f"batch of {size} bytes runs past the request's end")
-            if size > max_bytes:
-                raise RecordTooLargeError(size, max_bytes)
-            header = validate(view, position, size, dense=dense)
-            if header.last_offset_delta >= limits.batch_records_max:
-                raise InvalidBatchError(f"batch spans {header.last_offset_delta + 1} offsets")
-            batches.append((position, size, header))
-            total += size
-            span += header.last_offset_delta + 1
-            position += size
-        if not batches:
-            raise InvalidBatchError("no record batch to append")
-        return batches, total, span
-
     def _should_roll(self, total: int, span: int, now_ms: int,
                      staged: StagedBatches | None = None) -> bool:
         """Must the active segment roll before ``total`` bytes spanning ``span`` offsets are
         added (after what is ``staged``, counted as written)?"""
-        active = self._segments[-1]
+        active = self._segments.active
         size, first_append_ms, next_offset = active.size, active.first_append_ms, \
             active.next_offset
         if staged is not None:
@@ -503,7 +399,7 @@ class PartitionLog:
             LogFailedError: the store failed.
         """
         self._check_writable()
-        old = self._segments[-1]
+        old = self._segments.active
         if old.size == 0:
             return
         try:
@@ -520,38 +416,22 @@ class PartitionLog:
             raise StorageError(f"roll of {self._directory} failed: {exc}") from exc
         with self._mutation():
             self._segments.append(new)
-            self._bases.append(new.base_offset)
             old.synced = False
             self._rolls += 1
             start = self._log_start_offset
             while len(self._segments) > 1 and self._segments[0].next_offset <= start:
                 self._delete_first_segment()  # delete_records reached the end of it
-            self._directory_changed(new.base_offset)
-            self._recovery_point_due = True
-
-    def _directory_changed(self, floor: int | None) -> None:
-        """Names in the directory changed; until a directory fsync covers that, no offset at
-        or above ``floor`` may be reported durable."""
-        self._directory_generation += 1
-        self._directory_changes.append((self._directory_generation, floor))
-
-    def _directory_synced(self, generation: int) -> None:
-        """A directory fsync that started after change ``generation`` completed."""
-        self._directory_changes = [
-            change for change in self._directory_changes if change[0] > generation]
-
-    def _durable_floor(self) -> int:
-        floors = [floor for _, floor in self._directory_changes if floor is not None]
-        return min(floors, default=_NO_FLOOR)
+            self._ledger.directory_changed(new.base_offset)
+            self._ledger.recovery_point_due = True
 
     def _sync_directory_now(self) -> None:
         """Inline ``fsync_dir`` covering every change so far (blocking paths only)."""
         self._store.fsync_dir(self._directory)
-        self._directory_synced(self._directory_generation)
+        self._ledger.directory_synced(self._ledger.directory_generation)
 
     def _synced_prefix_end(self) -> int:
         end = self._recovery_point
-        for segment in self._segments[:-1]:
+        for segment in self._segments.sealed():
             if not segment.synced:
                 break
             end = max(end, segment.next_offset)
@@ -585,43 +465,13 @@ class PartitionLog:
             raise OffsetOutOfRangeError(offset, self._log_start_offset, end_offset)
         if offset == end_offset:
             return ReadResult(b"", offset)
-        segment = self._segments[bisect_right(self._bases, offset) - 1]
-        try:
-            position, first = segment.find_batch(offset)
-            if max_offset is not None and first.base_offset >= max_offset:
-                return ReadResult(b"", offset)
-            want = min(segment.size - position, max(max_bytes, first.size))
-            if zero_copy and first.size >= REGION_BATCH_BYTES_MIN:
-                # Large batches: walk their headers, name the bytes, never read them.
-                end, next_offset, count = segment.whole_batches(
-                    position, first, position + want, max_offset)
-                assert count >= 1
-                segment.remember(next_offset, end)
-                return ReadResult(segment.region(position, end - position), next_offset, count)
-            data = segment.read(position, want)
-        except OSError as exc:
-            raise StorageError(f"read of {segment.log_path} failed: {exc}") from exc
-        end = count = 0
-        next_offset = first.base_offset
-        for batch_position, header in iter_batches(data):
-            if max_offset is not None and header.base_offset >= max_offset:
-                break
-            if segment.damage(position + batch_position, header, next_offset) is not None:
-                break  # served up to the damage; a read starting there reports it
-            end = batch_position + header.size
-            count += 1
-            next_offset = header.next_offset
-        if count == 0:  # find_batch found a sound header, but the batch's bytes are not whole
-            raise CorruptRecordsError(segment.log_path, position, first.base_offset,
-                                      "the batch does not parse where its header says it is")
-        segment.remember(next_offset, position + end)
-        # A view, not a slice: the tail past the last whole batch is dropped without copying.
-        return ReadResult(data if end == len(data) else memoryview(data)[:end], next_offset, count)
+        return read_batches(self._segments.holding(offset), offset, max_bytes, max_offset,
+                            zero_copy)
 
     def sealed_segment_bases(self) -> list[int]:
         """Base offsets of the sealed segments (all but the active one), oldest first."""
         assert not self._closed
-        return [segment.base_offset for segment in self._segments[:-1]]
+        return [segment.base_offset for segment in self._segments.sealed()]
 
     def scrub(self, base_offset: int, position: int, max_bytes: int) -> int | None:
         """Check the sealed segment ``base_offset`` from byte ``position`` (a batch boundary):
@@ -634,39 +484,13 @@ class PartitionLog:
             StorageError: the store failed.
         """
         assert not self._closed and max_bytes > 0
-        index = bisect_right(self._bases, base_offset) - 1
+        index = self._segments.index_of(base_offset)
         if index < 0 or index >= len(self._segments) - 1:
             return None  # gone, or now the active segment (never scrubbed)
         segment = self._segments[index]
         if segment.base_offset != base_offset or position >= segment.size:
             return None
-        try:
-            data = segment.read(position, min(segment.size - position, max_bytes))
-            if len(data) >= HEADER_BYTES:
-                first = parse_header(data)
-                if first.size > len(data) and segment.damage(position, first, 0) is None:
-                    data = segment.read(position, first.size)  # one large batch: read it whole
-        except OSError as exc:
-            raise StorageError(f"read of {segment.log_path} failed: {exc}") from exc
-        done = 0
-        expected = 0
-        for batch_position, header in iter_batches(data):
-            where = position + batch_position
-            problem = segment.damage(where, header, expected)
-            if problem is not None:  # the header itself is not to be believed
-                raise CorruptRecordsError(segment.log_path, where, expected or base_offset,
-                                          problem)
-            try:
-                validate(data, batch_position, header.size, dense=False)
-            except BatchError as exc:
-                raise CorruptRecordsError(segment.log_path, where, header.base_offset,
-                                          str(exc)) from exc
-            done = batch_position + header.size
-            expected = header.next_offset
-        if done == 0:  # not even one whole batch where a batch must start
-            raise CorruptRecordsError(segment.log_path, position, expected or base_offset,
-                                      "no whole batch starts here")
-        return position + done if position + done < segment.size else None
+        return scrub_batches(segment, position, max_bytes)
 
     def iter_headers(self, from_offset: int) -> Iterator[BatchHeader]:
         """The stored header of every batch from the one holding ``max(from_offset, log start)``
@@ -680,9 +504,9 @@ class PartitionLog:
         start = max(from_offset, self._log_start_offset)
         if start >= self.log_end_offset:
             return
-        first = bisect_right(self._bases, start) - 1
+        first = self._segments.index_of(start)
         try:
-            for index, segment in enumerate(self._segments[first:]):
+            for index, segment in enumerate(self._segments.from_index(first)):
                 if segment.size == 0:
                     continue
                 position = segment.find_batch(start)[0] if index == 0 else 0
@@ -806,43 +630,35 @@ class PartitionLog:
             LogFailedError: the store failed.
         """
         self._check_writable()
-        retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
-        doomed, remaining_bytes = 0, self._size_bytes
-        for oldest in self._segments[:-1]:
-            assert oldest.max_timestamp is not None
-            expired = retention_ms >= 0 and now_ms - oldest.max_timestamp > retention_ms
-            too_big = retention_bytes >= 0 and remaining_bytes - oldest.size >= retention_bytes
-            if not (expired or too_big):
-                break
-            doomed += 1
-            remaining_bytes -= oldest.size
+        doomed = segments_past_retention(
+            self._segments.sealed(), self._size_bytes, self.config.retention_ms,
+            self.config.retention_bytes, now_ms)
         if doomed == 0:
             return None
         start = max(self._log_start_offset, self._segments[doomed].base_offset)
         with self._mutation():
-            if self._segments[doomed].base_offset >= self._durable_floor():
+            if self._segments[doomed].base_offset >= self._ledger.durable_floor():
                 self._sync_directory_now()  # recovery must find the first remaining segment
-            gone = [s for s in self._segments[:-1] if s.next_offset <= start]
+            gone = [s for s in self._segments.sealed() if s.next_offset <= start]
             unsynced = any(s.next_offset > self._durable_offset for s in gone)
             for segment in gone:
                 for path in segment.paths:
                     if self._store.exists(path):
                         self._store.rename(path, path + DELETED_SUFFIX)
                         self._removing.append(path + DELETED_SUFFIX)
-            held = frozenset().union(*self._ticket_bases.values())
+            held = self._ledger.held_bases()
             for segment in gone:
-                self._segments.pop(0)
-                self._bases.pop(0)
+                self._segments.pop_first()
                 self._size_bytes -= segment.size
                 self._segments_deleted += 1
                 if segment.base_offset in held:
-                    self._doomed.append(segment)
+                    self._ledger.defer_close(segment)
                 else:
                     segment.close()
-            self._directory_changed(start if unsynced else None)
+            self._ledger.directory_changed(start if unsynced else None)
             self._raise_log_start(start)
         return SegmentRemoval(self._store, self._directory, tuple(self._removing), len(gone),
-                              self._directory_generation)
+                              self._ledger.directory_generation)
 
     def finish_removal(self, removal: SegmentRemoval) -> None:
         """After ``removal.run()`` returned, raised or was never called (cancelled): record
@@ -850,7 +666,7 @@ class PartitionLog:
         a restart or recovery unlinks them). Never blocks; never raises."""
         if not removal.done:
             return
-        self._directory_synced(removal.generation)
+        self._ledger.directory_synced(removal.generation)
         gone = set(removal.paths)
         self._removing = [path for path in self._removing if path not in gone]
 
@@ -862,16 +678,15 @@ class PartitionLog:
         self.epochs.truncate_from_start(start)
 
     def _delete_first_segment(self) -> None:
-        segment = self._segments.pop(0)
-        self._bases.pop(0)
+        segment = self._segments.pop_first()
         self._size_bytes -= segment.size
         self._segments_deleted += 1
         self._retire(segment)
 
     def _retire(self, segment: Segment) -> None:
         segment.remove_files()
-        if self._tickets:
-            self._doomed.append(segment)
+        if self._ledger.outstanding:
+            self._ledger.defer_close(segment)
         else:
             segment.close()
 
@@ -893,7 +708,7 @@ class PartitionLog:
         if offset < self._log_start_offset:
             self._truncate_fully(offset)
             return
-        index = bisect_right(self._bases, offset) - 1
+        index = self._segments.index_of(offset)
         segment = self._segments[index]
         with self._mutation():
             position, header = segment.find_batch(offset)
@@ -901,13 +716,11 @@ class PartitionLog:
             if cut <= self._log_start_offset:
                 self._truncate_fully(cut)
                 return
-            self._cancel_staged()
+            self._ledger.cancel_staged()
             if self._recovery_point > cut:
                 self._write_checkpoint(RECOVERY_POINT_FILE, cut)
                 self._recovery_point = cut
-            later = self._segments[index + 1 :]
-            del self._segments[index + 1 :]
-            del self._bases[index + 1 :]
+            later = self._segments.cut_after(index)
             for removed in later:
                 self._size_bytes -= removed.size
                 self._retire(removed)
@@ -915,7 +728,7 @@ class PartitionLog:
             segment.truncate(position, cut)
             for handle in segment.handles:
                 self._store.fsync(handle)
-            if later or self._directory_changes:
+            if later or self._ledger.directory_dirty:
                 self._sync_directory_now()
         self._after_truncation(cut)
 
@@ -933,7 +746,7 @@ class PartitionLog:
 
     def _truncate_fully(self, start: int) -> None:
         """Empty the log and restart it at ``start``; durable when it returns."""
-        self._cancel_staged()
+        self._ledger.cancel_staged()
         with self._mutation():
             self._write_checkpoint(LOG_START_OFFSET_FILE, start)
             for path in self._removing:  # retention's leftovers must not outlive the restart
@@ -946,13 +759,10 @@ class PartitionLog:
             self._log_start_offset = start
             for segment in self._segments:
                 self._retire(segment)
-            self._segments = [
-                Segment.open(
-                    self._store, self._directory, start, self.config.index_interval_bytes,
-                    fresh=True,
-                )
-            ]
-            self._bases = [start]
+            self._segments.reset(Segment.open(
+                self._store, self._directory, start, self.config.index_interval_bytes,
+                fresh=True,
+            ))
             self._size_bytes = 0
             self._sync_directory_now()
         self._after_truncation(start)
@@ -960,20 +770,19 @@ class PartitionLog:
 
     def _after_truncation(self, cut: int) -> None:
         self.epochs.truncate_from_end(cut)
-        if all(segment.synced for segment in self._segments[:-1]):
+        if all(segment.synced for segment in self._segments.sealed()):
             self._durable_offset = cut  # the active segment was just fsynced
         else:
             self._durable_offset = min(self._durable_offset, cut)
-        for ticket_id, end in self._tickets.items():
-            self._tickets[ticket_id] = min(end, cut)
-        self._segments[-1].synced = True
+        self._ledger.clamp(cut)
+        self._segments.active.synced = True
 
     # --- compaction (storage/cleaner.py) ----------------------------------------------------------
 
     def sealed_segments(self) -> tuple[Segment, ...]:
         """The segments below the active one, oldest first, for the cleaner to read (one
         atomic snapshot; their bytes never change in place). Never blocks."""
-        return tuple(self._segments[:-1])
+        return tuple(self._segments.sealed())
 
     def replace_sealed_segment(self, old: Segment, new: Segment) -> bool:
         """Put the cleaned segment ``new`` (already durable, same offset range, files already
@@ -985,15 +794,13 @@ class PartitionLog:
             LogFailedError: the log failed earlier.
         """
         self._check_writable()
-        index = next((i for i, s in enumerate(self._segments[:-1]) if s is old), None)
-        if index is None:
-            return False
         assert (new.base_offset, new.next_offset) == (old.base_offset, old.next_offset)
         assert new.synced and new.size > 0
-        self._segments[index] = new
+        if not self._segments.replace_sealed(old, new):
+            return False
         self._size_bytes += new.size - old.size
-        if self._tickets:
-            self._doomed.append(old)
+        if self._ledger.outstanding:
+            self._ledger.defer_close(old)
         else:
             old.close()
         return True
@@ -1013,7 +820,7 @@ class PartitionLog:
         if self._failed is not None:
             return None
         try:  # once per sync rather than once per entry; keeps the file close to memory
-            self._segments[-1].write_indexes()
+            self._segments.active.write_indexes()
         except OSError as exc:
             if not disk_full(exc):
                 self._failed = exc  # every later call raises LogFailedError carrying it
@@ -1022,43 +829,41 @@ class PartitionLog:
             # data already written is made durable all the same.
         handles: list[int] = []
         versions = []
-        for segment in self._segments[:-1]:
+        for segment in self._segments.sealed():
             if not segment.synced:
                 handles.extend(segment.handles)
                 versions.append((segment.base_offset, segment.version))
-        active = self._segments[-1]
+        active = self._segments.active
         bases = [base for base, _ in versions]
         if self._durable_offset < self.log_end_offset and active.size:
             # Always the active log when anything in it may be unsynced, even if a ticket
             # still out covers it: this ticket must not rely on that one finishing first.
             handles.append(active.log_handle)
             bases.append(active.base_offset)
-        directory = self._directory if self._directory_changes else None
+        directory = self._directory if self._ledger.directory_dirty else None
         if not handles and directory is None:
-            if not self._tickets:  # everything is synced (or was deleted unsynced)
+            if not self._ledger.outstanding:  # everything is synced (or was deleted unsynced)
                 self._durable_offset = self.log_end_offset
             return None
-        ticket_id = self._next_ticket_id
-        self._next_ticket_id += 1
+        ticket_id = self._ledger.next_ticket_id()
         if not self._stage_recovery_point(ticket_id, handles):
             return None
         ticket = SyncTicket(
             tuple(handles), self.log_end_offset, ticket_id, tuple(versions),
-            directory, self._directory_generation,
+            directory, self._ledger.directory_generation,
         )
-        self._tickets[ticket_id] = ticket.end_offset
-        self._ticket_bases[ticket_id] = frozenset(bases)
+        self._ledger.issue(ticket_id, ticket.end_offset, frozenset(bases))
         return ticket
 
     def _stage_recovery_point(self, ticket_id: int, handles: list[int]) -> bool:
         """After a roll, if the synced prefix grew past the recovery point, write the new value
         to a file of its own whose handle rides this ticket (``complete_sync`` renames it in).
         One at a time. False when the store failed (the log is failed)."""
-        if not self._recovery_point_due or self._staged:
+        if not self._ledger.recovery_point_due or self._ledger.staging:
             return True
         value = self._synced_prefix_end()
         if value <= self._recovery_point:
-            self._recovery_point_due = False
+            self._ledger.recovery_point_due = False
             return True
         try:
             handle, tmp = stage_checkpoint(
@@ -1069,8 +874,7 @@ class PartitionLog:
             self._failed = exc
             return False
         handles.append(handle)
-        self._staged[ticket_id] = _StagedCheckpoint(handle, tmp, value)
-        self._recovery_point_due = False
+        self._ledger.stage(ticket_id, StagedCheckpoint(handle, tmp, value))
         return True
 
     def complete_sync(self, ticket: SyncTicket) -> None:
@@ -1078,30 +882,28 @@ class PartitionLog:
 
         Raises ``StorageError`` only if closing a segment deferred by the ticket fails.
         """
-        end = self._tickets.pop(ticket.ticket_id)
-        self._ticket_bases.pop(ticket.ticket_id)
+        end, staged = self._ledger.settle(ticket.ticket_id)
         if ticket.directory is not None:
-            self._directory_synced(ticket.directory_generation)
+            self._ledger.directory_synced(ticket.directory_generation)
         if self._failed is None:
             self._durable_offset = max(
-                self._durable_offset, min(end, self.log_end_offset, self._durable_floor()))
+                self._durable_offset, min(end, self.log_end_offset, self._ledger.durable_floor()))
             versions = dict(ticket.segment_versions)
-            for segment in self._segments[:-1]:
+            for segment in self._segments.sealed():
                 if versions.get(segment.base_offset) == segment.version:
                     segment.synced = True
-        staged = self._staged.pop(ticket.ticket_id, None)
         if staged is not None:
             self._install_recovery_point(staged)
         self._syncs += 1
-        if not self._tickets:
-            doomed, self._doomed = self._doomed, []
+        doomed = self._ledger.release_doomed()
+        if doomed:
             try:
                 for segment in doomed:
                     segment.close()
             except OSError as exc:
                 raise StorageError(f"closing a removed segment failed: {exc}") from exc
 
-    def _install_recovery_point(self, staged: _StagedCheckpoint) -> None:
+    def _install_recovery_point(self, staged: StagedCheckpoint) -> None:
         """Rename a staged (now fsynced) recovery point over the checkpoint, on the owner's
         thread, so it is ordered against truncations; the next directory fsync makes it
         durable (either value is true meanwhile). A failure fails the log."""
@@ -1116,12 +918,7 @@ class PartitionLog:
             self._failed = self._failed or exc
             return
         self._recovery_point = max(self._recovery_point, staged.value)
-        self._directory_changed(None)
-
-    def _cancel_staged(self) -> None:
-        """A truncation is about to rewrite the recovery point: no staged value goes in."""
-        for staged in self._staged.values():
-            staged.cancelled = True
+        self._ledger.directory_changed(None)
 
     def flush(self) -> None:
         """Make everything appended so far durable, inline. Blocks on fsync.
@@ -1154,8 +951,8 @@ class PartitionLog:
         if self._closed:
             return
         try:
-            if self._failed is None and not self._tickets:
-                active = self._segments[-1]
+            if self._failed is None and not self._ledger.outstanding:
+                active = self._segments.active
                 with self._mutation():
                     active.trim()
                 self.flush()
@@ -1178,18 +975,17 @@ class PartitionLog:
     def _release_handles(self) -> None:
         self._closed = True
         error: OSError | None = None
-        for segment in [*self._segments, *self._doomed]:
+        doomed, staged_checkpoints = self._ledger.abandon()  # tickets that never complete
+        for segment in [*self._segments, *doomed]:
             try:
                 segment.close()
             except OSError as exc:
                 error = error or exc
-        for staged in self._staged.values():  # tickets that will never complete
+        for staged in staged_checkpoints:
             try:
                 self._store.close(staged.handle)
             except OSError as exc:
                 error = error or exc
-        self._doomed = []
-        self._staged = {}
         if error is not None:
             raise error
 
@@ -1230,7 +1026,7 @@ class PartitionLog:
             appended_bytes=self._appended_bytes,
             rolls=self._rolls,
             syncs_completed=self._syncs,
-            syncs_outstanding=len(self._tickets),
+            syncs_outstanding=self._ledger.outstanding,
             segments_deleted=self._segments_deleted,
             failed=self._failed is not None,
         )
@@ -1238,8 +1034,8 @@ class PartitionLog:
     def check_invariants(self, *, deep: bool = False) -> None:
         """Assert the log's invariants (docs/invariants.md). ``deep`` also reads every batch
         header and CRC and checks the indexes against them. Blocks on reads when ``deep``."""
-        segments = self._segments
-        assert segments and self._bases == [s.base_offset for s in segments]
+        self._segments.check_invariants()
+        segments = self._segments.from_index(0)
         for previous, segment in zip(segments, segments[1:]):
             assert previous.next_offset == segment.base_offset, "offsets are dense"
             assert previous.size > 0, "only the active segment may be empty"
@@ -1248,24 +1044,13 @@ class PartitionLog:
         assert self._log_start_offset <= self._durable_offset <= self.log_end_offset
         assert self._recovery_point <= self.log_end_offset or self._failed is not None
         assert self._size_bytes == sum(s.size for s in segments)
-        assert all(end <= self.log_end_offset for end in self._tickets.values())
-        assert not self._doomed or self._tickets, "removed segments wait only for tickets"
-        assert set(self._staged) <= set(self._tickets), "a staged recovery point rides a ticket"
-        assert (self._durable_offset <= max(self._durable_floor(), self._log_start_offset)
+        self._ledger.check_invariants(self.log_end_offset)
+        assert not self._ledger.doomed or self._ledger.outstanding, \
+            "removed segments wait only for tickets"
+        assert (self._durable_offset <= max(self._ledger.durable_floor(), self._log_start_offset)
                 or self._failed is not None), "nothing past an unsynced directory change"
         if self._closed:
             return
         for segment in segments:
             segment.check_invariants(deep=deep)
 
-
-def _place(view: memoryview, batches: list[tuple[int, int, BatchHeader]], offset: int,
-           leader_epoch: int, parts: list[bytes | memoryview],
-           placed: list[tuple[int, int, int]]) -> int:
-    """Stamp ``batches`` from ``offset`` on into ``parts``/``placed``; the next offset."""
-    for position, size, header in batches:
-        parts.append(stamp(offset, header.batch_length, leader_epoch))
-        parts.append(view[position + _STAMP_BYTES : position + size])
-        placed.append((offset, size, header.max_timestamp))
-        offset += header.last_offset_delta + 1
-    return offset
