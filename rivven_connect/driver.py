@@ -14,15 +14,11 @@ A ``SourceRunner`` holds no protocol state of its own — the cycle has it. It
 2. reads the committed position: the offsets topic ``read_committed`` from the beginning to
    its end, the last record keyed by the source's name (``{"connector", "position"}``);
 3. resumes the source there and builds ``BatchCycle(router, chain, jitter,
-   stored_position=..., gather=...)`` (``gather``: the interval boundary, for a source
-   with ``poll_ready``);
+   stored_position=...)``;
 4. executes the cycle's instructions in order and feeds back one event per list:
    ``Poll`` → ``PollCompleted``; ``BeginTransaction``, ``Send``…, ``CommitTransaction`` →
    ``TransactionCommitted`` or ``TransactionFailed`` (the first client error stops the rest
-   of the sends); with the interval boundary one transaction spans lists — ``Begin``,
-   ``Send``s, a ready ``Poll``; more ``Send``s and ready ``Poll``s; ``Send``, ``Commit`` —
-   and its state (``_Transaction``: topics, deliveries, the first error) is kept between
-   them; ``poll_ready`` is not interrupted by a stop (it never waits); ``RunSideEffect`` → ``SideEffectCompleted`` / ``SideEffectFailed``;
+   of the list); ``RunSideEffect`` → ``SideEffectCompleted`` / ``SideEffectFailed``;
    ``AbortTransaction`` (then ``WakeAt``) → ``TimerFired`` via ``trio.sleep_until``;
    ``Halt`` ends the task. The clock is trio's (``now_ms`` from ``trio.current_time``).
 
@@ -238,21 +234,6 @@ async def read_position(bootstrap: str, name: str) -> Any:
 
 
 @attrs.define
-class _Transaction:
-    """The driver's side of the transaction in flight: what it queued, and its first client
-    error (after which nothing more is queued; the commit reports it)."""
-
-    batch_id: int
-    failure: BaseException | None = None
-    #: The data topics it sent to (the offsets topic apart).
-    topics: set[str] = attrs.Factory(set)
-    outcomes: dict[str, SendOutcome] = attrs.Factory(dict)
-    deliveries: list[tuple[str, Any]] = attrs.Factory(list)
-    #: Records queued since the last checkpoint.
-    queued: int = 0
-
-
-@attrs.define
 class SourceRunner:
     """Runs one source's batch cycle (see the module docstring)."""
 
@@ -267,8 +248,6 @@ class SourceRunner:
     #: Topics known to exist (created or found), their partition counts fed to admission.
     ensured: set[str] = attrs.Factory(set)
     _stop_told: bool = False
-    #: The transaction in flight (begun, not yet committed or aborted).
-    _transaction: _Transaction | None = None
     #: An accepted abandon-batch request: set, with the batch id it was accepted for.
     _abandon: trio.Event = attrs.Factory(trio.Event)
     _abandon_batch_id: int | None = None
@@ -381,28 +360,13 @@ class SourceRunner:
 
     async def _execute(self, instructions: list[bc.Instruction], producer: Any,
                        admin: Any) -> bc.Event | None:
-        """Run one list of instructions; the event it ends with (None after ``Halt``). A
-        transaction may span lists (``BeginTransaction`` and sends, a ready ``Poll``, more
-        sends..., ``CommitTransaction``: the cycle's gathering): its state is
-        ``_transaction`` meanwhile. Consecutive ``Send``s are queued together."""
-        sends: list[bc.Send] = []
-        for instruction in instructions:
-            if isinstance(instruction, bc.Send):
-                sends.append(instruction)
-                continue
-            if sends:
-                await self._send(sends, producer, admin)
-                sends = []
+        """Run one list of instructions; the event it ends with (None after ``Halt``)."""
+        for index, instruction in enumerate(instructions):
             if isinstance(instruction, bc.Poll):
                 return await self._poll(instruction)
             if isinstance(instruction, bc.BeginTransaction):
-                assert self._transaction is None, "two transactions in flight"
-                self._transaction = _Transaction(instruction.batch_id)
-                self._transaction.failure = await self._guard(producer.begin_transaction())
-            elif isinstance(instruction, bc.CommitTransaction):
-                return await self._commit(instruction, producer)
-            elif isinstance(instruction, bc.AbortTransaction):
-                self._transaction = None
+                return await self._transact(instructions[index:], producer, admin)
+            if isinstance(instruction, bc.AbortTransaction):
                 await self._abort(producer)
             elif isinstance(instruction, bc.RunSideEffect):
                 return await self._side_effect(instruction)
@@ -413,33 +377,38 @@ class SourceRunner:
                 return None
         raise AssertionError(f"an instruction list without an end: {instructions!r}")
 
-    async def _send(self, sends: list[bc.Send], producer: Any, admin: Any) -> None:
-        """Queue ``sends`` in the transaction in flight: topics not ensured yet are created
-        first; after a client error nothing more is queued (the commit reports it, with
-        what it says about each topic: ``_outcome_of``)."""
-        transaction = self._transaction
-        assert transaction is not None and all(s.batch_id == transaction.batch_id for s in sends)
+    async def _transact(self, instructions: list[bc.Instruction], producer: Any,
+                        admin: Any) -> bc.Event:
+        """``BeginTransaction``, ``Send``..., ``CommitTransaction``: the batch's transaction.
+        Topics not ensured yet are created first; the first client error skips the rest and
+        is reported with what it says about each topic (``_outcome_of``)."""
+        begin, *sends, commit = instructions
+        assert isinstance(begin, bc.BeginTransaction) and isinstance(commit, bc.CommitTransaction)
+        assert all(isinstance(send, bc.Send) for send in sends)
         offsets_topic = self.cycle.offsets_topic  # type: ignore[union-attr]
         topics = {send.record.destination.topic for send in sends  # type: ignore[union-attr]
                   } - {offsets_topic}
-        if len(sends) > 1 and sends[-1].record.destination.topic == offsets_topic:  # type: ignore
+        if sends and sends[-1].record.destination.topic == offsets_topic:  # type: ignore
             # The position record first: its partition joins the transaction in the first
             # AddPartitionsToTxn and its batch goes in the first request, instead of a round
             # trip of each after the last record (one transaction: the order is invisible).
             sends = [sends[-1], *sends[:-1]]
-        if transaction.failure is None and not topics <= transaction.topics:
+        outcomes: dict[str, SendOutcome] = {}
+        deliveries: list[tuple[str, Any]] = []
+        failure = await self._guard(producer.begin_transaction())
+        if failure is None:
             try:
-                refused = await self._ensure_topics(admin, topics - transaction.topics)
+                refused = await self._ensure_topics(admin, topics)
             except (RivvenError, trio.TooSlowError) as error:
-                transaction.failure = error
+                failure = error
             else:
                 for topic, error in refused.items():
-                    transaction.outcomes[topic] = SendOutcome.PERMANENT_FAILURE
-                    transaction.failure = error
-        transaction.topics |= topics
+                    outcomes[topic] = SendOutcome.PERMANENT_FAILURE
+                    failure = error
+        queued = 0  # records queued since the last checkpoint
         for send in sends:
-            if transaction.failure is not None:
-                return
+            if failure is not None:
+                break
             record = send.record
             topic = record.destination.topic  # type: ignore[union-attr]
             # A block goes in slices: the producer's buffer bound is checked per slice.
@@ -447,31 +416,23 @@ class SourceRunner:
                      if isinstance(record, EncodedRecords) else (record,))
             try:
                 for part in parts:
-                    transaction.queued += part.record_count
-                    if transaction.queued >= enqueue_checkpoint_records:
-                        transaction.queued = 0
+                    queued += part.record_count
+                    if queued >= enqueue_checkpoint_records:
+                        queued = 0
                         await trio.lowlevel.checkpoint()
-                    transaction.deliveries.append((topic, await self._queue(producer, part)))
+                    deliveries.append((topic, await self._send(producer, part)))
             except (RivvenError, trio.TooSlowError) as error:
-                transaction.failure = error
-                transaction.outcomes.setdefault(topic, _outcome_of(error))
-
-    async def _commit(self, commit: bc.CommitTransaction, producer: Any) -> bc.Event:
-        """Commit the transaction in flight (unless a send failed): ``TransactionCommitted``,
-        or ``TransactionFailed`` with the per-topic outcomes the broker's answers give."""
-        transaction, self._transaction = self._transaction, None
-        assert transaction is not None and transaction.batch_id == commit.batch_id
-        failure = transaction.failure
+                failure = error
+                outcomes.setdefault(topic, _outcome_of(error))
         if failure is None:
             failure = await self._guard(self.crash.before_commit(producer))  # (test-only)
         if failure is None:
             failure = await self._commit_preparing_next(producer)
-        self._learn_partition_counts(producer, transaction.topics)
+        self._learn_partition_counts(producer, topics)
         if failure is None:
             self.crash.reach("after_commit_before_side_effect")  # (test-only)
             return bc.TransactionCommitted(commit.batch_id, now_ms())
-        outcomes = transaction.outcomes
-        for topic, delivery in transaction.deliveries:  # which topic's records were refused
+        for topic, delivery in deliveries:  # which topic's records the broker refused
             error = await _delivery_error(delivery)
             if error is not None:
                 outcome = _outcome_of(error)
@@ -516,12 +477,12 @@ class SourceRunner:
         return None
 
     @staticmethod
-    async def _queue(producer: Any, record: Record | EncodedRecords) -> Any:
+    async def _send(producer: Any, record: Record | EncodedRecords) -> Any:
         """Queue ``record`` (or a block's records, in one call: ``send_many_nowait`` checks
-        the producer's buffer bound once, so ``_send`` hands it slices of at most
+        the producer's buffer bound once, so ``_transact`` hands it slices of at most
         ``enqueue_checkpoint_records``); its ``Delivery``. Without a
         checkpoint unless the producer must wait (the topic's metadata or buffer space):
-        ``_send`` queues a batch back to back, so the sender sees every partition of it
+        ``_transact`` queues a batch back to back, so the sender sees every partition of it
         at once."""
         destination = record.destination
         assert destination is not None

@@ -18,23 +18,18 @@ flight at a time (the phase says where it is):
     if it returned nothing, ``Poll`` again.
 ``GATHERING`` (only with ``gather``: ``sources.NAME.transaction`` ``boundary: interval``,
     and a source that has ``poll_ready``)
-    One transaction may carry several polls, sent as they come. The first poll's records
-    are routed and sent in a transaction begun for them (``BeginTransaction``, ``Send``...),
-    then the cycle asks for what the source has ready now (``Poll(ready_only=True)``: the
-    source's ``poll_ready``, which never waits) and sends that in the same transaction,
-    until a ready poll brings nothing fresh, the batch holds ``gather.records_max`` records,
-    or ``gather.interval_ms`` have passed since the first poll; then the offset record of
-    the batch's last position and ``CommitTransaction`` (``PRODUCING``). A routing or
-    transform failure while gathering aborts the transaction first and then goes as it
-    would for one poll; a failed commit retries the whole batch in one list, as for one
-    poll. The last position covers every gathered one, so this needs positions whose side
-    effect covers every earlier position (a source with ``poll_ready`` promises it). What
-    it buys: the per-transaction costs (the transaction's rounds, and per partition a
-    batch, a marker and their fsyncs) are paid once per gathered batch, not once per poll,
-    and the broker appends while the source is read; a source that has nothing more ready
-    commits at once, so a quiet source's latency is what it was. ``StopRequested`` while
-    gathering ends the gathering: the batch so far commits, then the cycle halts
-    ``stopped``.
+    One transaction may carry several polls. After the first poll with fresh records the
+    cycle asks for what the source has ready now (``Poll(ready_only=True)``: the source's
+    ``poll_ready``, which never waits) and adds it to the batch, until a ready poll brings
+    nothing fresh, the batch holds ``gather.records_max`` records, or ``gather.interval_ms`` have
+    passed since the first poll; then ``PRODUCING`` as for one poll. The batch's last
+    position is the last gathered one, so this needs positions whose side effect covers
+    every earlier position (a source with ``poll_ready`` promises it). What it buys: the
+    per-transaction costs (the transaction's rounds, and per partition a batch, a marker and
+    their fsyncs) are paid once per gathered batch, not once per poll; a source that has
+    nothing more ready commits at once, so a quiet source's latency is what it was.
+    ``StopRequested`` while gathering ends the gathering: the batch so far commits, then
+    the cycle halts ``stopped``.
 ``PRODUCING``
     Each record is routed at the source, transformed (the injected chain; an exception goes
     to the DLQ under ``errors.tolerance: all``, else the source stops in ``error``) and
@@ -90,7 +85,7 @@ the steps (docs/connect.md).
 from __future__ import annotations
 
 import enum
-from typing import Any, Callable, Iterable, Union
+from typing import Any, Callable, Union
 
 import attrs
 
@@ -445,57 +440,34 @@ class BatchCycle:
             return [RunSideEffect(batch_id, self.committed_position)]
         self.batch = _Batch(batch_id, list(fresh), fresh[-1].position,
                             first_polled_ms=event.now_ms)
-        if self.gather is None or self.stopping:
-            return self._produce(event.now_ms)
-        return self._gather(fresh, event.now_ms)
+        return self._gather_or_produce(event.now_ms)
 
     def _on_gathered(self, event: PollCompleted) -> list[Instruction]:
-        """A ready poll's records join the batch (and go out); nothing fresh ends the
-        gathering."""
+        """A ready poll's records join the batch; nothing fresh ends the gathering."""
         batch = self.batch
-        assert batch is not None and self.gather is not None and batch.transaction_open
+        assert batch is not None and self.gather is not None
         fresh = self._fresh(event.records) if event.records else ()
         if not fresh:
-            return self._end_gathering()
+            return self._produce(event.now_ms)
         assert self.position_key(fresh[0].position) > self.position_key(
             batch.last_position), "a ready poll goes back before the gathered records"
         batch.records.extend(fresh)
         batch.last_position = fresh[-1].position
-        return self._gather(fresh, event.now_ms)
+        return self._gather_or_produce(event.now_ms)
 
-    def _gather(self, fresh: tuple[Record | EncodedRecords, ...], now_ms: int
-                ) -> list[Instruction]:
-        """Send ``fresh`` in the gathering transaction (begun with the first poll's), then ask
-        for what is ready, or end the transaction once the gathering is over."""
+    def _gather_or_produce(self, now_ms: int) -> list[Instruction]:
+        """Ask for what is ready, or produce the batch once the gathering is over."""
         batch = self.batch
-        assert batch is not None and self.gather is not None
-        first = not batch.transaction_open
-        if first:
-            batch.topics, batch.sent, batch.dropped, batch.dead_lettered = {}, 0, 0, 0
-        self.phase = Phase.PRODUCING  # (a routing failure below retries as a batch attempt)
-        sends, stopped = self._sends_of(fresh, now_ms)
-        if stopped is not None:
-            if first:
-                return stopped
-            batch.transaction_open = False  # abort what was sent of the batch, then as said
-            return [AbortTransaction(batch.batch_id), *stopped]
-        out: list[Instruction] = [BeginTransaction(batch.batch_id)] if first else []
-        batch.transaction_open = True
-        out += sends
+        assert batch is not None
+        gather = self.gather
+        if gather is None or self.stopping:
+            return self._produce(now_ms)
         gathered = sum(record.record_count for record in batch.records)
-        if (self.stopping or gathered >= self.gather.records_max  # (a first poll may bring more)
-                or now_ms - batch.first_polled_ms >= self.gather.interval_ms):
-            return out + self._end_gathering()
+        if (gathered >= gather.records_max  # (a first poll may bring more)
+                or now_ms - batch.first_polled_ms >= gather.interval_ms):
+            return self._produce(now_ms)
         self.phase = Phase.GATHERING
-        return out + [Poll(ready_only=True, records_max=self.gather.records_max - gathered)]
-
-    def _end_gathering(self) -> list[Instruction]:
-        """The gathered transaction's offset record (its last position) and commit."""
-        batch = self.batch
-        assert batch is not None and batch.transaction_open
-        self.phase = Phase.PRODUCING
-        return [Send(batch.batch_id, self._offset_record(batch.last_position)),
-                CommitTransaction(batch.batch_id)]
+        return [Poll(ready_only=True, records_max=gather.records_max - gathered)]
 
     def _fresh(self, polled: tuple[Record | EncodedRecords, ...]
                ) -> tuple[Record | EncodedRecords, ...]:
@@ -526,22 +498,8 @@ class BatchCycle:
             return [BeginTransaction(batch.batch_id),
                     Send(batch.batch_id, self._offset_record(batch.last_position)),
                     CommitTransaction(batch.batch_id)]
-        sends, stopped = self._sends_of(batch.records, now_ms)
-        if stopped is not None:
-            return stopped
-        batch.transaction_open = True
-        return [BeginTransaction(batch.batch_id), *sends,
-                Send(batch.batch_id, self._offset_record(batch.last_position)),
-                CommitTransaction(batch.batch_id)]
-
-    def _sends_of(self, polled_records: Iterable[Record | EncodedRecords], now_ms: int
-                  ) -> tuple[list[Instruction], list[Instruction] | None]:
-        """The ``Send``s of polled records (transformed, routed, admitted; counted in the
-        batch), or the instructions that end the attempt (second) if one stops it."""
-        batch = self.batch
-        assert batch is not None
         sends: list[Instruction] = []
-        for polled in polled_records:
+        for polled in batch.records:
             if polled.position_only:
                 continue  # a heartbeat: only its position is committed (the offset record)
             if isinstance(polled, EncodedRecords):  # no transforms: dispatched as it is
@@ -550,7 +508,7 @@ class BatchCycle:
                 record, dead_letter, problem = self._transformed(polled)
                 if problem is not None:
                     self._release_topics(now_ms)
-                    return sends, self._halt_error(problem)
+                    return self._halt_error(problem)
                 if dead_letter is not None:  # the transform failed: straight to the DLQ
                     batch.dead_lettered += 1
                     sends.append(Send(batch.batch_id, dead_letter))
@@ -560,8 +518,11 @@ class BatchCycle:
                     continue
             stopped = self._dispatch(record, sends, now_ms)
             if stopped is not None:
-                return sends, stopped
-        return sends, None
+                return stopped
+        batch.transaction_open = True
+        return [BeginTransaction(batch.batch_id), *sends,
+                Send(batch.batch_id, self._offset_record(batch.last_position)),
+                CommitTransaction(batch.batch_id)]
 
     def _dispatch(self, record: Record | EncodedRecords, sends: list[Instruction],
                   now_ms: int) -> list[Instruction] | None:
@@ -707,13 +668,13 @@ class BatchCycle:
             assert batch is None
         if self.phase is Phase.GATHERING:
             assert self.gather is not None
-            assert batch is not None and batch.transaction_open and batch.records
+            assert batch is not None and not batch.transaction_open and batch.records
             assert sum(record.record_count for record in batch.records
                        ) < self.gather.records_max
         if self.phase is Phase.PRODUCING:
             assert batch is not None and batch.transaction_open and batch.records
         if batch is not None and batch.transaction_open:
-            assert self.phase in (Phase.GATHERING, Phase.PRODUCING)
+            assert self.phase is Phase.PRODUCING
         if self.phase is Phase.SIDE_EFFECT:
             assert batch is not None and batch.last_position == self.committed_position
         if self.state in (Status.RUNNING, Status.DEGRADED):

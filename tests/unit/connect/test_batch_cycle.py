@@ -60,9 +60,7 @@ class World:
         for ins in instructions:
             self.stats[type(ins).__name__] = self.stats.get(type(ins).__name__, 0) + 1
             if isinstance(ins, bc.Poll):
-                # (a ready poll gathers into the transaction in flight)
-                assert self.in_flight_batch is None or (
-                    ins.ready_only and self.open is not None), "a poll while a batch is in flight"
+                assert self.in_flight_batch is None, "a poll while a batch is in flight"
                 assert not self.stop_requested, "a poll after the stop"
                 assert ins.ready_only == (self.gather is not None and ins.records_max is not None)
                 if ins.ready_only:
@@ -562,55 +560,47 @@ def test_a_block_is_sent_in_slices_of_bounded_size_in_order():
 # --- one transaction, several polls (``transaction: {boundary: interval}``) ------------------
 
 
-def _sent(instructions):
-    """The data positions a list sends (the offset record apart), and what ends the list."""
-    data = [ins.record.position for ins in instructions if isinstance(ins, bc.Send)
-            and ins.record.destination.topic != OFFSETS_TOPIC]
-    return data, instructions[-1]
+def _sent_positions(instructions):
+    """The data positions of a transaction's sends, and its offset record's position."""
+    assert isinstance(instructions[0], bc.BeginTransaction)
+    assert isinstance(instructions[-1], bc.CommitTransaction)
+    *data, offset = [ins.record for ins in instructions[1:-1]]
+    assert offset.destination.topic == OFFSETS_TOPIC
+    return [record.position for record in data], offset.value["position"]
 
 
-def _offset_position(instructions):
-    *_, offset, commit = instructions
-    assert isinstance(commit, bc.CommitTransaction)
-    assert offset.record.destination.topic == OFFSETS_TOPIC
-    return offset.record.value["position"]
-
-
-def test_an_interval_boundary_sends_ready_polls_in_one_transaction_until_nothing_is_ready():
+def test_an_interval_boundary_gathers_ready_polls_until_nothing_is_ready():
     cycle = _cycle(gather=TransactionInterval(interval_ms=100, records_max=10))
     assert cycle.start() == [bc.Poll()]
-    first = cycle.handle(bc.PollCompleted(_records(1, 2), 0))
-    assert first[0] == bc.BeginTransaction(1)  # the first poll's records go out at once
-    assert _sent(first) == ([1, 2], bc.Poll(ready_only=True, records_max=8))
+    assert cycle.handle(bc.PollCompleted(_records(1, 2), 0)) == [
+        bc.Poll(ready_only=True, records_max=8)]
     assert cycle.phase is bc.Phase.GATHERING
-    second = cycle.handle(bc.PollCompleted(_records(3, 4, 5), 1))
-    assert _sent(second) == ([3, 4, 5], bc.Poll(ready_only=True, records_max=5))
-    assert not any(isinstance(ins, bc.BeginTransaction) for ins in second)
-    last = cycle.handle(bc.PollCompleted((), 2))  # nothing more ready: commit now
-    assert _sent(last)[0] == [] and _offset_position(last) == 5
-    assert cycle.handle(bc.TransactionCommitted(1, 3)) == [bc.RunSideEffect(1, 5)]
+    assert cycle.handle(bc.PollCompleted(_records(3, 4, 5), 1)) == [
+        bc.Poll(ready_only=True, records_max=5)]
+    out = cycle.handle(bc.PollCompleted((), 2))  # nothing more ready: commit now
+    assert _sent_positions(out) == ([1, 2, 3, 4, 5], 5)
+    assert cycle.handle(bc.TransactionCommitted(out[0].batch_id, 3)) == [
+        bc.RunSideEffect(out[0].batch_id, 5)]
     assert cycle.status().records == 5 and cycle.status().batches == 1
 
 
 def test_an_interval_boundary_ends_at_its_records_bound_and_at_its_interval():
     by_records = _cycle(gather=TransactionInterval(interval_ms=1_000, records_max=4))
     by_records.start()
-    assert _sent(by_records.handle(bc.PollCompleted(_records(1, 2), 0)))[1] == bc.Poll(
-        ready_only=True, records_max=2)
-    last = by_records.handle(bc.PollCompleted(_records(3, 4), 1))
-    assert _sent(last)[0] == [3, 4] and _offset_position(last) == 4
+    assert by_records.handle(bc.PollCompleted(_records(1, 2), 0)) == [
+        bc.Poll(ready_only=True, records_max=2)]
+    assert _sent_positions(by_records.handle(bc.PollCompleted(_records(3, 4), 1))) == (
+        [1, 2, 3, 4], 4)
     big_first = _cycle(gather=TransactionInterval(interval_ms=1_000, records_max=2))
     big_first.start()  # a first poll past the bound is a transaction on its own
-    only = big_first.handle(bc.PollCompleted(_records(1, 2, 3), 0))
-    assert only[0] == bc.BeginTransaction(1)
-    assert _sent(only)[0] == [1, 2, 3] and _offset_position(only) == 3
+    assert _sent_positions(big_first.handle(bc.PollCompleted(_records(1, 2, 3), 0))) == (
+        [1, 2, 3], 3)
     by_time = _cycle(gather=TransactionInterval(interval_ms=10, records_max=100))
     by_time.start()
     by_time.handle(bc.PollCompleted(_records(1), 0))
-    assert _sent(by_time.handle(bc.PollCompleted(_records(2), 9))) == (
-        [2], bc.Poll(ready_only=True, records_max=98))
-    last = by_time.handle(bc.PollCompleted(_records(3), 10))
-    assert _sent(last)[0] == [3] and _offset_position(last) == 3
+    assert by_time.handle(bc.PollCompleted(_records(2), 9)) == [
+        bc.Poll(ready_only=True, records_max=98)]
+    assert _sent_positions(by_time.handle(bc.PollCompleted(_records(3), 10))) == ([1, 2, 3], 3)
 
 
 def test_a_stop_while_gathering_commits_what_was_gathered_then_halts():
@@ -618,43 +608,28 @@ def test_a_stop_while_gathering_commits_what_was_gathered_then_halts():
     cycle.start()
     cycle.handle(bc.PollCompleted(_records(1, 2), 0))
     assert cycle.handle(bc.StopRequested(1)) == []  # the ready poll in flight answers first
-    last = cycle.handle(bc.PollCompleted(_records(3), 2))
-    assert _sent(last)[0] == [3] and _offset_position(last) == 3
-    assert cycle.handle(bc.TransactionCommitted(1, 3)) == [bc.RunSideEffect(1, 3)]
-    assert cycle.handle(bc.SideEffectCompleted(1, 4)) == [bc.Halt(bc.Status.STOPPED)]
+    out = cycle.handle(bc.PollCompleted(_records(3), 2))
+    assert _sent_positions(out) == ([1, 2, 3], 3)
+    batch_id = out[0].batch_id
+    assert cycle.handle(bc.TransactionCommitted(batch_id, 3)) == [bc.RunSideEffect(batch_id, 3)]
+    assert cycle.handle(bc.SideEffectCompleted(batch_id, 4)) == [bc.Halt(bc.Status.STOPPED)]
 
 
-def test_a_failed_gathered_transaction_is_retried_whole_in_one_list():
+def test_a_failed_gathered_transaction_is_retried_whole():
     cycle = _cycle(gather=TransactionInterval(interval_ms=100, records_max=10))
     cycle.start()
     cycle.handle(bc.PollCompleted(_records(1, 2), 0))
     cycle.handle(bc.PollCompleted(_records(3), 1))
-    cycle.handle(bc.PollCompleted((), 2))
-    out = cycle.handle(bc.TransactionFailed(1, "broker gone", True, 3))
-    assert out[0] == bc.AbortTransaction(1) and isinstance(out[1], bc.WakeAt)
+    first = cycle.handle(bc.PollCompleted((), 2))
+    batch_id = first[0].batch_id
+    out = cycle.handle(bc.TransactionFailed(batch_id, "broker gone", True, 3))
+    assert out[0] == bc.AbortTransaction(batch_id) and isinstance(out[1], bc.WakeAt)
     again = cycle.handle(bc.TimerFired(out[1].at_ms))
-    assert again[0] == bc.BeginTransaction(1)
-    assert _sent(again)[0] == [1, 2, 3] and _offset_position(again) == 3
-
-
-def test_a_transform_failure_while_gathering_aborts_what_was_sent_first():
-    def fail_on_3(record):
-        if record.position == 3:
-            raise ValueError("bad row")
-        return record
-
-    cycle = _cycle(gather=TransactionInterval(interval_ms=100, records_max=10),
-                   transform=fail_on_3)
-    cycle.start()
-    cycle.handle(bc.PollCompleted(_records(1, 2), 0))
-    assert cycle.handle(bc.PollCompleted(_records(3), 1)) == [
-        bc.AbortTransaction(1), bc.Halt(bc.Status.ERROR)]
-    assert "bad row" in cycle.status().last_error and cycle.status().records == 0
+    assert again[0] == bc.BeginTransaction(batch_id)
+    assert _sent_positions(again) == ([1, 2, 3], 3)
 
 
 def test_without_an_interval_boundary_every_poll_is_its_own_transaction():
     cycle = _cycle()
     cycle.start()
-    only = cycle.handle(bc.PollCompleted(_records(1, 2), 0))
-    assert only[0] == bc.BeginTransaction(1)
-    assert _sent(only)[0] == [1, 2] and _offset_position(only) == 2
+    assert _sent_positions(cycle.handle(bc.PollCompleted(_records(1, 2), 0))) == ([1, 2], 2)
