@@ -132,6 +132,11 @@ backoff_max_ms = 30_000
 batch_records_max = 100_000
 
 
+def _count(records: tuple[Record | EncodedRecords, ...]) -> int:
+    """Records in ``records`` (a block counts its records)."""
+    return sum(record.record_count for record in records)
+
+
 def backoff_delay_ms(failures: int, jitter: float) -> int:
     """The wait after ``failures`` failures in a row: ``backoff_base_ms`` · 2^(failures-1),
     capped at ``backoff_max_ms``, its upper half scaled by ``jitter`` in [0, 1) (the source
@@ -300,6 +305,9 @@ class _Batch:
     last_position: Any
     #: When its first poll completed (``GATHERING`` ends ``gather.interval_ms`` later).
     first_polled_ms: int = 0
+    #: The records of ``records``, counted as they were polled (a gathering asks for what
+    #: is left under ``gather.records_max`` after every ready poll: no recount per poll).
+    polled_records: int = 0
     transaction_open: bool = False
     #: Records sent per admitted topic in the current attempt.
     topics: dict[str, int] = attrs.Factory(dict)
@@ -439,7 +447,7 @@ class BatchCycle:
             self.phase = Phase.SIDE_EFFECT
             return [RunSideEffect(batch_id, self.committed_position)]
         self.batch = _Batch(batch_id, list(fresh), fresh[-1].position,
-                            first_polled_ms=event.now_ms)
+                            first_polled_ms=event.now_ms, polled_records=_count(fresh))
         return self._gather_or_produce(event.now_ms)
 
     def _on_gathered(self, event: PollCompleted) -> list[Instruction]:
@@ -453,6 +461,7 @@ class BatchCycle:
             batch.last_position), "a ready poll goes back before the gathered records"
         batch.records.extend(fresh)
         batch.last_position = fresh[-1].position
+        batch.polled_records += _count(fresh)
         return self._gather_or_produce(event.now_ms)
 
     def _gather_or_produce(self, now_ms: int) -> list[Instruction]:
@@ -462,7 +471,7 @@ class BatchCycle:
         gather = self.gather
         if gather is None or self.stopping:
             return self._produce(now_ms)
-        gathered = sum(record.record_count for record in batch.records)
+        gathered = batch.polled_records
         if (gathered >= gather.records_max  # (a first poll may bring more)
                 or now_ms - batch.first_polled_ms >= gather.interval_ms):
             return self._produce(now_ms)
@@ -491,6 +500,7 @@ class BatchCycle:
     def _produce(self, now_ms: int) -> list[Instruction]:
         batch = self.batch
         assert batch is not None and not batch.transaction_open
+        assert batch.polled_records == _count(tuple(batch.records)), "a miscounted gathering"
         batch.topics, batch.sent, batch.dropped, batch.dead_lettered = {}, 0, 0, 0
         self.phase = Phase.PRODUCING
         if batch.abandoned:  # its records are skipped: commit the position alone
@@ -669,8 +679,7 @@ class BatchCycle:
         if self.phase is Phase.GATHERING:
             assert self.gather is not None
             assert batch is not None and not batch.transaction_open and batch.records
-            assert sum(record.record_count for record in batch.records
-                       ) < self.gather.records_max
+            assert batch.polled_records < self.gather.records_max
         if self.phase is Phase.PRODUCING:
             assert batch is not None and batch.transaction_open and batch.records
         if batch is not None and batch.transaction_open:
