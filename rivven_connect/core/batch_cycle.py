@@ -85,7 +85,7 @@ the steps (docs/connect.md).
 from __future__ import annotations
 
 import enum
-from typing import Any, Callable, Union
+from typing import Any, Callable, Iterable, Union
 
 import attrs
 
@@ -132,7 +132,7 @@ backoff_max_ms = 30_000
 batch_records_max = 100_000
 
 
-def _count(records: tuple[Record | EncodedRecords, ...]) -> int:
+def _count(records: Iterable[Record | EncodedRecords]) -> int:
     """Records in ``records`` (a block counts its records)."""
     return sum(record.record_count for record in records)
 
@@ -481,7 +481,7 @@ class BatchCycle:
     def _fresh(self, polled: tuple[Record | EncodedRecords, ...]
                ) -> tuple[Record | EncodedRecords, ...]:
         """``polled`` without the replays (at or below the committed position)."""
-        assert sum(record.record_count for record in polled) <= batch_records_max
+        assert _count(polled) <= batch_records_max
         keys = [self.position_key(record.position) for record in polled]
         assert all(record.position is not None for record in polled)
         assert all(a <= b for a, b in zip(keys, keys[1:])), "positions go backwards"
@@ -500,7 +500,7 @@ class BatchCycle:
     def _produce(self, now_ms: int) -> list[Instruction]:
         batch = self.batch
         assert batch is not None and not batch.transaction_open
-        assert batch.polled_records == _count(tuple(batch.records)), "a miscounted gathering"
+        assert batch.polled_records == _count(batch.records), "a miscounted gathering"
         batch.topics, batch.sent, batch.dropped, batch.dead_lettered = {}, 0, 0, 0
         self.phase = Phase.PRODUCING
         if batch.abandoned:  # its records are skipped: commit the position alone
@@ -594,7 +594,7 @@ class BatchCycle:
         self.dead_lettered += batch.dead_lettered
         if batch.abandoned:
             self.abandoned_batches += 1
-            self.abandoned_records += sum(record.record_count for record in batch.records)
+            self.abandoned_records += _count(batch.records)
             self.last_abandon_at_ms = event.now_ms
         for topic, count in batch.topics.items():
             self.router.admission.record_outcome(topic, SendOutcome.DELIVERED, event.now_ms,

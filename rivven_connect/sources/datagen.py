@@ -80,12 +80,9 @@ class DatagenSource:
         if self.count is not None and self.next_seq >= self.count:
             await trio.lowlevel.checkpoint()
             return None
-        if self.rate is not None:
-            if self._started_s is None:
-                self._started_s = trio.current_time()
-            if self._allowed(trio.current_time()) <= self.next_seq:  # the next record's turn
-                await trio.sleep_until(
-                    self._started_s + (self.next_seq - self._first_seq) / self.rate)
+        if self.rate is not None and self._allowed(trio.current_time()) <= self.next_seq:
+            assert self._started_s is not None  # the next record's turn:
+            await trio.sleep_until(self._started_s + (self.next_seq - self._first_seq) / self.rate)
         await trio.lowlevel.checkpoint()
         return self._take(max(1, self._due(max_records)))
 
@@ -101,14 +98,15 @@ class DatagenSource:
         if self.count is not None:
             wanted = min(wanted, self.count - self.next_seq)
         if self.rate is not None:
-            if self._started_s is None:
-                self._started_s = trio.current_time()
             wanted = min(wanted, self._allowed(trio.current_time()) - self.next_seq)
         return max(0, wanted)
 
     def _allowed(self, now_s: float) -> int:
-        """The sequence number after the last record the rate allows at ``now_s``."""
-        assert self.rate is not None and self._started_s is not None
+        """The sequence number after the last record the rate allows at ``now_s`` (the rate
+        is counted from the first call)."""
+        assert self.rate is not None
+        if self._started_s is None:
+            self._started_s = now_s
         return self._first_seq + int((now_s - self._started_s) * self.rate) + 1
 
     def _take(self, count: int) -> list[Record]:
