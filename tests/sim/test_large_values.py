@@ -5,7 +5,9 @@ and any damaged filler byte must turn the value into one nobody sent (which the 
 report). ``cluster-large-values`` then runs with every ``LinkReader.feed`` counted: the run
 passes its checkers and the replica links handed out frames as views
 (``link_frame.VIEW_BYTES_MIN``) — the copy-once path the follower appends from runs under
-crashes, a partition and a controller crash, not only in the integration test.
+crashes, a partition and a controller crash, not only in the integration test — and
+segments took appends of ``segment.PREALLOCATE_APPEND_BYTES_MAX`` or more, which grow the
+file without zeros ahead (recovery then meets segment tails with and without them).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pathlib
 
 import pytest
 
+from rivven_broker.storage import segment
 from rivven_cluster import link_frame
 from sim.scenario import ScenarioError, load, loads
 from sim.workload import padded_value, read_value
@@ -40,15 +43,21 @@ def test_a_damaged_filler_is_a_value_nobody_sent() -> None:
 
 def test_values_too_large_for_one_send_are_refused() -> None:
     base = load(str(SCENARIO))
-    assert base.producers[0].value_bytes == 16384
-    text = SCENARIO.read_text().replace("value_bytes = 16384", "value_bytes = 200000", 1)
+    assert base.producers[0].value_bytes == 32768
+    text = SCENARIO.read_text().replace("value_bytes = 32768", "value_bytes = 200000", 1)
     with pytest.raises(ScenarioError, match="value_bytes"):
         loads(text.encode(), "too-large")
 
 
 def test_large_values_take_the_replica_link_s_view_path_under_faults(monkeypatch) -> None:
-    counts = {"views": 0, "frames": 0}
+    counts = {"views": 0, "frames": 0, "large appends": 0}
     feed = link_frame.LinkReader.feed
+    append = segment.Segment.append
+
+    def counting_append(self, parts, batches, next_offset, **preallocation):
+        if sum(size for _, size, _ in batches) >= segment.PREALLOCATE_APPEND_BYTES_MAX:
+            counts["large appends"] += 1
+        return append(self, parts, batches, next_offset, **preallocation)
 
     def counting_feed(self, data):
         payloads = feed(self, data)
@@ -57,8 +66,10 @@ def test_large_values_take_the_replica_link_s_view_path_under_faults(monkeypatch
         return payloads
 
     monkeypatch.setattr(link_frame.LinkReader, "feed", counting_feed)
+    monkeypatch.setattr(segment.Segment, "append", counting_append)
     result = run_scenario(load(str(SCENARIO)), 1)
     assert result.ok, "\n".join(f"{v.invariant}: {v.message}" for v in result.violations)
     assert result.stats["faults"] >= 4
     assert result.stats.get("send.ok", 0) > 200
     assert counts["views"] >= 20, counts
+    assert counts["large appends"] >= 10, counts
