@@ -381,15 +381,7 @@ class PostgresCdcSource:
                 return []  # the next poll takes them
             self._prepared = None
             return prepared
-        transactions = self._transactions
-        out: list[Record | EncodedRecords] = []
-        taken = 0
-        while transactions and taken + transactions[0][1] <= wanted:
-            items, count = transactions.popleft()
-            out.extend(items)
-            taken += count
-        self._queued -= taken
-        return out
+        return self._take(wanted, fitting=True)
 
     async def _maybe_heartbeat(self) -> None:
         """Write the heartbeat marker if one is due (it comes back through the stream)."""
@@ -472,19 +464,21 @@ class PostgresCdcSource:
         return (message.prefix == HEARTBEAT_MESSAGE_PREFIX and not message.transactional
                 and message.content == self.slot.slot_name.encode())
 
-    def _take(self, wanted: int) -> list[Record | EncodedRecords]:
+    def _take(self, wanted: int, *, fitting: bool = False) -> list[Record | EncodedRecords]:
         """Whole queued transactions: at least one, then more while under ``wanted`` and
-        the cycle's ``batch_records_max`` records."""
+        the cycle's ``batch_records_max`` records; or, ``fitting`` (``poll_ready``), only
+        those that fit in ``wanted`` together (maybe none)."""
         out: list[Record | EncodedRecords] = []
         taken = 0
         transactions = self._transactions
-        while transactions and (not out or (
-                taken < wanted and taken + transactions[0][1] <= batch_records_max)):
+        while transactions and (
+                taken + transactions[0][1] <= wanted if fitting else not out or (
+                    taken < wanted and taken + transactions[0][1] <= batch_records_max)):
             items, count = transactions.popleft()
             out.extend(items)
             taken += count
         self._queued -= taken
-        assert out and taken <= batch_records_max
+        assert (out or fitting) and taken <= batch_records_max
         return out
 
     async def _start(self) -> None:
