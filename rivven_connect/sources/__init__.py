@@ -27,7 +27,8 @@ the batch cycle, the producer or the offsets topic; it only
   batch cycle may gather several polls into one transaction and commit only the last
   position (``sources.NAME.transaction``; docs/connect.md "One transaction, several
   polls"). ``datagen``, ``file`` and ``postgres-cdc`` have it; ``postgres-outbox-poll``,
-  whose positions name the rows of one poll, does not;
+  whose positions name the rows of one poll, does not (``build_source`` refuses
+  ``boundary: interval`` for it);
 - optionally ``use_encoded_records()`` — called once, before the first ``poll``, when nothing
   per-record is configured (``routing.encoded_path_allowed``): ``poll`` may then return
   ``EncodedRecords`` blocks among its records (docs/connect.md "The encoded path").
@@ -132,17 +133,26 @@ def build_source(config: SourceConfig) -> Source:
     from rivven_connect.sources.postgres_outbox_poll import PostgresOutboxPollSource
 
     path = f"sources.{config.name}.config"
+    source: Source
     if config.connector == "datagen":
-        return DatagenSource.from_config(config.config, path)
-    if config.connector == "file":
-        return FileSource.from_config(config.config, path)
-    if config.connector == "postgres-cdc":
-        return PostgresCdcSource.from_config(config.config, path)
-    if config.connector == "postgres-outbox-poll":
-        return PostgresOutboxPollSource.from_config(config.config, path)
-    raise ConnectConfigError(f"sources.{config.name}.connector",
-                             f"connector {config.connector!r} is not available in this build; "
-                             f"available: {', '.join(CONNECTORS)}")
+        source = DatagenSource.from_config(config.config, path)
+    elif config.connector == "file":
+        source = FileSource.from_config(config.config, path)
+    elif config.connector == "postgres-cdc":
+        source = PostgresCdcSource.from_config(config.config, path)
+    elif config.connector == "postgres-outbox-poll":
+        source = PostgresOutboxPollSource.from_config(config.config, path)
+    else:
+        raise ConnectConfigError(f"sources.{config.name}.connector",
+                                 f"connector {config.connector!r} is not available in this "
+                                 f"build; available: {', '.join(CONNECTORS)}")
+    if config.transaction is not None and not hasattr(source, "poll_ready"):
+        raise ConnectConfigError(
+            f"sources.{config.name}.transaction.boundary",
+            f"'interval' gathers several polls into one transaction and commits the last "
+            f"position, which {config.connector} cannot do (its positions name one poll's "
+            f"rows); use boundary: poll")
+    return source
 
 
 CONNECTORS = ("datagen", "file", "postgres-cdc", "postgres-outbox-poll")

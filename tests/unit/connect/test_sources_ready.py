@@ -3,9 +3,12 @@ never a wait — the batch cycle gathers ready polls into one transaction."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 
+from rivven_connect.core.config import ConnectConfigError, load_config
+from rivven_connect.sources import build_source
 from rivven_connect.sources.datagen import DatagenSource
 from rivven_connect.sources.file import FileSource
 
@@ -62,3 +65,22 @@ def test_file_ready_polls_take_what_the_file_holds_and_never_wait_even_with_foll
         assert [record.value["n"] for record in await source.poll_ready(10)] == [4]
 
     trio.run(main)
+
+
+def test_an_interval_boundary_is_refused_for_a_source_without_ready_polls():
+    """``postgres-outbox-poll``'s positions name one poll's rows: gathering polls would
+    commit only the last poll's, so the configuration is refused before anything runs."""
+    outbox = {"connector": "postgres-outbox-poll", "topic": "t",
+              "config": {"host": "127.0.0.1", "database": "shop", "user": "u"},
+              "transaction": {"boundary": "interval"}}
+    loaded = load_config({"sources": {"box": outbox}}, {}).sources["box"]
+    with pytest.raises(ConnectConfigError) as caught:
+        build_source(loaded)
+    assert caught.value.path == "sources.box.transaction.boundary"
+    assert "boundary: poll" in str(caught.value)
+    polled = {**outbox, "transaction": {"boundary": "poll"}}
+    assert not hasattr(build_source(load_config({"sources": {"box": polled}}, {}
+                                                ).sources["box"]), "poll_ready")
+    gen = {"connector": "datagen", "topic": "t", "transaction": {"boundary": "interval"}}
+    assert hasattr(build_source(load_config({"sources": {"g": gen}}, {}).sources["g"]),
+                   "poll_ready")
