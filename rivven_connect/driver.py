@@ -295,11 +295,12 @@ class SourceRunner:
             if problems:  # the configuration names a topic the broker refuses
                 topic, error = next(iter(problems.items()))
                 raise _SourceStopped(f"cannot create topic {topic!r}: {error}")
-            gathers = hasattr(self.source, "poll_ready")  # else one poll per transaction
+            assert self.config.transaction is None or hasattr(self.source, "poll_ready"), (
+                "build_source refuses boundary: interval for a source without poll_ready")
             self.cycle = bc.BatchCycle(router, chain.apply, self.rng.random,
                                        stored_position=stored,
                                        position_key=self.source.position_key,
-                                       gather=self.config.transaction if gathers else None)
+                                       gather=self.config.transaction)
             use_encoded = getattr(self.source, "use_encoded_records", None)
             if use_encoded is not None and self.cycle.encoded_allowed:
                 use_encoded()  # nothing per-record configured: blocks may come
