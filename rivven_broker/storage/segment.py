@@ -76,6 +76,11 @@ _DIGITS = 20
 #: little beside its data. Smaller appends still get zeros ahead, where they cut append +
 #: fdatasync latency (docs/storage-format.md "Preallocation").
 PREALLOCATE_APPEND_BYTES_MAX = 128 * 1024
+#: The zeros ahead are topped up in steps of about this size (once fewer than
+#: ``preallocate_bytes`` minus a step are left), not all at once: the next fdatasync writes
+#: the new zeros back with the group's data, and 4 MiB of them at once held that group commit
+#: for milliseconds (docs/storage-format.md "Preallocation").
+PREALLOCATE_STEP_BYTES = 1 << 20
 #: Most buffers one ``pwritev`` may carry (Linux ``IOV_MAX``).
 IOV_MAX = 1024
 #: Bytes read at a time when walking batch headers.
@@ -260,10 +265,10 @@ class Segment:
         """Write ``parts`` at the end and index ``batches`` = ``(base_offset, size, max_ts)``;
         ``next_offset`` follows the last batch.
 
-        ``parts`` are the stored batches as buffers, in order. Preallocates up to
-        ``preallocate_bytes`` ahead (not past ``preallocate_limit`` unless the write itself
-        goes further), unless the append is ``PREALLOCATE_APPEND_BYTES_MAX`` or larger.
-        Blocks on file I/O.
+        ``parts`` are the stored batches as buffers, in order. Keeps up to
+        ``preallocate_bytes`` of zeros ahead (not past ``preallocate_limit``), topped up in
+        steps of ``PREALLOCATE_STEP_BYTES``, unless the append is
+        ``PREALLOCATE_APPEND_BYTES_MAX`` or larger. Blocks on file I/O.
 
         Raises:
             OSError: the store failed; nothing changed (bytes past ``size`` are junk the
@@ -273,8 +278,11 @@ class Segment:
         total = sum(map(_size_of, batches))
         position = self.size
         end = position + total
-        if preallocate_bytes and end > self.allocated and total < PREALLOCATE_APPEND_BYTES_MAX:
-            target = max(end, min(end + preallocate_bytes, preallocate_limit))
+        target = min(end + preallocate_bytes, preallocate_limit)  # zeros up to here
+        step_bytes = min(PREALLOCATE_STEP_BYTES, preallocate_bytes)
+        if preallocate_bytes and total < PREALLOCATE_APPEND_BYTES_MAX \
+                and target > max(end, self.allocated) \
+                and end + preallocate_bytes - step_bytes > self.allocated:  # a step is used
             try:
                 self.store.allocate(self.log_handle, target)
                 self.allocated = target

@@ -16,7 +16,7 @@ from rivven_broker.storage.errors import LogFailedError, OffsetOutOfRangeError, 
 from rivven_broker.storage.log_config import LogConfig
 from rivven_broker.storage.memory_store import MemoryFileStore
 from rivven_broker.storage.partition_log import PartitionLog
-from rivven_broker.storage.segment import PREALLOCATE_APPEND_BYTES_MAX
+from rivven_broker.storage.segment import PREALLOCATE_APPEND_BYTES_MAX, PREALLOCATE_STEP_BYTES
 
 from .log_batches import make_batch, stored
 
@@ -340,6 +340,34 @@ def test_preallocation_keeps_zeros_ahead_and_is_trimmed_at_roll_and_close() -> N
     assert store.size(newest) == 100
     store.close(active)
     store.close(newest)
+
+
+def test_zeros_ahead_are_topped_up_a_step_at_a_time() -> None:
+    """With more than a step of zeros ahead, they are topped up once a step of them is used,
+    by about a step (the next fdatasync writes them back with the group's data), never by the
+    whole amount at once, and never past segment.bytes or over the append's own bytes."""
+    step = PREALLOCATE_STEP_BYTES
+    store = MemoryFileStore()
+    log = open_log(store, preallocate_bytes=4 * step, segment_bytes=10 * step)
+    append_100(log)
+    active = store.open(f"{DIRECTORY}/00000000000000000000.log", create=False)
+    assert store.size(active) == 100 + 4 * step  # the first time: all of it
+    batch = make_batch(2, b"r" * (step // 16 - 61))
+    assert len(batch) == step // 16 < PREALLOCATE_APPEND_BYTES_MAX
+    sizes = [store.size(active)]
+    for _ in range(120):
+        log.append(batch, 0)
+        sizes.append(store.size(active))
+    end = 100 + 120 * len(batch)
+    grown = [after - before for before, after in zip(sizes, sizes[1:]) if after > before]
+    assert len(grown) >= 5  # a step at a time, not 4 steps at once
+    assert all(step <= size <= step + len(batch) for size in grown[:-1]), grown
+    assert sizes[-1] == 10 * step and end < 10 * step  # the last top-up stops at segment.bytes
+    writes = store.stats.writes
+    log.append(batch, 0)  # into the last zeros: nothing more to write ahead
+    assert store.stats.writes == writes + 1 and store.size(active) == 10 * step
+    store.close(active)
+    log.close()
 
 
 def test_a_large_append_does_not_run_the_preallocation_ahead() -> None:
