@@ -75,7 +75,7 @@ _DIGITS = 20
 #: byte reaching the disk twice), and an fdatasync of such an append costs the file's growth
 #: little beside its data. Smaller appends still get zeros ahead, where they cut append +
 #: fdatasync latency (docs/storage-format.md "Preallocation").
-PREALLOCATE_APPEND_BYTES_MAX = 128 * 1024
+PREALLOCATE_APPEND_BYTES_MAX = 64 * 1024
 #: The zeros ahead are topped up in steps of about this size (once fewer than
 #: ``preallocate_bytes`` minus a step are left), not all at once: the next fdatasync writes
 #: the new zeros back with the group's data, and 4 MiB of them at once held that group commit
