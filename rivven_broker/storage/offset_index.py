@@ -16,8 +16,9 @@ headers forward from its position (at most about one interval of bytes).
 
 The whole index lives in memory as two ``array('I')`` columns (8 bytes per entry, about 2 MiB per
 GiB of log at the default interval) and is mirrored to the ``.index`` file. ``append`` only adds
-to memory; ``write_pending`` writes every entry the file lacks in one ``pwrite`` (the segment
-calls it when it rolls, truncates or closes, before the index is fsynced). ``written`` counts
+to memory; ``write_pending`` (``index_file.py``, shared with the time index) writes every
+entry the file lacks in one ``pwrite`` (the segment calls it when it rolls, truncates or
+closes, before the index is fsynced). ``written`` counts
 the entries the file holds; lookups always use the in-memory entries, buffered ones included.
 The file is not fsynced with the data: recovery rebuilds it from the log whenever it cannot be
 trusted (see ``recovery.py``).
@@ -30,6 +31,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 
 from rivven_broker.storage.file_store import FileStore
+from rivven_broker.storage.index_file import IndexFile
 
 __all__ = ["OffsetIndex", "ENTRY_BYTES", "encode_entries", "decode_entries"]
 
@@ -67,19 +69,24 @@ def decode_entries(data: bytes) -> tuple[array, array] | str:
     return relative_offsets, positions
 
 
-class OffsetIndex:
-    """The in-memory offset index of a segment, mirrored to its ``.index`` file."""
+class OffsetIndex(IndexFile):
+    """The in-memory offset index of a segment, mirrored to its ``.index`` file
+    (``index_file.py``: the file's side)."""
+
+    ENTRY_BYTES = ENTRY_BYTES
 
     def __init__(self, store: FileStore, handle: int, path: str) -> None:
-        self.store = store
-        self.handle = handle
-        self.path = path
+        super().__init__(store, handle, path)
         self.relative_offsets = array("I")
         self.positions = array("I")
-        self.written = 0  # entries the file holds: a prefix of the in-memory ones
 
     def __len__(self) -> int:
         return len(self.positions)
+
+    def _columns(self) -> tuple[array, array]:
+        return self.relative_offsets, self.positions
+
+    _encode = staticmethod(encode_entries)
 
     def load(self, relative_offsets: array, positions: array) -> None:
         """Replace the in-memory entries (the file is assumed to hold them). Never blocks."""
@@ -95,20 +102,6 @@ class OffsetIndex:
         )
         self.relative_offsets.append(relative_offset)
         self.positions.append(position)
-
-    def write_pending(self) -> None:
-        """Write the entries the file lacks, in one write. Blocks on it (if there are any).
-
-        Raises:
-            OSError: the store failed (they stay pending).
-        """
-        count = len(self.positions)
-        if self.written == count:
-            return
-        start = self.written
-        data = encode_entries(self.relative_offsets[start:], self.positions[start:])
-        self.store.pwrite(self.handle, data, start * ENTRY_BYTES)
-        self.written = count
 
     def lookup(self, relative_offset: int) -> int:
         """Position of the last entry at or below ``relative_offset`` (0 if none). Pure."""
@@ -127,27 +120,4 @@ class OffsetIndex:
         Raises:
             OSError: the store failed.
         """
-        keep = bisect_left(self.positions, position)
-        if keep == len(self.positions):
-            return
-        if keep < self.written:
-            self.store.truncate(self.handle, keep * ENTRY_BYTES)
-            self.written = keep
-        del self.relative_offsets[keep:]
-        del self.positions[keep:]
-
-    def rewrite(self, relative_offsets: array, positions: array) -> None:
-        """Replace file and memory with these entries. Blocks on file I/O.
-
-        Raises:
-            OSError: the store failed.
-        """
-        data = encode_entries(relative_offsets, positions)
-        self.store.truncate(self.handle, 0)
-        if data:
-            self.store.pwrite(self.handle, data, 0)
-        self.load(relative_offsets, positions)
-
-    def to_bytes(self) -> bytes:
-        """What the file should hold once pending entries are written. Pure."""
-        return encode_entries(self.relative_offsets, self.positions)
+        self._keep(bisect_left(self.positions, position))

@@ -34,6 +34,7 @@ from array import array
 from bisect import bisect_left
 
 from rivven_broker.storage.file_store import FileStore
+from rivven_broker.storage.index_file import IndexFile
 
 __all__ = ["TimeIndex", "ENTRY_BYTES", "encode_entries", "decode_entries"]
 
@@ -67,19 +68,24 @@ def decode_entries(data: bytes) -> tuple[array, array] | str:
     return timestamps, relative_offsets
 
 
-class TimeIndex:
-    """The in-memory time index of a segment, mirrored to its ``.timeindex`` file."""
+class TimeIndex(IndexFile):
+    """The in-memory time index of a segment, mirrored to its ``.timeindex`` file
+    (``index_file.py``: the file's side)."""
+
+    ENTRY_BYTES = ENTRY_BYTES
 
     def __init__(self, store: FileStore, handle: int, path: str) -> None:
-        self.store = store
-        self.handle = handle
-        self.path = path
+        super().__init__(store, handle, path)
         self.timestamps = array("q")
         self.relative_offsets = array("I")
-        self.written = 0  # entries the file holds: a prefix of the in-memory ones
 
     def __len__(self) -> int:
         return len(self.timestamps)
+
+    def _columns(self) -> tuple[array, array]:
+        return self.timestamps, self.relative_offsets
+
+    _encode = staticmethod(encode_entries)
 
     def load(self, timestamps: array, relative_offsets: array) -> None:
         """Replace the in-memory entries (the file is assumed to hold them). Never blocks."""
@@ -94,20 +100,6 @@ class TimeIndex:
         )
         self.timestamps.append(timestamp)
         self.relative_offsets.append(relative_offset)
-
-    def write_pending(self) -> None:
-        """Write the entries the file lacks, in one write. Blocks on it (if there are any).
-
-        Raises:
-            OSError: the store failed (they stay pending).
-        """
-        count = len(self.timestamps)
-        if self.written == count:
-            return
-        start = self.written
-        data = encode_entries(self.timestamps[start:], self.relative_offsets[start:])
-        self.store.pwrite(self.handle, data, start * ENTRY_BYTES)
-        self.written = count
 
     def lookup(self, timestamp: int) -> int | None:
         """Relative offset of the last entry with a timestamp below ``timestamp``, or None."""
@@ -126,27 +118,4 @@ class TimeIndex:
         Raises:
             OSError: the store failed.
         """
-        keep = bisect_left(self.relative_offsets, relative_offset)
-        if keep == len(self.timestamps):
-            return
-        if keep < self.written:
-            self.store.truncate(self.handle, keep * ENTRY_BYTES)
-            self.written = keep
-        del self.timestamps[keep:]
-        del self.relative_offsets[keep:]
-
-    def rewrite(self, timestamps: array, relative_offsets: array) -> None:
-        """Replace file and memory with these entries. Blocks on file I/O.
-
-        Raises:
-            OSError: the store failed.
-        """
-        data = encode_entries(timestamps, relative_offsets)
-        self.store.truncate(self.handle, 0)
-        if data:
-            self.store.pwrite(self.handle, data, 0)
-        self.load(timestamps, relative_offsets)
-
-    def to_bytes(self) -> bytes:
-        """What the file should hold once pending entries are written. Pure."""
-        return encode_entries(self.timestamps, self.relative_offsets)
+        self._keep(bisect_left(self.relative_offsets, relative_offset))
