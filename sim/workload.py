@@ -47,7 +47,6 @@ import trio
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.message_base import Response
 from rivven_broker.protocol.messages import (
-    ACKS_NONE,
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
     READ_COMMITTED,

@@ -37,7 +37,7 @@ import anyio
 from rivven_broker.client._aio_producer import open_producer
 from rivven_broker.client._loop_thread import start_loop_thread
 from rivven_broker.client.config import bootstrap_and_topics, serialize
-from rivven_broker.client.errors import ClosedError, RivvenError
+from rivven_broker.client.errors import RivvenError
 from rivven_broker.client.types import RecordMetadata
 
 __all__ = ["Producer", "DeliveryCallback"]

@@ -531,7 +531,6 @@ class GroupDriver:
                     await shard.rearm.wait()
 
     async def _durability_loop(self, shard: _Shard) -> None:
-        context = self._context
         while True:
             if not shard.fifo:
                 shard.fifo_wakeup = trio.Event()
