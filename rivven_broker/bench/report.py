@@ -34,6 +34,7 @@ def line_summary(lines: Sequence[LineResult]) -> dict[str, Any]:
     middle = lines[median_index]
     latency = Latency.merged(line.latency for line in lines if line.latency)
     cpu = [value for line in lines if (value := line.cpu_s_per_million) is not None]
+    load_cpu = [value for line in lines if (value := line.load_cpu_s_per_million) is not None]
     out: dict[str, Any] = {
         "target": middle.target,
         "setting": middle.setting,
@@ -51,6 +52,7 @@ def line_summary(lines: Sequence[LineResult]) -> dict[str, Any]:
         "unknown": sum(line.unknown for line in lines),
         "acked_units": sum(line.acked_units for line in lines),
         "broker_cpu_s_per_million": round(statistics.median(cpu), 3) if cpu else None,
+        "load_cpu_s_per_million": round(statistics.median(load_cpu), 3) if load_cpu else None,
         "spread": round(spread(rates), 3),
         "unsteady": spread(rates) > _SPREAD_FLAG,
         "per_second": _per_second(middle.buckets),
@@ -134,6 +136,8 @@ def _line_text(name: str, figures: dict[str, Any], mode: str) -> str:
         )
     if figures["broker_cpu_s_per_million"] is not None:
         parts.append(f"cpu {figures['broker_cpu_s_per_million']:.2f} s/M")
+    if figures.get("load_cpu_s_per_million") is not None:
+        parts.append(f"(load {figures['load_cpu_s_per_million']:.2f})")
     parts.append(f"lost {figures['lost']} dup {figures['duplicated']}")
     if len(figures["rounds_records_per_s"]) > 1:
         parts.append(f"rounds {figures['rounds_records_per_s']}")

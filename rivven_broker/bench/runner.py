@@ -65,6 +65,7 @@ class LineResult:
     latency: bytes = b""
     buckets: list[int] = attrs.Factory(list)
     server_cpu_s: float = 0.0
+    load_cpu_s: float = 0.0  # the producer processes' own CPU in the window, together
     lost: int = 0
     duplicated: int = 0
     unknown: int = 0
@@ -89,6 +90,12 @@ class LineResult:
         if not self.records or not self.server_cpu_s:
             return None
         return self.server_cpu_s / (self.records / 1e6)
+
+    @property
+    def load_cpu_s_per_million(self) -> float | None:
+        if not self.records or not self.load_cpu_s:
+            return None
+        return self.load_cpu_s / (self.records / 1e6)
 
 
 def _spawn_workers(specs: list[WorkerSpec], server: servers.ServerProcess | LocalCluster | None
@@ -175,6 +182,7 @@ def _merge(line: LineResult, results: list[WorkerResult], ledger: Ledger) -> Non
         line.payload_bytes += result.payload_bytes
         line.wire_bytes += result.wire_bytes
         line.requests += result.requests
+        line.load_cpu_s += result.load_cpu_s
         line.seconds = max(line.seconds, result.seconds)
         line.errors += [f"{result.kind}[{result.index}]: {error}" for error in result.errors]
         if result.latency:

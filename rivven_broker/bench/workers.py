@@ -105,6 +105,7 @@ class WorkerResult:
     producers: list[tuple[int, int, int, tuple[int, ...]]] = attrs.Factory(list)
     errors: list[str] = attrs.Factory(list)
     seconds: float = 0.0  # measured seconds (the client consumer: time to read everything)
+    load_cpu_s: float = 0.0  # producers: this process's CPU seconds inside the window
     extra: dict[str, Any] = attrs.Factory(dict)
 
 
@@ -212,10 +213,13 @@ def run_producers(
                 counted[1] += 1
 
     _sleep_until(window.t0)
+    cpu_at_start: float | None = None  # the load's own CPU, from the window's start
     while True:
         now = time.monotonic()
         if now >= end:
             break
+        if cpu_at_start is None and now >= start:
+            cpu_at_start = time.process_time()
         for channel in channels:
             if interval:
                 while channel.next_due <= now and len(channel.in_flight) < depth:
@@ -230,6 +234,8 @@ def run_producers(
         if interval:
             timeout_s = min(timeout_s, min(c.next_due for c in channels) - now)
         _receive(poller, by_fd, max(0.0, timeout_s), complete)
+    if cpu_at_start is not None:
+        result.load_cpu_s = time.process_time() - cpu_at_start
     deadline = time.monotonic() + DRAIN_S
     while any(c.in_flight for c in channels) and time.monotonic() < deadline:
         if all(c.fire_and_forget for c in channels):

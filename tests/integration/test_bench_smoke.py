@@ -47,8 +47,10 @@ def test_produce_bench_with_a_peer_if_installed():
     _check_line(summary["rivven"])
     assert summary["latency_ms"]["p50"] > 0
     assert summary["rivven"]["broker_cpu_s_per_million"] is not None
+    assert summary["rivven"]["load_cpu_s_per_million"] > 0  # the load processes' own CPU
     if peer:
         _check_line(summary["peer"])
+        assert summary["peer"]["load_cpu_s_per_million"] > 0
         assert summary["ratio"] > 0 and len(summary["ratios"]) == 1
 
 
