@@ -136,7 +136,7 @@ def _line_text(name: str, figures: dict[str, Any], mode: str) -> str:
         )
     if figures["broker_cpu_s_per_million"] is not None:
         parts.append(f"cpu {figures['broker_cpu_s_per_million']:.2f} s/M")
-    if figures.get("load_cpu_s_per_million") is not None:
+    if figures["load_cpu_s_per_million"] is not None:
         parts.append(f"(load {figures['load_cpu_s_per_million']:.2f})")
     parts.append(f"lost {figures['lost']} dup {figures['duplicated']}")
     if len(figures["rounds_records_per_s"]) > 1:

@@ -201,8 +201,9 @@ class ProduceAnswers:
 
 
 def _answer_error(payload: bytes) -> str | None:
-    """None for a ``Produce`` answer whose partitions all say NONE; else the error, from the
-    codec's full decode."""
+    """None for a ``Produce`` answer whose partitions all say NONE, else its error. A plain
+    answer is read as msgpack; anything else goes through the codec's full decode, which has
+    the last word (a valid answer the quick read did not expect is still a success)."""
     try:
         api_key, _, body = msgpack.unpackb(payload)
         if api_key == Produce.API_KEY and not any(
@@ -214,8 +215,7 @@ def _answer_error(payload: bytes) -> str | None:
     response = codec.decode_response(payload)
     if type(response) is not ProduceResponse and type(response) is not ErrorResponse:
         raise ConnectionError(f"{type(response).__name__} answers a Produce")
-    error = _produce_error(response)
-    return "an answer the fast check refused without an error" if error is None else error
+    return _produce_error(response)
 
 
 class RivvenProduceChannel(Channel):
