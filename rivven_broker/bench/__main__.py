@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(report.format_summary(summary))
     failed = summary["lost"] or summary["duplicated"] or summary["rivven"]["unknown"]
-    return 1 if failed else 0
+    return 1 if failed or report.line_errors(summary) else 0
 
 
 def _terminate(signum: int, frame: object) -> None:

@@ -67,6 +67,14 @@ def line_summary(lines: Sequence[LineResult]) -> dict[str, Any]:
     return out
 
 
+def line_errors(summary: dict[str, Any]) -> list[str]:
+    """Every target line's errors in a ``summarize`` result. A line with any measured
+    something besides the workload it names (a refused request, a dead connection): the run
+    fails (exit 1), whatever its figures."""
+    return [error for line in summary.values() if isinstance(line, dict)
+            for error in line.get("errors", ())]
+
+
 def _median_index(values: Sequence[float]) -> int:
     order = sorted(range(len(values)), key=values.__getitem__)
     return order[(len(order) - 1) // 2]

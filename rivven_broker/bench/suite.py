@@ -260,4 +260,8 @@ def main(args: argparse.Namespace) -> int:
     if bad:
         print(f"LOSS OR DUPLICATES in {bad}", file=sys.stderr)
         return 1
+    erred = [r["name"] for r in results if report.line_errors(r["summary"])]
+    if erred:
+        print(f"ERRORS in {erred} (see their lines)", file=sys.stderr)
+        return 1
     return 0

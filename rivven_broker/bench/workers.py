@@ -147,6 +147,7 @@ class Channel:
         self.next_sequence = 0  # next ledger unit
         self.acked = 0  # ledger units answered (in order)
         self.failed: list[int] = []
+        self.failed_seen = 0  # of ``failed``, how many ``run_producers`` has matched to requests
         self.in_flight: deque[tuple[float, int, int]] = deque()  # (intended, units, records)
         self.next_due = 0.0
         self.fire_and_forget = False  # acks=0: a request completes when sent
@@ -184,8 +185,9 @@ def run_producers(
 ) -> None:
     """Drive ``channels`` closed-loop or at a fixed rate until ``window.end``; then drain.
 
-    Fills ``result`` (records, bytes, requests, latency, buckets, producers). Blocks.
-    Raises ``OSError`` / ``ConnectionError`` when a connection fails.
+    Fills ``result`` (records, bytes, requests, latency, buckets, producers). Only
+    acknowledged requests count: one answered with an error adds to none of the figures, and
+    ``result.errors`` says how many there were. Blocks. Raises ``OSError`` / ``ConnectionError`` when a connection fails.
     """
     latency = Latency()
     buckets = Buckets(options.duration_s)
@@ -198,15 +200,23 @@ def run_producers(
     channels_total = options.producers * options.connections
     for channel in channels:
         channel.next_due = first_due(window.t0, channel.producer, channels_total, interval)
-    counted = [0, 0]  # records, requests inside the window
+    counted = [0, 0]  # acknowledged records, requests inside the window
+    refusals = [0]  # requests answered with an error (their records are not counted)
     record_bytes = options.record_bytes
     start, end = window.start, window.end
 
     def complete(channel: Channel, count: int, now: float) -> None:
+        failed = channel.failed
         for _ in range(count):
             intended, units, records = channel.in_flight.popleft()
             channel.acked += units
-            if start <= now < end:
+            refused = False  # an answer with an error acknowledges nothing: not counted
+            while channel.failed_seen < len(failed) and failed[channel.failed_seen] < channel.acked:
+                channel.failed_seen += 1
+                refused = True
+            if refused:
+                refusals[0] += 1
+            elif start <= now < end:
                 latency.record_us((now - intended) * 1e6)
                 buckets.add(now - start, records)
                 counted[0] += records
@@ -255,6 +265,8 @@ def run_producers(
             result.errors.append(
                 f"producer {channel.producer}: {len(channel.in_flight)} requests unanswered"
             )
+    if refusals[0]:
+        result.errors.append(f"{refusals[0]} requests answered with an error (not counted)")
 
 
 def _receive(
