@@ -358,6 +358,10 @@ class _Connection:
             self.reserved_bytes = 0
 
     async def _receive(self) -> str | None:
+        """Wait for bytes and feed them to the core: None when it took some; ``"eof"`` at the
+        end of the stream; ``"cancelled"`` when ``read_scope`` was cancelled as the bytes
+        came in (they are dropped, and ``read_loop`` reports ``closed_by`` or ``"stopped"``
+        instead: it never returns ``"cancelled"``)."""
         self.receiving = True
         try:
             data = await self.stream.receive_some(_RECEIVE_BYTES)

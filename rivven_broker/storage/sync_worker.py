@@ -170,16 +170,17 @@ class SyncWorker:
         self._run_sync = run_sync
         self._fsync_each = fsync_each
         self._filesystem_sync_files_min = filesystem_sync_files_min
-        self._dirty: dict[int, SyncableLog] = {}  # id(log) -> log, in marking order
-        self._waiters: dict[int, list[tuple[int, int, trio.Event]]] = {}  # id(log) -> heap
-        self._listeners: dict[int, Callable[[], None]] = {}  # id(log) -> its listener
+        # Logs hash by identity (``SyncableLog`` asks for no equality of its own).
+        self._dirty: dict[SyncableLog, None] = {}  # in marking order
+        self._waiters: dict[SyncableLog, list[tuple[int, int, trio.Event]]] = {}  # heaps
+        self._listeners: dict[SyncableLog, Callable[[], None]] = {}
         self._sequence = itertools.count()
         self._wakeup = trio.Event()
         self._failure: SyncFailedError | None = None
         self._closing = False
         self._running = False
         self._stopped = trio.Event()
-        self._in_flight: set[int] = set()  # id(log) of every log in the group being synced
+        self._in_flight: set[SyncableLog] = set()  # every log in the group being synced
         self._group_done = trio.Event()
         self._groups = self._fsyncs = self._logs_synced = self._waits = 0
         self._waiting = 0
@@ -196,16 +197,16 @@ class SyncWorker:
             raise self._failure
         if self.policy.mode == "none":
             return
-        self._dirty[id(log)] = log
+        self._dirty[log] = None
         self._wakeup.set()
 
     def listen(self, log: SyncableLog, listener: Callable[[], None]) -> None:
         """Call ``listener()`` (on the trio thread, never blocking) after every group that
         synced ``log``, and when an fsync failed. Replaces an earlier listener of the log."""
-        self._listeners[id(log)] = listener
+        self._listeners[log] = listener
 
     def unlisten(self, log: SyncableLog) -> None:
-        self._listeners.pop(id(log), None)
+        self._listeners.pop(log, None)
 
     def check_healthy(self) -> None:
         """Raise the worker's failure, if an fsync failed. Never blocks.
@@ -234,10 +235,10 @@ class SyncWorker:
             raise SyncFailedError("the sync worker is closed")
         if log.dirty:  # not marked by the appender, and not in a group already
             self.mark_dirty(log)
-        elif id(log) not in self._in_flight:
+        elif log not in self._in_flight:
             raise _never_durable(log, offset)
         event = trio.Event()
-        heapq.heappush(self._waiters.setdefault(id(log), []), (offset, next(self._sequence), event))
+        heapq.heappush(self._waiters.setdefault(log, []), (offset, next(self._sequence), event))
         self._waits += 1
         self._waiting += 1
         try:
@@ -297,14 +298,13 @@ class SyncWorker:
 
     async def _sync_group(self) -> None:
         """One group commit over every dirty log (steps 2-4 of the module docstring)."""
-        logs = list(self._dirty.values())
+        logs = list(self._dirty)
         self._dirty.clear()
-        ids = {id(log) for log in logs}
-        self._in_flight |= ids
+        self._in_flight.update(logs)
         try:
             synced = await self._sync_logs(logs)
         finally:
-            self._in_flight -= ids
+            self._in_flight.difference_update(logs)
             self._signal_group_done()
         if synced:
             self._groups += 1
@@ -341,22 +341,22 @@ class SyncWorker:
         Raises:
             SyncFailedError: an fsync failed (now or earlier).
         """
-        while id(log) in self._in_flight:
+        while log in self._in_flight:
             await self._group_done.wait()
-        self._dirty.pop(id(log), None)
+        self._dirty.pop(log, None)
         if self._failure is not None:
             raise self._failure
         if self.policy.mode != "none":
-            self._in_flight.add(id(log))
+            self._in_flight.add(log)
             try:
                 self._logs_synced += await self._sync_logs([log])
             finally:
-                self._in_flight.discard(id(log))
+                self._in_flight.discard(log)
                 self._signal_group_done()
         else:
             await trio.lowlevel.checkpoint()
         self._wake_durable(log)
-        for _, _, event in self._waiters.pop(id(log), []):
+        for _, _, event in self._waiters.pop(log, []):
             event.set()
 
     def _signal_group_done(self) -> None:
@@ -364,23 +364,23 @@ class SyncWorker:
         self._group_done = trio.Event()
 
     def _wake_durable(self, log: SyncableLog) -> None:
-        listener = self._listeners.get(id(log))
+        listener = self._listeners.get(log)
         if listener is not None:
             listener()
-        heap = self._waiters.get(id(log))
+        heap = self._waiters.get(log)
         if not heap:
             return
         durable = log.durable_offset
         while heap and heap[0][0] < durable:
             heapq.heappop(heap)[2].set()
-        if heap and not log.dirty and id(log) not in self._in_flight:
+        if heap and not log.dirty and log not in self._in_flight:
             # Nothing left to sync, yet offsets wait: the log failed or was truncated below
             # them. They can never become durable; wake them to raise.
             for _, _, event in heap:
                 event.set()
             heap.clear()
         if not heap:
-            del self._waiters[id(log)]
+            del self._waiters[log]
 
     def _fail(self, failure: SyncFailedError, cause: BaseException) -> None:
         failure.__cause__ = cause
