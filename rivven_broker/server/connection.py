@@ -148,7 +148,7 @@ class _Slot:
     api: str
     start_ms: int
     response: Response | None = None
-    ready: bool = False
+    filled: bool = False  # ``response`` is final: the slot may be answered
     pending: Pending | None = None  # a produce the writer settles (see write_loop)
 
 
@@ -211,7 +211,7 @@ class _Connection:
 
     def fill(self, slot: _Slot, response: Response) -> None:
         slot.response = response
-        slot.ready = True
+        slot.filled = True
         self.wake_writer()
 
     def stop_reading(self) -> None:
@@ -425,7 +425,7 @@ class _Connection:
             slot.pending = outcome  # settled in order by the writer or the lane
         else:
             slot.response = outcome
-            slot.ready = True
+            slot.filled = True
         if not self.lane_answering:
             self.wake_writer()
         return True
@@ -481,7 +481,7 @@ class _Connection:
                 continue
             if slots and slots[0].pending is not None and self.fatal is None:
                 await self._settle_head()
-            if not (slots and slots[0].ready):
+            if not (slots and slots[0].filled):
                 if self.fatal is not None:
                     await self._send([self.fatal])
                     return
@@ -511,7 +511,7 @@ class _Connection:
         frames: FramePieces = []
         if now_ms is None:
             now_ms = self.clock.monotonic_ms()
-        while slots and slots[0].ready:
+        while slots and slots[0].filled:
             slot = slots.popleft()
             response = slot.response
             assert response is not None
@@ -530,20 +530,20 @@ class _Connection:
         """Answer the head slot's produce: at once if durable, else when its wait ends."""
         slot = self.slots[0]
         pending = slot.pending
-        assert pending is not None and pending.ready is not None and not slot.ready
+        assert pending is not None and pending.ready is not None and not slot.filled
         slot.pending = None
         response = _guarded(slot.api, pending.ready)
         if response is None:
             response = await self._wait(slot, pending)
         slot.response = response
-        slot.ready = True
+        slot.filled = True
 
     def settle_ready(self, progressed: bool = True) -> None:
         """Answer, in order from the head, every produce that is durable now. Never blocks.
         ``progressed=False``: no partition progressed since every pending here was made or
         last asked (the lane knows), so one that is ``after_progress`` is not asked."""
         for slot in self.slots:
-            if slot.ready:
+            if slot.filled:
                 continue
             pending = slot.pending
             if pending is None or pending.ready is None:
@@ -560,7 +560,7 @@ class _Connection:
                 return
             slot.pending = None
             slot.response = response
-            slot.ready = True
+            slot.filled = True
 
     def _unencodable(self, slot: _Slot, exc: LocalProtocolError) -> bytes | FramePieces:
         """The answer to ``slot`` could not be encoded (too large for a frame): say so."""

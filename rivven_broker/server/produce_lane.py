@@ -266,7 +266,7 @@ class ProduceLane:
                     and pending.provisional is not None:  # the deliberate bug (docstring)
                 slot.pending = None
                 slot.response = pending.provisional()
-                slot.ready = True
+                slot.filled = True
         return taken
 
     def _answer(self, connections: dict[_Connection, None], progressed: bool) -> None:
@@ -280,7 +280,7 @@ class ProduceLane:
                 continue
             connection.settle_ready(progressed)
             slots = connection.slots
-            if not (slots and slots[0].ready):
+            if not (slots and slots[0].filled):
                 continue
             if now_ms is None:
                 now = trio.current_time()
