@@ -87,7 +87,7 @@ from rivven_broker.server.txn_driver import TxnDriver
 from rivven_broker.storage.errors import StorageError, SyncFailedError, stop_on_io_error
 from rivven_broker.storage.handle_cache import BoundedHandles
 from rivven_broker.storage.log_manager import LogManager
-from rivven_broker.storage.sync_worker import SyncPolicy, SyncWorker
+from rivven_broker.storage.sync_worker import SyncMode, SyncPolicy, SyncWorker
 from rivven_cluster.membership import DEVELOPMENT_KEY, Address, KeyRing, Member
 
 __all__ = ["Broker", "BrokerAddresses", "BrokerState"]
@@ -322,7 +322,7 @@ class Broker:
         now_ms = env.clock.wall_ms()
         # Files written and not yet fsynced are the last the cache closes; under `none`
         # nothing is fsynced before close, so none is kept for that (handle_cache.py).
-        pin = SyncPolicy.parse(self.config.sync_policy).mode != "none"
+        pin = SyncPolicy.parse(self.config.sync_policy).mode is not SyncMode.NONE
         self.files = BoundedHandles(env.disk, self.open_files_max, pin_unsynced=pin)
         self.metrics.track_files(self.files.statistics)
         opener = functools.partial(

@@ -115,6 +115,7 @@ from rivven_broker.server.context import Pending, ServerContext
 from rivven_broker.server.group_driver import INTERNAL_TOPICS
 from rivven_broker.storage.partition import CommitRule, Partition
 from rivven_broker.storage.staged_appends import StagedWrite
+from rivven_broker.storage.sync_worker import SyncMode
 
 if TYPE_CHECKING:
     from rivven_broker.server.metrics import BrokerMetrics
@@ -276,7 +277,7 @@ class DataPath:
                     outcome[key] = _produce_error(key[1], error_of(exc))
                 waits = [entry for entry in waits if entry[0] not in failed]
 
-        if not waits or (context.policy.mode != "always" and not replicated):
+        if not waits or (context.policy.mode is not SyncMode.ALWAYS and not replicated):
             if not staged:
                 return _produce_response(request, outcome)
 
@@ -368,7 +369,7 @@ class DataPath:
         topic = topics[0]
         name = topic.name
         if len(topic.partitions) != 1 or name in INTERNAL_TOPICS \
-                or not context.logs.has_topic(name) or context.policy.mode != "always":
+                or not context.logs.has_topic(name) or context.policy.mode is not SyncMode.ALWAYS:
             return _NOT_TAKEN
         part = topic.partitions[0]
         index = part.partition

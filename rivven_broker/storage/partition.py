@@ -103,7 +103,7 @@ from rivven_broker.storage.file_store import FileStore
 from rivven_broker.storage.errors import StorageError, SyncFailedError
 from rivven_broker.storage.partition_log import AppendInfo, PartitionLog
 from rivven_broker.storage.staged_appends import AppendPass, StagedWrite
-from rivven_broker.storage.sync_worker import SyncWorker
+from rivven_broker.storage.sync_worker import SyncMode, SyncWorker
 from rivven_broker.storage.txn_index import (
     TXN_INDEX_FILE,
     AbortedTxn,
@@ -214,7 +214,7 @@ class Partition:
         self._sync = sync
         self._events = events
         #: Under ``sync=always`` only the durable offset is held for good.
-        self._durable_is_synced = sync is not None and sync.policy.mode == "always"
+        self._durable_is_synced = sync is not None and sync.policy.mode is SyncMode.ALWAYS
         self._rule: CommitRule | None = None
         self._local_announced = -1  # the local durable end consumers were last told of
         self._progress = trio.Event()

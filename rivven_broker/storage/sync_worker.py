@@ -63,6 +63,7 @@ handles and directories of their tickets.
 
 from __future__ import annotations
 
+import enum
 import heapq
 import itertools
 import re
@@ -76,6 +77,7 @@ from rivven_broker.storage.errors import SyncFailedError
 from rivven_broker.storage.file_store import FileStore
 
 __all__ = [
+    "SyncMode",
     "SyncPolicy",
     "SyncWorker",
     "SyncWorkerStatistics",
@@ -95,16 +97,23 @@ fsync_each_min = 3
 _INTERVAL = re.compile(r"interval_ms=([1-9][0-9]{0,8})")
 
 
+class SyncMode(enum.StrEnum):
+    """How a ``SyncPolicy`` fsyncs (each equal to its name in ``--sync-policy``)."""
+
+    ALWAYS = "always"  # a group commit before every acknowledgement
+    INTERVAL = "interval"  # every ``interval_ms``, in the background
+    NONE = "none"  # never (the logs still flush on close)
+
+
 @attrs.frozen
 class SyncPolicy:
     """When appended data is fsynced: ``always``, ``interval_ms=N`` or ``none``."""
 
-    mode: str  # "always" | "interval" | "none"
+    mode: SyncMode = attrs.field(converter=SyncMode)  # (a name converts: ``SyncPolicy("none")``)
     interval_ms: int = 0
 
     def __attrs_post_init__(self) -> None:
-        assert self.mode in ("always", "interval", "none"), self.mode
-        assert (self.interval_ms > 0) == (self.mode == "interval")
+        assert (self.interval_ms > 0) == (self.mode is SyncMode.INTERVAL)
 
     @classmethod
     def parse(cls, text: str) -> SyncPolicy:
@@ -113,15 +122,16 @@ class SyncPolicy:
         Raises:
             ValueError: anything else.
         """
-        if text in ("always", "none"):
-            return cls(text)
+        if text in (SyncMode.ALWAYS, SyncMode.NONE):
+            return cls(SyncMode(text))
         match = _INTERVAL.fullmatch(text)
         if match is None:
             raise ValueError(f"sync policy must be always, none or interval_ms=N, not {text!r}")
-        return cls("interval", int(match.group(1)))
+        return cls(SyncMode.INTERVAL, int(match.group(1)))
 
     def __str__(self) -> str:
-        return f"interval_ms={self.interval_ms}" if self.mode == "interval" else self.mode
+        return f"interval_ms={self.interval_ms}" if self.mode is SyncMode.INTERVAL \
+            else self.mode.value
 
 
 @attrs.frozen
@@ -195,7 +205,7 @@ class SyncWorker:
         """
         if self._failure is not None:
             raise self._failure
-        if self.policy.mode == "none":
+        if self.policy.mode is SyncMode.NONE:
             return
         self._dirty[log] = None
         self._wakeup.set()
@@ -228,7 +238,7 @@ class SyncWorker:
         assert offset < log.log_end_offset, (offset, log.log_end_offset)
         if self._failure is not None:
             raise self._failure
-        if self.policy.mode != "always" or log.durable_offset > offset:
+        if self.policy.mode is not SyncMode.ALWAYS or log.durable_offset > offset:
             await trio.lowlevel.checkpoint()
             return
         if self._closing and not self._running:
@@ -260,9 +270,9 @@ class SyncWorker:
         self._running = True
         task_status.started()
         try:
-            if self.policy.mode == "always":
+            if self.policy.mode is SyncMode.ALWAYS:
                 await self._run_always()
-            elif self.policy.mode == "interval":
+            elif self.policy.mode is SyncMode.INTERVAL:
                 await self._run_interval()
             else:
                 await self._until_closing()
@@ -346,7 +356,7 @@ class SyncWorker:
         self._dirty.pop(log, None)
         if self._failure is not None:
             raise self._failure
-        if self.policy.mode != "none":
+        if self.policy.mode is not SyncMode.NONE:
             self._in_flight.add(log)
             try:
                 self._logs_synced += await self._sync_logs([log])
