@@ -34,10 +34,12 @@ a ``Ledger``: one mark per batch for the raw producers, one per record for the c
 
 from __future__ import annotations
 
+import functools
 import socket
 import struct
 import time
 from collections import deque
+from concurrent.futures import Future
 from typing import Callable
 
 import attrs
@@ -393,12 +395,21 @@ def prepare_client_produce(spec: WorkerSpec) -> Callable[[Window, WorkerResult],
     pad = bytes(options.record_bytes - MARK_BYTES)
 
     def run(window: Window, result: WorkerResult) -> None:
-        samples: list[float] = []
+        samples: list[float] = []  # acknowledged sampled records: their latency
+        refusals: list[str] = []  # sampled records answered with an error
         pid = spec.producer_base
-        sequence = counted = 0
+        sequence = 0
         send = producer.send
         topic = spec.topic
         pack = MARK.pack
+
+        def settled(future: Future, sent_at: float) -> None:  # (on the client's I/O thread)
+            error = future.exception()
+            if error is None:
+                samples.append(time.monotonic() - sent_at)
+            else:
+                refusals.append(f"{type(error).__name__}: {error}")
+
         try:
             _sleep_until(window.t0)
             now = time.monotonic()
@@ -410,10 +421,7 @@ def prepare_client_produce(spec: WorkerSpec) -> Callable[[Window, WorkerResult],
                 future = send(topic, pack(pid, sequence, 0) + pad)
                 sequence += 1
                 if sent_at >= window.start:
-                    future.add_done_callback(
-                        lambda f, t=sent_at: samples.append(time.monotonic() - t)
-                    )
-                    counted += _CLIENT_SAMPLE
+                    future.add_done_callback(functools.partial(settled, sent_at=sent_at))
                 now = time.monotonic()
             producer.flush(60.0)
         finally:
@@ -421,6 +429,12 @@ def prepare_client_produce(spec: WorkerSpec) -> Callable[[Window, WorkerResult],
         latency = Latency()
         for value in samples:
             latency.record_us(value * 1e6)
+        # Every sampled record stands for the _CLIENT_SAMPLE sent with it; one answered with
+        # an error counts for none of them (as a refused request in ``run_producers``).
+        counted = len(samples) * _CLIENT_SAMPLE
+        if refusals:
+            result.errors.append(f"{len(refusals)} sampled records failed (not counted), "
+                                 f"the first: {refusals[0]}")
         result.records = counted
         result.payload_bytes = counted * options.record_bytes
         result.latency = latency.encode()
