@@ -66,7 +66,7 @@ from rivven_broker.coordinator.group_events import (
 )
 from rivven_broker.coordinator.group_membership import MembershipMixin
 from rivven_broker.coordinator.group_offsets import OffsetsMixin
-from rivven_broker.coordinator.group_state import Group, GroupState, Member
+from rivven_broker.coordinator.group_state import Group, GroupState, Member, TimerKind
 from rivven_broker.coordinator.offsets_codec import GroupKey, encode_group_value, encode_key
 from rivven_broker.protocol import limits
 from rivven_broker.protocol.errors import ErrorCode
@@ -125,7 +125,7 @@ class GroupCoordinator(MembershipMixin, OffsetsMixin):
         self._groups: dict[str, Group] = {}
         self._persists: dict[int, object] = {}
         self._next_persist_id = 1
-        self._timers: list[tuple[int, str, str, str]] = []
+        self._timers: list[tuple[int, TimerKind, str, str]] = []
         self._next_expiry_ms: int | None = None
         self._out: list[Instruction] = []
 
@@ -216,24 +216,25 @@ class GroupCoordinator(MembershipMixin, OffsetsMixin):
         key = encode_key(GroupKey(group.group_id))
         return key, encode_group_value(group.to_value(assignments))
 
-    def _schedule(self, deadline_ms: int, kind: str, group_id: str, member_id: str = "") -> None:
+    def _schedule(self, deadline_ms: int, kind: TimerKind, group_id: str,
+                  member_id: str = "") -> None:
         heapq.heappush(self._timers, (deadline_ms, kind, group_id, member_id))
 
-    def _timer_live(self, timer: tuple[int, str, str, str]) -> bool:
+    def _timer_live(self, timer: tuple[int, TimerKind, str, str]) -> bool:
         deadline_ms, kind, group_id, member_id = timer
         group = self._groups.get(group_id)
         if group is None:
             return False
-        if kind == "session":
+        if kind is TimerKind.SESSION:
             member = group.members.get(member_id)
             return member is not None and member.session_deadline_ms == deadline_ms
-        if kind == "pending":
+        if kind is TimerKind.PENDING:
             return group.pending_members.get(member_id) == deadline_ms
-        if kind == "rebalance":
+        if kind is TimerKind.REBALANCE:
             return group.state in (_PREPARING, _COMPLETING) and (
                 group.rebalance_deadline_ms == deadline_ms
             )
-        assert kind == "join_ready", kind
+        assert kind is TimerKind.JOIN_READY, kind
         return group.state is _PREPARING and group.join_ready_ms == deadline_ms
 
     def _new_member_id(self, group: Group, client_id: str) -> str:
@@ -245,7 +246,7 @@ class GroupCoordinator(MembershipMixin, OffsetsMixin):
 
     def _renew(self, group: Group, member: Member, now_ms: int) -> None:
         member.session_deadline_ms = now_ms + member.session_timeout_ms
-        self._schedule(member.session_deadline_ms, "session", group.group_id, member.member_id)
+        self._schedule(member.session_deadline_ms, TimerKind.SESSION, group.group_id, member.member_id)
 
     def _dispatch(self, event: GroupRequest, now_ms: int) -> None:
         request = event.request
@@ -271,18 +272,18 @@ class GroupCoordinator(MembershipMixin, OffsetsMixin):
             self._expire_offsets(now_ms)
             self._next_expiry_ms = now_ms + self.config.offsets_retention_check_interval_ms
 
-    def _fire(self, timer: tuple[int, str, str, str], now_ms: int) -> None:
+    def _fire(self, timer: tuple[int, TimerKind, str, str], now_ms: int) -> None:
         _, kind, group_id, member_id = timer
         group = self._groups[group_id]
-        if kind == "session":
+        if kind is TimerKind.SESSION:
             member = group.members[member_id]
             if member.is_awaiting():  # alive by definition; look again one session later
                 self._renew(group, member, now_ms)
                 return
             self._remove_members(group, [member], ErrorCode.UNKNOWN_MEMBER_ID, now_ms)
-        elif kind == "pending":
+        elif kind is TimerKind.PENDING:
             del group.pending_members[member_id]
-        elif kind == "join_ready":
+        elif kind is TimerKind.JOIN_READY:
             self._maybe_complete_join(group, now_ms)
         elif group.state is _PREPARING:
             self._complete_join(group, now_ms)
@@ -341,7 +342,7 @@ class GroupCoordinator(MembershipMixin, OffsetsMixin):
                 return refuse(ErrorCode.GROUP_MAX_SIZE_REACHED)
             member_id = self._new_member_id(group, event.client_id)
             group.pending_members[member_id] = now_ms + request.session_timeout_ms
-            self._schedule(group.pending_members[member_id], "pending", group.group_id, member_id)
+            self._schedule(group.pending_members[member_id], TimerKind.PENDING, group.group_id, member_id)
             refuse(ErrorCode.MEMBER_ID_REQUIRED, member_id)
         elif request.member_id in group.pending_members:
             del group.pending_members[request.member_id]
@@ -474,11 +475,11 @@ class GroupCoordinator(MembershipMixin, OffsetsMixin):
         group.transition(_PREPARING, now_ms)
         timeout_ms = group.max_rebalance_timeout_ms(self.config.rebalance_timeout_ms_default)
         group.rebalance_deadline_ms = now_ms + timeout_ms
-        self._schedule(group.rebalance_deadline_ms, "rebalance", group.group_id)
+        self._schedule(group.rebalance_deadline_ms, TimerKind.REBALANCE, group.group_id)
         delay_ms = min(self.config.initial_rebalance_delay_ms, timeout_ms) if started_empty else 0
         group.join_ready_ms = now_ms + delay_ms
         if delay_ms:
-            self._schedule(group.join_ready_ms, "join_ready", group.group_id)
+            self._schedule(group.join_ready_ms, TimerKind.JOIN_READY, group.group_id)
         self._maybe_complete_join(group, now_ms)
 
     def _maybe_complete_join(self, group: Group, now_ms: int) -> None:
@@ -505,7 +506,7 @@ class GroupCoordinator(MembershipMixin, OffsetsMixin):
         group.transition(_COMPLETING, now_ms)
         timeout_ms = group.max_rebalance_timeout_ms(self.config.rebalance_timeout_ms_default)
         group.rebalance_deadline_ms = now_ms + timeout_ms
-        self._schedule(group.rebalance_deadline_ms, "rebalance", group.group_id)
+        self._schedule(group.rebalance_deadline_ms, TimerKind.REBALANCE, group.group_id)
         for member in group.members.values():
             token, member.join_token = member.join_token, None
             self._renew(group, member, now_ms)

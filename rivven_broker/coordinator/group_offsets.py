@@ -47,7 +47,13 @@ from typing import Hashable, Iterable
 import attrs
 
 from rivven_broker.coordinator.group_events import TxnOffsetsCommitted
-from rivven_broker.coordinator.group_state import Group, GroupState, Member, TopicPartitionKey
+from rivven_broker.coordinator.group_state import (
+    Group,
+    GroupState,
+    Member,
+    TimerKind,
+    TopicPartitionKey,
+)
 from rivven_broker.coordinator.offsets_codec import (
     GroupKey,
     GroupValue,
@@ -419,7 +425,7 @@ class OffsetsMixin:
             group.members[member.member_id] = member
             if member.group_instance_id is not None:
                 group.static_members[member.group_instance_id] = member.member_id
-            self._schedule(member.session_deadline_ms, "session", group_id, member.member_id)
+            self._schedule(member.session_deadline_ms, TimerKind.SESSION, group_id, member.member_id)
         protocol = value.protocol_name
         usable = protocol is not None and all(
             protocol in m.protocol_names() for m in group.members.values()

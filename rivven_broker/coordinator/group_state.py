@@ -39,9 +39,20 @@ import attrs
 
 from rivven_broker.coordinator.offsets_codec import GroupValue, MemberValue, OffsetValue
 
-__all__ = ["GroupState", "Member", "Group", "TopicPartitionKey"]
+__all__ = ["GroupState", "Member", "Group", "TimerKind", "TopicPartitionKey"]
 
 TopicPartitionKey = tuple[str, int]
+
+
+class TimerKind(enum.StrEnum):
+    """What a coordinator timer is for. A ``StrEnum``: timers are heap entries
+    ``(deadline_ms, kind, group, member)``, and equal deadlines fire in the order of these
+    names, as they did when the kinds were bare strings."""
+
+    SESSION = "session"  # a member's session ran out unless renewed since
+    PENDING = "pending"  # a member id handed out by a JoinGroup that never came back
+    REBALANCE = "rebalance"  # the rebalance (join, then sync) took too long
+    JOIN_READY = "join_ready"  # every known member may have joined: look again
 
 
 class GroupState(enum.Enum):
