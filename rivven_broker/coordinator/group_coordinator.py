@@ -66,7 +66,13 @@ from rivven_broker.coordinator.group_events import (
 )
 from rivven_broker.coordinator.group_membership import MembershipMixin
 from rivven_broker.coordinator.group_offsets import OffsetsMixin
-from rivven_broker.coordinator.group_state import Group, GroupState, Member, TimerKind
+from rivven_broker.coordinator.group_state import (
+    Group,
+    GroupState,
+    Member,
+    PersistOutcome,
+    TimerKind,
+)
 from rivven_broker.coordinator.offsets_codec import GroupKey, encode_group_value, encode_key
 from rivven_broker.protocol import limits
 from rivven_broker.protocol.errors import ErrorCode
@@ -128,6 +134,9 @@ class GroupCoordinator(MembershipMixin, OffsetsMixin):
         self._timers: list[tuple[int, TimerKind, str, str]] = []
         self._next_expiry_ms: int | None = None
         self._out: list[Instruction] = []
+        #: Who settles a persist's outcome, by the type of its context: one table.
+        self._persist_outcomes: dict[type, PersistOutcome] = {
+            **self._membership_outcomes(), **self._offsets_outcomes()}
 
     # --- the interface -----------------------------------------------------------------
 
@@ -549,5 +558,4 @@ class GroupCoordinator(MembershipMixin, OffsetsMixin):
         assert context is not None or persist_id < self._next_persist_id, persist_id
         if context is None:  # fire-and-forget records (expiry, an emptied group)
             return
-        if not self._membership_persisted(context, persist_id, error, now_ms):
-            self._offsets_persisted(context, persist_id, error, now_ms)
+        self._persist_outcomes[type(context)](context, persist_id, error, now_ms)

@@ -30,7 +30,7 @@ from typing import Hashable
 
 import attrs
 
-from rivven_broker.coordinator.group_state import Group, GroupState, Member
+from rivven_broker.coordinator.group_state import Group, GroupState, Member, PersistOutcome
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.group_messages import (
     Heartbeat,
@@ -208,12 +208,11 @@ class MembershipMixin:
             return ErrorCode.UNKNOWN_MEMBER_ID, None
         return ErrorCode.NONE, member
 
-    def _membership_persisted(self, context, persist_id: int, error, now_ms: int) -> bool:
-        """Handle the outcome of a membership persist; False if ``context`` is not one."""
-        if isinstance(context, _SyncPersist):
-            self._sync_persisted(context, persist_id, error, now_ms)
-        elif isinstance(context, _StaticPersist):
-            self._static_persisted(context, error, now_ms)
-        else:
-            return False
-        return True
+    def _membership_outcomes(self) -> dict[type, PersistOutcome]:
+        """Who settles each membership persist's outcome, by its context's type (the host
+        builds one table from every mixin's)."""
+        return {
+            _SyncPersist: self._sync_persisted,
+            _StaticPersist: lambda context, _, error, now_ms: self._static_persisted(
+                context, error, now_ms),
+        }

@@ -51,6 +51,7 @@ from rivven_broker.coordinator.group_state import (
     Group,
     GroupState,
     Member,
+    PersistOutcome,
     TimerKind,
     TopicPartitionKey,
 )
@@ -365,12 +366,15 @@ class OffsetsMixin:
             if records:
                 self._persist(group, records, None)
 
-    def _offsets_persisted(self, context, persist_id: int, error, now_ms: int) -> None:
-        if isinstance(context, _CommitPersist):
-            self._commit_persisted(context, error)
-        else:
-            assert isinstance(context, _DeletePersist), context
-            self._delete_persisted(context, error, now_ms)
+    def _offsets_outcomes(self) -> dict[type, PersistOutcome]:
+        """Who settles each offsets persist's outcome, by its context's type (see
+        ``_membership_outcomes``)."""
+        return {
+            _CommitPersist: lambda context, _, error, now_ms: self._commit_persisted(
+                context, error),
+            _DeletePersist: lambda context, _, error, now_ms: self._delete_persisted(
+                context, error, now_ms),
+        }
 
     # --- load ----------------------------------------------------------------------------
 

@@ -33,15 +33,18 @@ by instance id so a restarted instance takes over its old member's place and ass
 from __future__ import annotations
 
 import enum
-from typing import Hashable
+from typing import Any, Callable, Hashable
 
 import attrs
 
 from rivven_broker.coordinator.offsets_codec import GroupValue, MemberValue, OffsetValue
+from rivven_broker.protocol.errors import ErrorCode
 
-__all__ = ["GroupState", "Member", "Group", "TimerKind", "TopicPartitionKey"]
+__all__ = ["GroupState", "Member", "Group", "PersistOutcome", "TimerKind", "TopicPartitionKey"]
 
 TopicPartitionKey = tuple[str, int]
+#: Settles one persist's outcome: ``(context, persist_id, error or None, now_ms)``.
+PersistOutcome = Callable[[Any, int, ErrorCode | None, int], None]
 
 
 class TimerKind(enum.StrEnum):
