@@ -112,7 +112,7 @@ from rivven_broker.storage.errors import (
     UnknownTopicOrPartitionError,
 )
 from rivven_broker.server.context import Pending, ServerContext
-from rivven_broker.server.group_driver import INTERNAL_TOPICS
+from rivven_broker.server.internal_topics import INTERNAL_TOPICS
 from rivven_broker.storage.partition import CommitRule, Partition
 from rivven_broker.storage.staged_appends import StagedWrite
 from rivven_broker.storage.sync_worker import SyncMode

@@ -82,7 +82,6 @@ from rivven_broker.coordinator.offsets_codec import (
     encode_offset_value,
     offsets_partition_for,
 )
-from rivven_broker.coordinator.txn_log_codec import TRANSACTION_STATE_TOPIC
 from rivven_broker.protocol import limits
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.group_messages import (
@@ -116,6 +115,7 @@ from rivven_broker.protocol.names import group_id_error
 from rivven_broker.records.builder import BatchBuilder
 from rivven_broker.server.context import Pending, RequestContext
 from rivven_broker.server.coordinator_shards import ownership_changes
+from rivven_broker.server.internal_topics import offsets_topic_config
 from rivven_broker.server.log_replay import keyed_records, replay
 from rivven_broker.storage.errors import StorageError, SyncFailedError, TopicExistsError
 from rivven_broker.storage.partition import CommitRule, Partition
@@ -128,30 +128,9 @@ __all__ = [
     "GroupDriverSettings",
     "LagRow",
     "GroupLagCollector",
-    "INTERNAL_TOPICS",
-    "is_internal_topic",
-    "offsets_topic_config",
 ]
 
 log = logging.getLogger(__name__)
-
-INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
-_OFFSETS_SEGMENT_BYTES = 100 * 1024 * 1024
-
-
-def is_internal_topic(name: str) -> bool:
-    """True for the broker's own topics (hidden from listings, refused to producers)."""
-    return name in INTERNAL_TOPICS
-
-
-def offsets_topic_config() -> dict[str, str]:
-    """The topic configs ``__consumer_offsets`` is created with."""
-    return {
-        "cleanup.policy": "compact",
-        "segment.bytes": str(_OFFSETS_SEGMENT_BYTES),
-        "max.message.bytes": str(limits.batch_bytes_max),
-    }
-
 
 @attrs.frozen
 class GroupDriverSettings:

@@ -70,7 +70,7 @@ from rivven_broker.protocol.messages import (
 from rivven_broker.server.context import Pending, RequestContext, ServerContext
 from rivven_broker.server.data_path import DataPath
 from rivven_broker.server.control import Control
-from rivven_broker.server.group_driver import is_internal_topic
+from rivven_broker.server.internal_topics import is_internal_topic
 from rivven_broker.server.local_control import topic_problem
 
 __all__ = ["Handlers"]

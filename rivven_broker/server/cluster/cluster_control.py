@@ -84,7 +84,7 @@ from rivven_broker.server.cluster.raft_links import ask_voters
 from rivven_broker.server.cluster.replica_manager import ReplicaConfig, ReplicaManager
 from rivven_broker.server.context import Pending, ServerContext
 from rivven_broker.server.env import Env
-from rivven_broker.server.group_driver import is_internal_topic, offsets_topic_config
+from rivven_broker.server.internal_topics import is_internal_topic, offsets_topic_config
 from rivven_broker.server.local_control import LocalControl, clip
 from rivven_broker.server.local_topics import LocalTopics
 from rivven_broker.storage.checkpoint import read_checkpoint, write_checkpoint

@@ -64,7 +64,7 @@ from rivven_broker.records.header import BatchError
 from rivven_broker.server.cluster.controller_host import ControllerUnavailable
 from rivven_broker.server.cluster.replica_link import LinkClosed, ReplicaLink, open_replica_link
 from rivven_broker.server.context import ServerContext
-from rivven_broker.server.group_driver import is_internal_topic
+from rivven_broker.server.internal_topics import is_internal_topic
 from rivven_broker.storage.high_watermarks import read_high_watermarks, write_high_watermarks
 from rivven_broker.storage.errors import (
     InvalidConfigError,
