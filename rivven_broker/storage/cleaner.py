@@ -31,20 +31,8 @@ transactional) are merged into one. Records of transactional and control batches
 removed (passed to the planner as keyless): whether a transactional record counts depends on
 its transaction's outcome, which the cleaner does not track.
 
-The swap, per segment ``X`` (each step durable before the next)::
-
-    prepare   write X.{log,index,timeindex}.cleaned, fsync them, fsync the directory
-    1         rename X.index.cleaned, X.timeindex.cleaned -> .swap ; fsync dir
-    2         rename X.log.cleaned -> X.log.swap ; fsync dir        (commit point)
-    3         remove X.log, X.index, X.timeindex ; fsync dir
-    4         rename X.index.swap, X.timeindex.swap -> final ; fsync dir
-    5         rename X.log.swap -> X.log ; fsync dir
-
-``recover_swaps(store, directory)`` runs before recovery lists a partition's segments: with
-``X.log.swap`` present the new version wins (old files removed, swaps renamed in; an index
-without its swap is removed and recovery rebuilds it from the log), otherwise every
-``.cleaned``/``.swap`` file of ``X`` is removed and the old segment stands. So a crash at any
-point leaves the old segment or the new one visible, never neither and never both.
+The swap of each prepared segment, and the repair of a swap a crash interrupted
+(``recover_swaps``, run when a log opens), are ``segment_swap.py``'s.
 Segments are committed oldest first, so a tombstone is never dropped while an older value of
 its key is still on disk.
 
@@ -88,22 +76,18 @@ from rivven_broker.storage.compaction import (
     plan_compaction,
 )
 from rivven_broker.storage.file_store import FileStore
-from rivven_broker.storage.segment import (
-    INDEX_SUFFIX,
-    LOG_SUFFIX,
-    TIME_INDEX_SUFFIX,
-    IndexCursor,
-    Segment,
-    parse_segment_file_name,
-    segment_file_name,
+from rivven_broker.storage.segment import IndexCursor, Segment
+from rivven_broker.storage.segment_swap import (
+    CLEANED_SUFFIX,
+    SEGMENT_SUFFIXES,
+    swap_file_name,
+    swap_in,
 )
 
 if TYPE_CHECKING:
     from rivven_broker.storage.partition_log import PartitionLog
 
 __all__ = [
-    "CLEANED_SUFFIX",
-    "SWAP_SUFFIX",
     "PreparedSegment",
     "PreparedClean",
     "CleanResult",
@@ -113,22 +97,17 @@ __all__ = [
     "commit_clean",
     "discard_clean",
     "clean_log",
-    "recover_swaps",
     "rewrite_batch",
 ]
 
 #: What ``prepare_steps`` yields: a pause point (None) or a blocking call (an fsync).
 Step = Callable[[], None] | None
 
-CLEANED_SUFFIX = ".cleaned"
-SWAP_SUFFIX = ".swap"
 _READ_CHUNK_BYTES = 1024 * 1024
 _WRITE_CHUNK_BYTES = 1024 * 1024
 #: Bytes of segment read or written between two pause points of ``prepare_steps``.
 _PAUSE_BYTES = 256 * 1024
 _OFFSET_DELTA_AT = 4 + 1 + 8  # length, attributes, timestamp_delta
-_INDEX_SUFFIXES = (INDEX_SUFFIX, TIME_INDEX_SUFFIX)
-_ALL_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
 
 
 @attrs.frozen(eq=False)
@@ -163,10 +142,6 @@ class CleanResult:
     bytes_before: int
     bytes_after: int
     cleaned_up_to_offset: int
-
-
-def _name(base_offset: int, suffix: str, extra: str = "") -> str:
-    return segment_file_name(base_offset, suffix) + extra
 
 
 # --- reading -------------------------------------------------------------------------------
@@ -364,8 +339,8 @@ def _rewrite_segment(
     interval: int,
 ) -> Generator[Step, None, PreparedSegment]:
     base = segment.base_offset
-    handles = [store.open(posixpath.join(directory, _name(base, s, CLEANED_SUFFIX)))
-               for s in _ALL_SUFFIXES]
+    handles = [store.open(posixpath.join(directory, swap_file_name(base, s, CLEANED_SUFFIX)))
+               for s in SEGMENT_SUFFIXES]
     try:
         for handle in handles:
             store.truncate(handle, 0)
@@ -506,7 +481,7 @@ def commit_clean(log: PartitionLog, prepared: PreparedClean) -> CleanResult:
             _remove_quietly(store, directory, rest, CLEANED_SUFFIX)
             break
         base = item.old.base_offset
-        _swap_files(store, directory, base)
+        swap_in(store, directory, base)
         new = _open_cleaned(log, item)
         if not log.replace_sealed_segment(item.old, new):  # cannot happen: checked above
             raise AssertionError(f"segment {base} of {directory} vanished during its swap")
@@ -535,26 +510,6 @@ def clean_log(
     return commit_clean(log, prepare_clean(log, now_ms, delete_retention_ms, keys_max))
 
 
-def _swap_files(store: FileStore, directory: str, base: int) -> None:
-    def path(suffix: str, extra: str = "") -> str:
-        return posixpath.join(directory, _name(base, suffix, extra))
-
-    for suffix in _INDEX_SUFFIXES:
-        store.rename(path(suffix, CLEANED_SUFFIX), path(suffix, SWAP_SUFFIX))
-    store.fsync_dir(directory)
-    store.rename(path(LOG_SUFFIX, CLEANED_SUFFIX), path(LOG_SUFFIX, SWAP_SUFFIX))
-    store.fsync_dir(directory)  # the commit point: from here on the new segment wins
-    for suffix in _ALL_SUFFIXES:
-        if store.exists(path(suffix)):
-            store.remove(path(suffix))
-    store.fsync_dir(directory)
-    for suffix in _INDEX_SUFFIXES:
-        store.rename(path(suffix, SWAP_SUFFIX), path(suffix))
-    store.fsync_dir(directory)
-    store.rename(path(LOG_SUFFIX, SWAP_SUFFIX), path(LOG_SUFFIX))
-    store.fsync_dir(directory)
-
-
 def _open_cleaned(log: PartitionLog, item: PreparedSegment) -> Segment:
     old = item.old
     segment = Segment.open(
@@ -571,60 +526,10 @@ def _open_cleaned(log: PartitionLog, item: PreparedSegment) -> Segment:
 
 def _remove_quietly(store: FileStore, directory: str, bases: list[int], extra: str) -> None:
     for base in bases:
-        for suffix in _ALL_SUFFIXES:
-            path = posixpath.join(directory, _name(base, suffix, extra))
+        for suffix in SEGMENT_SUFFIXES:
+            path = posixpath.join(directory, swap_file_name(base, suffix, extra))
             try:
                 if store.exists(path):
                     store.remove(path)
             except OSError:
                 pass  # recovery removes leftovers at the next start
-
-
-# --- recovery ------------------------------------------------------------------------------------
-
-
-def _leftovers(names: list[str]) -> dict[int, set[str]]:
-    """Base offset -> names of its ``.cleaned``/``.swap`` files."""
-    found: dict[int, set[str]] = {}
-    for name in names:
-        for extra in (CLEANED_SUFFIX, SWAP_SUFFIX):
-            if name.endswith(extra):
-                parsed = parse_segment_file_name(name[: -len(extra)])
-                if parsed is not None:
-                    found.setdefault(parsed[0], set()).add(name)
-    return found
-
-
-def recover_swaps(store: FileStore, directory: str) -> list[str]:
-    """Finish or roll back interrupted swaps in ``directory`` (see the module docstring);
-    return the names removed or renamed. Blocks on file I/O (one directory fsync if anything
-    changed). Raises ``OSError`` if the store fails."""
-    if not store.exists(directory):
-        return []
-    names = store.listdir(directory)
-    present = set(names)
-    changed: list[str] = []
-
-    def path(name: str) -> str:
-        return posixpath.join(directory, name)
-
-    for base, leftover in sorted(_leftovers(names).items()):
-        log_swap = _name(base, LOG_SUFFIX, SWAP_SUFFIX)
-        if log_swap in leftover:  # committed: the new segment wins
-            for suffix in _INDEX_SUFFIXES:
-                swap, final = _name(base, suffix, SWAP_SUFFIX), _name(base, suffix)
-                if swap in leftover:
-                    store.rename(path(swap), path(final))
-                    leftover.discard(swap)
-                elif final in present:
-                    store.remove(path(final))  # which version it indexes is unknown: rebuild
-                changed.append(final)
-            store.rename(path(log_swap), path(_name(base, LOG_SUFFIX)))
-            leftover.discard(log_swap)
-            changed.append(log_swap)
-        for name in sorted(leftover):  # .cleaned files, or a swap that never committed
-            store.remove(path(name))
-            changed.append(name)
-    if changed:
-        store.fsync_dir(directory)
-    return changed

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-First, an interrupted compaction swap is completed or undone (``cleaner.recover_swaps``).
+First, an interrupted compaction swap is completed or undone (``segment_swap.recover_swaps``).
 Two checkpoints steer recovery (``checkpoint.py``): the *log start offset* and the *recovery
 point*. Every segment that ends at or below the recovery point had its log and both indexes
 fsynced before that checkpoint was written, so it is *trusted*: recovery only sanity-checks its
@@ -60,7 +60,6 @@ from rivven_broker.storage.checkpoint import (
     read_checkpoint,
     write_checkpoint,
 )
-from rivven_broker.storage.cleaner import recover_swaps
 from rivven_broker.storage.errors import CorruptLogError
 from rivven_broker.storage.file_store import FileStore
 from rivven_broker.storage.log_config import LogConfig
@@ -73,6 +72,7 @@ from rivven_broker.storage.segment import (
     Segment,
     parse_segment_file_name,
 )
+from rivven_broker.storage.segment_swap import recover_swaps
 
 __all__ = [
     "Cut",
