@@ -396,7 +396,8 @@ def prepare_client_produce(spec: WorkerSpec) -> Callable[[Window, WorkerResult],
 
     def run(window: Window, result: WorkerResult) -> None:
         samples: list[float] = []  # acknowledged sampled records: their latency
-        refusals: list[str] = []  # sampled records answered with an error
+        refusals: list[str] = []  # the first error of a sampled record (one kept)
+        refused = [0]  # sampled records answered with an error
         pid = spec.producer_base
         sequence = 0
         send = producer.send
@@ -408,7 +409,9 @@ def prepare_client_produce(spec: WorkerSpec) -> Callable[[Window, WorkerResult],
             if error is None:
                 samples.append(time.monotonic() - sent_at)
             else:
-                refusals.append(f"{type(error).__name__}: {error}")
+                refused[0] += 1
+                if not refusals:
+                    refusals.append(f"{type(error).__name__}: {error}")
 
         try:
             _sleep_until(window.t0)
@@ -432,8 +435,8 @@ def prepare_client_produce(spec: WorkerSpec) -> Callable[[Window, WorkerResult],
         # Every sampled record stands for the _CLIENT_SAMPLE sent with it; one answered with
         # an error counts for none of them (as a refused request in ``run_producers``).
         counted = len(samples) * _CLIENT_SAMPLE
-        if refusals:
-            result.errors.append(f"{len(refusals)} sampled records failed (not counted), "
+        if refused[0]:
+            result.errors.append(f"{refused[0]} sampled records failed (not counted), "
                                  f"the first: {refusals[0]}")
         result.records = counted
         result.payload_bytes = counted * options.record_bytes

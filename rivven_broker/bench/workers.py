@@ -187,7 +187,8 @@ def run_producers(
 
     Fills ``result`` (records, bytes, requests, latency, buckets, producers). Only
     acknowledged requests count: one answered with an error adds to none of the figures, and
-    ``result.errors`` says how many there were. Blocks. Raises ``OSError`` / ``ConnectionError`` when a connection fails.
+    ``result.errors`` says how many there were. Blocks. Raises ``OSError`` /
+    ``ConnectionError`` when a connection fails.
     """
     latency = Latency()
     buckets = Buckets(options.duration_s)
