@@ -11,11 +11,18 @@ does, through ``Env.net.readiness()`` (an epoll set over the sockets here, the s
 streams' buffers in the simulator: the same lane runs in both).
 
 A reader with nothing buffered hands its connection to the lane (``adopt``) and parks. Each
-*pass* of the lane:
+*pass* of the lane, after a partition progressed, first answers what that progress settled
+(step 3, for every connection it answers), so that the next requests of the clients it
+answered come in while it reads and join the group commit this pass feeds. (Answered last,
+after the reads, they always missed it: sixteen one-request clients split into two groups
+that took turns, 8.5 requests per fsync; answered first, with the polls of step 1, 15.8 of
+16. docs/performance.md, "Answers first".) Then it:
 
-1. takes the watched streams that are ready (``ready()``: no waiting), at most
-   ``frames_per_pass_max`` requests in all, and for each reads what is there now into the
-   connection's sans-I/O core; an end of stream or an error hands the connection back;
+1. takes the watched streams that are ready (``ready()``: no waiting), and for each reads
+   what is there now into the connection's sans-I/O core (an end of stream or an error
+   hands the connection back); then polls again, and reads again, while a poll finds more
+   (the answered clients' next requests come in one by one as their load gets a core),
+   at most ``polls_per_pass_max`` polls (5) and ``frames_per_pass_max`` requests in all;
 2. takes the complete requests in order: a Produce that expects an answer is begun
    (``_Connection.begin``: validated and staged, in request order, exactly as the reader
    would append it) and its answer left in its slot (``place``); anything else — another
@@ -23,14 +30,14 @@ A reader with nothing buffered hands its connection to the lane (``adopt``) and 
    connection back to its reader, with what the lane took; then every partition writes
    what the pass staged with one ``pwritev`` (``AppendPass.close``,
    ``storage/staged_appends.py``), before anything is answered;
-3. answers, for every connection it answers (after progress; else only those that took
-   requests in the pass: nothing else can have become ready), every slot from the head that
-   is ready (``settle_ready``: the produce's ``Pending.ready``, so the group commit or the
-   high watermark decides, never the lane; without progress a ``Pending.after_progress``
-   is not asked), encoded in order and written with one non-blocking ``send_now``; what the socket does not take goes to the writer (``unsent``) with the
-   connection's answering;
-4. checkpoints once when it read anything (the group commit's worker and every other task
-   run), else sleeps in ``readiness.wait()`` until a stream is ready, a partition reports
+3. answers, for the connections that took requests in the pass (nothing else can have
+   become ready without progress), every slot from the head that is ready
+   (``settle_ready``: the produce's ``Pending.ready``, so the group commit or the high
+   watermark decides, never the lane; without progress a ``Pending.after_progress`` is not
+   asked), encoded in order and written with one non-blocking ``send_now``; what the socket
+   does not take goes to the writer (``unsent``) with the connection's answering;
+4. checkpoints once when it read anything or progress came meanwhile (the group commit's
+   worker and every other task run), else sleeps in ``readiness.wait()`` until a stream is ready, a partition reports
    progress (``progressed``: a commit, a failure or a change of leader wakes the waits of the
    answers owed), or the earliest deadline of an answer owed passes (that connection goes back
    to its writer, whose ``Pending.wait`` answers the time-out). The lane keeps a time at or
@@ -75,6 +82,8 @@ __all__ = ["ProduceLane", "LaneStatistics", "frames_per_pass_default"]
 
 #: Requests a pass takes at most before it answers and checkpoints.
 frames_per_pass_default = 1024
+#: Readiness polls a pass makes at most while each finds more to read.
+polls_per_pass_default = 5
 _RECEIVE_BYTES = 256 * 1024
 
 
@@ -92,12 +101,14 @@ class ProduceLane:
     def __init__(self, readiness: Readiness, metrics: BrokerMetrics,
                  staging: AppendPass | None = None, *,
                  frames_per_pass_max: int = frames_per_pass_default,
+                 polls_per_pass_max: int = polls_per_pass_default,
                  answer_early: bool = False) -> None:
-        assert frames_per_pass_max > 0
+        assert frames_per_pass_max > 0 and polls_per_pass_max > 0
         self._readiness = readiness
         self._staging = staging if staging is not None else AppendPass()
         self._metrics = metrics
         self._frames_per_pass_max = frames_per_pass_max
+        self._polls_per_pass_max = polls_per_pass_max
         self._answer_early = answer_early
         self._members: dict[trio.abc.Stream, _Connection] = {}
         self._answering: dict[_Connection, None] = {}  # insertion-ordered: deterministic
@@ -151,24 +162,27 @@ class ProduceLane:
         task_status.started()
         try:
             while True:
+                progressed = self._progressed
+                if progressed:  # answers first: their next requests can join this group
+                    self._progressed = False
+                    self._answer(self._answering, True)
                 streams = readiness.ready()
                 if streams:
                     staging.open()
                     try:
-                        self._read(streams)
+                        self._read_pass(streams)
                     finally:
                         staging.close()  # every append staged is written before any answer
-                if streams or self._progressed:
                     # Without progress only the connections that took requests can have an
                     # answer ready (a commit, a failure or a change of leader is progress).
-                    everyone, self._progressed = self._progressed, False
-                    self._passes += 1
-                    self._answer(self._answering if everyone else self._took, everyone)
+                    self._answer(self._took, False)
                     self._took = {}
+                if streams or progressed:
+                    self._passes += 1
                 deadline = self._expire_at  # no answer owed is due before it
                 if deadline <= trio.current_time():  # a busy lane still times answers out
                     deadline = self._expire()
-                if streams:
+                if streams or self._progressed:  # (progress while reading: answer it first)
                     await trio.lowlevel.checkpoint()
                     continue
                 with trio.CancelScope(deadline=deadline) as scope:
@@ -191,10 +205,23 @@ class ProduceLane:
         if scope is not None:
             scope.cancel()
 
-    def _read(self, streams: list[trio.abc.Stream]) -> None:
-        """Step 1 and 2 of a pass (module docstring)."""
+    def _read_pass(self, streams: list[trio.abc.Stream]) -> None:
+        """Steps 1 and 2 of a pass (module docstring): read ``streams``, then poll again
+        while a poll finds more."""
+        budget, polls = self._frames_per_pass_max, self._polls_per_pass_max
+        while True:
+            budget = self._read(streams, budget)
+            polls -= 1
+            if budget <= 0 or not polls:
+                return
+            streams = self._readiness.ready()
+            if not streams:
+                return
+
+    def _read(self, streams: list[trio.abc.Stream], budget: int) -> int:
+        """Steps 1 and 2 for ``streams``, taking requests while ``budget`` lasts; what is
+        left of it."""
         readiness, members = self._readiness, self._members
-        budget = self._frames_per_pass_max
         now = trio.current_time()
         read_at: ReadAt | None = None  # the clocks, read once per pass
         for stream in streams:
@@ -224,6 +251,7 @@ class ProduceLane:
             budget -= taken
             if budget <= 0:
                 break  # the rest stay ready (level-triggered) for the next pass
+        return budget
 
     def _take_requests(self, connection: _Connection, read_at: ReadAt) -> int:
         """Begin the connection's complete produce requests in order; hand it back at the

@@ -10,6 +10,7 @@ that silently stopped using it fails here).
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -36,6 +37,9 @@ from rivven_broker.protocol.messages import (
 from rivven_broker.protocol.connection import ClientConnection
 from rivven_broker.records import BatchBuilder, decode_records
 from rivven_broker.server import env as env_module
+from rivven_broker.server import sync_thread
+from rivven_broker.storage.file_store import OsFileStore
+from rivven_broker.storage.staged_appends import AppendPass
 
 from tests.integration.conftest import RawClient
 
@@ -316,3 +320,102 @@ async def test_retries_in_the_lane_are_answered_as_duplicates_without_waiting(br
     assert c == b + 1 == first.base_offset + 2
     assert await everything_in(setup) == [b"a", b"b", b"c"]
     assert lane_counts(broker)[0] > requests_before
+
+
+class _RecordingReadiness(env_module.RealReadiness):
+    """The real epoll set, logging each read and answer by the client's port, with a hook
+    run after each read (``on_receive``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[str, int]] = []
+        self.on_receive = lambda port: None
+
+    def receive_now(self, stream, max_bytes: int):
+        data = super().receive_now(stream, max_bytes)
+        if data:
+            port = stream.socket.getpeername()[1]
+            self.log.append(("receive", port))
+            self.on_receive(port)
+        return data
+
+    def send_now(self, stream, data: bytes) -> int:
+        self.log.append(("send", stream.socket.getpeername()[1]))
+        return super().send_now(stream, data)
+
+
+def _port(client: RawClient) -> int:
+    return client.stream.socket.getsockname()[1]
+
+
+def _send_now(client: RawClient, request: Produce) -> None:
+    """Put ``request`` on ``client``'s socket at once, from synchronous code."""
+    _, data = client.core.send_request(request)
+    assert os.write(client.stream.socket.fileno(), data) == len(data)
+
+
+async def _two_clients_in_the_lane(start_broker, connect, monkeypatch, readiness):
+    monkeypatch.setattr(env_module.RealNet, "readiness", lambda self: readiness)
+    running = await start_broker()
+    setup = await connect(running.port)
+    await setup.call(CreateTopic("t", 1))
+    first, second = await connect(running.port), await connect(running.port)
+    for client in (first, second):  # the first request is the reader's; then it rests here
+        await client.call(produce(b"warm"))
+        await client.call(produce(b"warm"))
+    return running, first, second
+
+
+async def test_a_request_arriving_while_the_lane_reads_joins_the_pass(
+        start_broker, connect, monkeypatch):
+    readiness = _RecordingReadiness()
+    closes: list[int] = []  # the log's length at each close of a pass's staging
+    real_close = AppendPass.close
+    monkeypatch.setattr(AppendPass, "close",
+                        lambda self: (closes.append(len(readiness.log)), real_close(self))[1])
+    running, first, second = await _two_clients_in_the_lane(
+        start_broker, connect, monkeypatch, readiness)
+
+    def second_sends(port: int) -> None:  # while the lane reads the first client's request
+        if port == _port(first):
+            readiness.on_receive = lambda port: None
+            _send_now(second, produce(b"two"))
+
+    readiness.on_receive = second_sends
+    start, closed_before = len(readiness.log), len(closes)
+    with trio.fail_after(10):
+        await first.send(produce(b"one"))
+        one = base_offset((await first.receive()).response)
+        two = base_offset((await second.receive()).response)
+    assert (one, two) == (4, 5)
+    reads = [i for i, (kind, _) in enumerate(readiness.log) if kind == "receive" and i >= start]
+    assert [readiness.log[i][1] for i in reads[:2]] == [_port(first), _port(second)]
+    # Both read before the pass wrote what it staged: one pwritev, one group commit.
+    assert not [c for c in closes[closed_before:] if reads[0] < c <= reads[1]]
+
+
+async def test_after_a_commit_the_lane_answers_before_it_reads(
+        start_broker, connect, monkeypatch):
+    # Inline fsyncs (as on a fast disk): the commit and the progress pass follow each other.
+    monkeypatch.setattr(sync_thread.InlineWhileFast, "_note", lambda self, seconds: None)
+    armed: list[RawClient] = []
+    real_fsync = OsFileStore.fsync
+
+    def fsync_then_second_sends(self, *args, **kwargs):
+        result = real_fsync(self, *args, **kwargs)
+        if armed:  # the second client's request is waiting when the commit's pass begins
+            _send_now(armed.pop(), produce(b"two"))
+        return result
+
+    monkeypatch.setattr(OsFileStore, "fsync", fsync_then_second_sends)
+    readiness = _RecordingReadiness()
+    running, first, second = await _two_clients_in_the_lane(
+        start_broker, connect, monkeypatch, readiness)
+    start = len(readiness.log)
+    armed.append(second)
+    with trio.fail_after(10):
+        await first.send(produce(b"one"))
+        assert base_offset((await first.receive()).response) == 4
+        assert base_offset((await second.receive()).response) == 5
+    log = readiness.log[start:]
+    assert log.index(("send", _port(first))) < log.index(("receive", _port(second)))
