@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hmac
 import struct
 
 import pytest
+from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 from rivven_cluster.link_frame import (
     LINK_FRAME_BYTES_MAX,
@@ -155,3 +157,29 @@ def test_a_hello_carries_the_voters():
     reader = LinkReader(lambda: RING, B_NONCE)
     reader.feed(seal_hello(RING, Hello(4, 9, A_NONCE, (1, 2, 3))))
     assert reader.hello == Hello(4, 9, A_NONCE, (1, 2, 3))
+
+
+def test_a_frame_s_tag_is_poly1305_under_its_own_key_as_documented():
+    # docs/protocol.md and docs/adr/0004: the frame key is HMAC-SHA256(ring key, sender
+    # nonce + receiver nonce + key id + sequence); the tag Poly1305 of the payload under it.
+    sealer, reader = _connection()
+    payload = b"x" * 1000
+    frames = [sealer.seal(payload) for _ in range(2)]
+    for sequence, frame in enumerate(frames, start=1):
+        head = RING.signing_key_id + struct.pack(">Q", sequence)
+        frame_key = hmac.digest(RING.signing_key, A_NONCE + B_NONCE + head, "sha256")
+        assert frame[4:-16] == head + payload
+        assert frame[-16:] == Poly1305.generate_tag(frame_key, payload)
+    assert frames[0][-16:] != frames[1][-16:]  # one key per frame, never reused
+    assert reader.feed(b"".join(frames)) == [payload, payload]
+
+
+@pytest.mark.parametrize("where", [0, VIEW_BYTES_MIN, 3 * VIEW_BYTES_MIN - 1])
+def test_a_flipped_bit_anywhere_in_a_big_payload_fails(where):
+    sealer, reader = _connection()
+    parts = [b"d" * 100, bytes(VIEW_BYTES_MIN), b"r" * (2 * VIEW_BYTES_MIN - 100)]
+    frame = bytearray(sealer.seal_parts(parts))
+    frame[4 + 12 + where] ^= 0x80
+    with pytest.raises(LinkError) as caught:
+        reader.feed(bytes(frame))
+    assert caught.value.fault is LinkFault.BAD_MAC
