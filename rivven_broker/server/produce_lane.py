@@ -22,7 +22,7 @@ that took turns, 8.5 requests per fsync; answered first, with the polls of step 
    what is there now into the connection's sans-I/O core (an end of stream or an error
    hands the connection back); then polls again, and reads again, while a poll finds more
    (the answered clients' next requests come in one by one as their load gets a core),
-   at most ``polls_per_pass_max`` polls (5) and ``frames_per_pass_max`` requests in all;
+   at most ``_POLLS_PER_PASS_MAX`` polls (5) and ``frames_per_pass_max`` requests in all;
 2. takes the complete requests in order: a Produce that expects an answer is begun
    (``_Connection.begin``: validated and staged, in request order, exactly as the reader
    would append it) and its answer left in its slot (``place``); anything else — another
@@ -37,12 +37,13 @@ that took turns, 8.5 requests per fsync; answered first, with the polls of step 
    asked), encoded in order and written with one non-blocking ``send_now``; what the socket
    does not take goes to the writer (``unsent``) with the connection's answering;
 4. checkpoints once when it read anything or progress came meanwhile (the group commit's
-   worker and every other task run), else sleeps in ``readiness.wait()`` until a stream is ready, a partition reports
-   progress (``progressed``: a commit, a failure or a change of leader wakes the waits of the
-   answers owed), or the earliest deadline of an answer owed passes (that connection goes back
-   to its writer, whose ``Pending.wait`` answers the time-out). The lane keeps a time at or
-   before every deadline of an answer it owes (``_expire_at``, lowered as it takes
-   requests) and looks at the connections only when that time has come.
+   worker and every other task run), else sleeps in ``readiness.wait()`` until a stream is
+   ready, a partition reports progress (``progressed``: a commit, a failure or a change of
+   leader wakes the waits of the answers owed), or the earliest deadline of an answer owed
+   passes (that connection goes back to its writer, whose ``Pending.wait`` answers the
+   time-out). The lane keeps a time at or before every deadline of an answer it owes
+   (``_expire_at``, lowered as it takes requests) and looks at the connections only when
+   that time has come.
 
 The lane answers a connection only while its writer is parked with nothing owed
 (``writer_idle``) and takes over from the first slot it queues then (``lane_answering``);
@@ -83,7 +84,7 @@ __all__ = ["ProduceLane", "LaneStatistics", "frames_per_pass_default"]
 #: Requests a pass takes at most before it answers and checkpoints.
 frames_per_pass_default = 1024
 #: Readiness polls a pass makes at most while each finds more to read.
-polls_per_pass_default = 5
+_POLLS_PER_PASS_MAX = 5
 _RECEIVE_BYTES = 256 * 1024
 
 
@@ -101,14 +102,12 @@ class ProduceLane:
     def __init__(self, readiness: Readiness, metrics: BrokerMetrics,
                  staging: AppendPass | None = None, *,
                  frames_per_pass_max: int = frames_per_pass_default,
-                 polls_per_pass_max: int = polls_per_pass_default,
                  answer_early: bool = False) -> None:
-        assert frames_per_pass_max > 0 and polls_per_pass_max > 0
+        assert frames_per_pass_max > 0
         self._readiness = readiness
         self._staging = staging if staging is not None else AppendPass()
         self._metrics = metrics
         self._frames_per_pass_max = frames_per_pass_max
-        self._polls_per_pass_max = polls_per_pass_max
         self._answer_early = answer_early
         self._members: dict[trio.abc.Stream, _Connection] = {}
         self._answering: dict[_Connection, None] = {}  # insertion-ordered: deterministic
@@ -208,7 +207,7 @@ class ProduceLane:
     def _read_pass(self, streams: list[trio.abc.Stream]) -> None:
         """Steps 1 and 2 of a pass (module docstring): read ``streams``, then poll again
         while a poll finds more."""
-        budget, polls = self._frames_per_pass_max, self._polls_per_pass_max
+        budget, polls = self._frames_per_pass_max, _POLLS_PER_PASS_MAX
         while True:
             budget = self._read(streams, budget)
             polls -= 1
@@ -223,7 +222,7 @@ class ProduceLane:
         left of it."""
         readiness, members = self._readiness, self._members
         now = trio.current_time()
-        read_at: ReadAt | None = None  # the clocks, read once per pass
+        read_at: ReadAt | None = None  # the clocks, read once per poll
         for stream in streams:
             connection = members.get(stream)
             if connection is None:

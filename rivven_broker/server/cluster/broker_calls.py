@@ -7,7 +7,7 @@ markers to partitions other brokers lead, hands a committed transaction's consum
 the group's coordinator and asks it whether a member is current; a partition leader asks a
 transactional producer's coordinator whether a batch may open a transaction there.
 ``BrokerCalls.call(node, op, body)`` sends the msgpack document ``{"op": op, "body": body}``
-over a link on ``CHANNEL_CALL`` (``link_frame``: HMAC under the cluster key ring, bound to the
+over a link on ``CHANNEL_CALL`` (``link_frame``: tagged under the cluster key ring, bound to the
 connection, direction and sequence, so only a broker holding the key can call, and a client
 connection never can) and returns the answer's body.
 

@@ -5,7 +5,7 @@ Theory of operation
 Every pair of controllers keeps one TCP connection on the cluster address (the TCP side of
 ``--cluster-listen``; SWIM uses its UDP side): the broker with the larger id dials, the other
 accepts, and a broken link is dialled again after ``reconnect_s``. Both ends open with a hello
-and frame everything with ``rivven_cluster.link_frame`` (HMAC under the cluster key ring, one
+and frame everything with ``rivven_cluster.link_frame`` (tagged under the cluster key ring, one
 sequence per direction). Any frame that fails — bad MAC, unknown key, a sequence gap, an
 oversized frame — closes the connection and is counted by reason; PySyncObj is told the peer
 disconnected, which is the only way it ever loses a message (its Raft is only safe on such a

@@ -5,7 +5,7 @@ Theory of operation
 A follower dials the leader's cluster address (the TCP side of ``--cluster-listen``, the port
 the Raft links use) and opens with a ``link_frame`` hello on ``CHANNEL_REPLICA``; the leader's
 Raft listener hands such a connection to the replica manager instead of PySyncObj. From then
-on every frame is HMAC'ed under the cluster key ring and bound to the connection, direction
+on every frame is tagged under the cluster key ring and bound to the connection, direction
 and sequence, so only a broker holding the cluster key can fetch as a replica (a client
 connection never can: it speaks the client protocol on another port), and a tampered,
 replayed or reordered frame closes the link. The follower sends one request and reads its
