@@ -363,7 +363,7 @@ async def _two_clients_in_the_lane(start_broker, connect, monkeypatch, readiness
     for client in (first, second):  # the first request is the reader's; then it rests here
         await client.call(produce(b"warm"))
         await client.call(produce(b"warm"))
-    return running, first, second
+    return first, second
 
 
 async def test_a_request_arriving_while_the_lane_reads_joins_the_pass(
@@ -373,7 +373,7 @@ async def test_a_request_arriving_while_the_lane_reads_joins_the_pass(
     real_close = AppendPass.close
     monkeypatch.setattr(AppendPass, "close",
                         lambda self: (closes.append(len(readiness.log)), real_close(self))[1])
-    running, first, second = await _two_clients_in_the_lane(
+    first, second = await _two_clients_in_the_lane(
         start_broker, connect, monkeypatch, readiness)
 
     def second_sends(port: int) -> None:  # while the lane reads the first client's request
@@ -409,7 +409,7 @@ async def test_after_a_commit_the_lane_answers_before_it_reads(
 
     monkeypatch.setattr(OsFileStore, "fsync", fsync_then_second_sends)
     readiness = _RecordingReadiness()
-    running, first, second = await _two_clients_in_the_lane(
+    first, second = await _two_clients_in_the_lane(
         start_broker, connect, monkeypatch, readiness)
     start = len(readiness.log)
     armed.append(second)
