@@ -4,10 +4,13 @@ Theory of operation
 -------------------
 Frozen, self-describing records with no behaviour, kept apart from ``partition_log.py`` so
 that module holds only the log's logic. ``partition_log`` re-exports them; import them from
-there.
+there. ``AppendInfo``, made per produce, is a ``NamedTuple``: a frozen attrs class costs
+~2.5x as much to build (250 against 100 ns here).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import attrs
 
@@ -16,8 +19,7 @@ from rivven_broker.file_region import FileRegion
 __all__ = ["AppendInfo", "ReadResult", "SyncTicket", "LogStatistics"]
 
 
-@attrs.frozen
-class AppendInfo:
+class AppendInfo(NamedTuple):
     """Where an append landed. ``log_append_time_ms`` is the broker clock at the append
     (record timestamps are the producer's and are never rewritten)."""
 
