@@ -17,7 +17,10 @@ one gives an equal message.
 
 Building skips the attrs validators (``object.__new__`` and ``object.__setattr__`` on the
 frozen, slotted classes) only because every field was checked here first against the same
-``FieldKind`` the validator reads; a test compares both paths on generated messages.
+``FieldKind`` the validator reads; a test compares both paths on generated messages. The
+messages built once per produce (the request's three, the answer's three) set their slots
+through the slots' own descriptors (``_slot_setters``): half the cost of
+``object.__setattr__`` by name (0.3 against 0.6 us for an answer's partition).
 
 The commonest answer of all — one partition appended, no error — is encoded from a cached
 *template* per (topic, partition, version) (``produce_answer_payload``): the msgpack bytes
@@ -34,6 +37,7 @@ are rare, keep those). Cheap ``assert``s state what the validators would have ch
 
 from __future__ import annotations
 
+import types
 from typing import Any, Callable
 
 import attrs
@@ -61,6 +65,7 @@ __all__ = [
     "produce_response_to_wire",
     "produce_partition_appended",
     "produce_response_of",
+    "produce_response_of_one",
 ]
 
 _new = object.__new__
@@ -75,6 +80,15 @@ def field_kinds(cls: type) -> dict[str, Any]:
 
 def _names(cls: type) -> tuple[str, ...]:
     return tuple(attribute.name for attribute in attrs.fields(cls))
+
+
+def _slot_setters(cls: type) -> tuple[Callable[[object, object], None], ...]:
+    """The ``__set__`` of each field's slot descriptor, in field order: a slotted class's
+    fields set without looking their names up (frozen classes refuse ``setattr``; these, like
+    ``object.__setattr__``, do not ask)."""
+    descriptors = [cls.__dict__[name] for name in _names(cls)]
+    assert all(type(descriptor) is types.MemberDescriptorType for descriptor in descriptors)
+    return tuple(descriptor.__set__ for descriptor in descriptors)
 
 
 # The fast paths below know these exact field lists; a change to the classes must revisit them.
@@ -117,6 +131,12 @@ assert _ANSWER["error_code"].tag == "error_code" and not _ANSWER_INTS[0][1] < -(
 assert attrs.fields(ProducePartitionResponse).duplicate.metadata["since"] == 1
 assert all(attribute.metadata["since"] == 0 for cls in (ProduceResponse, ProduceTopicResponse)
            for attribute in attrs.fields(cls))
+_set_produce = _slot_setters(Produce)
+_set_topic = _slot_setters(ProduceTopic)
+_set_partition = _slot_setters(ProducePartition)
+_set_response = _slot_setters(ProduceResponse)
+_set_topic_response = _slot_setters(ProduceTopicResponse)
+_set_answer = _slot_setters(ProducePartitionResponse)
 
 
 def plain_name(value: object, bytes_max: int) -> bool:
@@ -194,11 +214,13 @@ def _one_partition(topics: object) -> tuple[ProduceTopic] | None:
             or type(records) is not bytes:
         return None
     part = _new(ProducePartition)
-    _set(part, "partition", partition)
-    _set(part, "records", records)
+    set_partition, set_records = _set_partition
+    set_partition(part, partition)
+    set_records(part, records)
     topic = _new(ProduceTopic)
-    _set(topic, "name", name)
-    _set(topic, "partitions", (part,))
+    set_name, set_partitions = _set_topic
+    set_name(topic, name)
+    set_partitions(topic, (part,))
     return (topic,)
 
 
@@ -230,10 +252,11 @@ def decode_produce(body: object, version: int) -> Produce | None:
         if built is None:
             return None
     result = _new(Produce)
-    _set(result, "acks", acks)
-    _set(result, "timeout_ms", timeout_ms)
-    _set(result, "topics", built)
-    _set(result, "transactional_id", transactional_id)
+    set_acks, set_timeout_ms, set_topics, set_transactional_id = _set_produce
+    set_acks(result, acks)
+    set_timeout_ms(result, timeout_ms)
+    set_topics(result, built)
+    set_transactional_id(result, transactional_id)
     return result
 
 
@@ -376,13 +399,29 @@ def produce_partition_appended(
         log_start_offset, base_offset
     )
     result = _new(ProducePartitionResponse)
-    _set(result, "partition", partition)
-    _set(result, "error_code", ErrorCode.NONE)
-    _set(result, "base_offset", base_offset)
-    _set(result, "log_append_time_ms", log_append_time_ms)
-    _set(result, "log_start_offset", log_start_offset)
-    _set(result, "error_message", None)
-    _set(result, "duplicate", False)
+    set_partition, set_error_code, set_base_offset, set_append_time, set_start_offset, \
+        set_error_message, set_duplicate = _set_answer
+    set_partition(result, partition)
+    set_error_code(result, _NO_ERROR)
+    set_base_offset(result, base_offset)
+    set_append_time(result, log_append_time_ms)
+    set_start_offset(result, log_start_offset)
+    set_error_message(result, None)
+    set_duplicate(result, False)
+    return result
+
+
+def produce_response_of_one(name: str, answer: ProducePartitionResponse) -> ProduceResponse:
+    """``produce_response_of([(name, [answer])])``: the answer of a request of one topic and
+    one partition (the commonest), with no lists to build. Pure."""
+    set_name, set_partitions = _set_topic_response
+    topic = _new(ProduceTopicResponse)
+    set_name(topic, name)
+    set_partitions(topic, (answer,))
+    result = _new(ProduceResponse)
+    set_topics, set_throttle_time_ms = _set_response
+    set_topics(result, (topic,))
+    set_throttle_time_ms(result, 0)
     return result
 
 
@@ -392,13 +431,15 @@ def produce_response_of(
     """``ProduceResponse`` of ``(topic name, partition answers)`` without the validators: the
     names come from a validated request, the answers from ``produce_partition_appended`` or
     the validating constructor. Pure."""
+    set_name, set_partitions = _set_topic_response
     built = []
     for name, partitions in topics:
         topic = _new(ProduceTopicResponse)
-        _set(topic, "name", name)
-        _set(topic, "partitions", tuple(partitions))
+        set_name(topic, name)
+        set_partitions(topic, tuple(partitions))
         built.append(topic)
     result = _new(ProduceResponse)
-    _set(result, "topics", tuple(built))
-    _set(result, "throttle_time_ms", 0)
+    set_topics, set_throttle_time_ms = _set_response
+    set_topics(result, tuple(built))
+    set_throttle_time_ms(result, 0)
     return result

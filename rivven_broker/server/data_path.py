@@ -101,7 +101,11 @@ from rivven_broker.protocol.messages import (
     ProducePartitionResponse,
     ProduceResponse,
 )
-from rivven_broker.protocol.fast_codec import produce_partition_appended, produce_response_of
+from rivven_broker.protocol.fast_codec import (
+    produce_partition_appended,
+    produce_response_of,
+    produce_response_of_one,
+)
 from rivven_broker.protocol.names import topic_name_error
 from rivven_broker.records.header import BatchError, BatchHeader
 from rivven_broker.records.reader import iter_records
@@ -764,9 +768,8 @@ def _produce_error(partition: int, error: _PartitionError) -> ProducePartitionRe
     return ProducePartitionResponse(partition, code, error_message=clipped)
 
 
-def _one_answer(name: str, answer: ProducePartitionResponse) -> ProduceResponse:
-    """The answer of a request of one topic and one partition."""
-    return produce_response_of([(name, [answer])])
+#: The answer of a request of one topic and one partition.
+_one_answer = produce_response_of_one
 
 
 def _produce_response(
@@ -775,7 +778,7 @@ def _produce_response(
     topics = request.topics
     if len(topics) == 1 and len(topics[0].partitions) == 1:  # the commonest: no walk
         name = topics[0].name
-        return produce_response_of([(name, [outcome[(name, topics[0].partitions[0].partition)]])])
+        return produce_response_of_one(name, outcome[(name, topics[0].partitions[0].partition)])
     return produce_response_of(
         [
             (topic.name, [outcome[(topic.name, p.partition)] for p in topic.partitions])
