@@ -115,7 +115,7 @@ from rivven_broker.storage.errors import (
     SyncFailedError,
     UnknownTopicOrPartitionError,
 )
-from rivven_broker.server.context import Pending, ServerContext
+from rivven_broker.server.context import Pending, RequestContext, ServerContext
 from rivven_broker.server.internal_topics import INTERNAL_TOPICS
 from rivven_broker.storage.partition import CommitRule, Partition
 from rivven_broker.storage.staged_appends import StagedWrite
@@ -172,6 +172,14 @@ class DataPath:
             if answer is not _NOT_TAKEN:
                 return answer  # type: ignore[return-value]
         return self._produce_general(request, now_ms, txn_refused, received_at)
+
+    def begin_produce(self, request: Produce, call: RequestContext
+                      ) -> ProduceResponse | Pending | None:
+        """``produce`` as a handler (``Handlers``): the request's clocks from ``call``."""
+        answer = self._produce_one_partition(request, call.now_ms, call.received_at)
+        if answer is not _NOT_TAKEN:
+            return answer  # type: ignore[return-value]
+        return self._produce_general(request, call.now_ms, None, call.received_at)
 
     def _produce_general(self, request: Produce, now_ms: int,
                          txn_refused: dict[tuple[str, int], ErrorCode] | None,
@@ -383,8 +391,7 @@ class DataPath:
                 return _one_answer(name, _produce_error(
                     index, (ErrorCode.CORRUPT_MESSAGE, "no record batch")))
             state = context.partitions.get(name, index, plog)
-            appended = state.append_as_leader(part.records, now_ms, functools.partial(
-                self._check_txn, None, name, index))
+            appended = state.append_as_leader(part.records, now_ms, self._check_no_txn_id)
         except (StorageError, BatchError, OSError) as exc:
             return _one_answer(name, _produce_error(index, error_of(exc)))
         staged = appended.staged
@@ -469,6 +476,16 @@ class DataPath:
             assert answer is not None  # (a transactional producer uses acks=all)
             return answer
         return Pending(verify_and_produce, serial=True)
+
+    def _check_no_txn_id(self, header: BatchHeader) -> ErrorCode:
+        """``_check_txn`` for a request without a transactional id, whose answer names no
+        partition (a transactional batch there is refused: ``INVALID_REQUEST``, or
+        ``COORDINATOR_NOT_AVAILABLE`` without a coordinator): a ``TxnCheck`` as it is, with
+        no ``functools.partial`` made per produce."""
+        txn = self._context.txn
+        if txn is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        return txn.check_produce(None, header, "", -1)
 
     def _check_txn(self, transactional_id: str | None, topic: str, partition: int,
                    header: BatchHeader) -> ErrorCode:

@@ -102,8 +102,7 @@ class Handlers:
                 lambda request, call: self._control.alter_topic_config(request, call.now_ms),
             CreatePartitions:
                 lambda request, call: self._control.create_partitions(request, call.now_ms),
-            Produce: lambda request, call: self.data.produce(request, call.now_ms,
-                                                             received_at=call.received_at),
+            Produce: self.data.begin_produce,
             Fetch: lambda request, call: self.data.fetch(request),
             ListOffsets: lambda request, call: self.data.list_offsets(request),
             OffsetsForLeaderEpoch: lambda request, call: self.data.offsets_for_leader_epoch(

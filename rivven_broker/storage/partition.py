@@ -190,6 +190,13 @@ class ProduceOutcome(NamedTuple):
     staged: StagedWrite | None = None
 
 
+#: ``ProduceOutcome(info, staged=staged)`` without the Python frame of its ``__new__`` (one
+#: per staged produce).
+_new_tuple = tuple.__new__
+_NO_ERROR = ErrorCode.NONE
+assert ProduceOutcome._fields == ("info", "duplicate", "error_code", "message", "staged")
+
+
 class StateLoadReport(NamedTuple):
     """How a partition's producer state was rebuilt (for the startup log)."""
 
@@ -422,7 +429,7 @@ class Partition:
             self.state.hold()
             staging.enrol(self)
         self._record(headers, staged_info.base_offset)
-        return ProduceOutcome(staged_info, staged=staged)
+        return _new_tuple(ProduceOutcome, (staged_info, None, _NO_ERROR, "", staged))
 
     def _record(self, headers: Iterable[BatchHeader], base_offset: int) -> None:
         state = self.state
