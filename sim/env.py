@@ -80,3 +80,9 @@ class SimEnv:
     async def run_fsync(self, fn: Callable[..., T], *args: Any) -> T:
         """The group commit's fsyncs: as ``run_sync`` (the latency is the disk's)."""
         return await self.run_sync(fn, *args)
+
+    def commit_in_caller(self) -> bool:
+        """Always: the produce lane runs its passes' group commits in its own task (the fsync
+        latency is a sleep of that task), the worker every other appender's, so scenarios
+        drive both."""
+        return True

@@ -207,12 +207,14 @@ class Broker:
         sync_worker = SyncWorker(
             policy, env.run_fsync, getattr(env, "fsync_each", None),
             filesystem_sync_files_min=getattr(env, "filesystem_sync_files_min",
-                                              config.sync_filesystem_files))
+                                              config.sync_filesystem_files),
+            commit_in_caller=getattr(env, "commit_in_caller", None))
         self.metrics.track_sync(sync_worker.statistics)
         readiness = getattr(env.net, "readiness", None)  # (a test's Net may have none)
         staging = AppendPass()  # the lane's passes stage appends (storage/staged_appends.py)
         lane = self.lane = ProduceLane(
-            readiness(), self.metrics, staging, answer_early=self.lane_answer_early,
+            readiness(), self.metrics, staging, sync=sync_worker,
+            answer_early=self.lane_answer_early,
         ) if config.produce_lane and readiness is not None else None
         if lane is not None:
             self.metrics.track_lane(lane.statistics)

@@ -28,6 +28,9 @@ itself. It asks its ``Env``:
   on the loop itself while they are fast and on the same thread once slow
   (``InlineWhileFast``, see ``sync_thread.py`` for the measurements); the simulator treats
   them as ``run_sync``.
+- ``commit_in_caller()`` (optional): whether the produce lane may run a group commit in its
+  own task now (``storage/sync_worker.py``, ``write_then_commit``): production while the
+  fsyncs run on the loop, the simulator always.
 
 ``RealEnv`` is what ``rivven-broker`` and the trio client use. The simulator's ``SimEnv``
 implements the same protocol over a virtual clock, network and disk. A tidy test forbids
@@ -451,6 +454,11 @@ class RealEnv:
     async def run_fsync(self, fn: Callable[..., T], *args: Any) -> T:
         # On the loop while fsyncs are fast, on the thread once slow (see sync_thread.py).
         return await self._fsyncs.run_sync(fn, *args)
+
+    def commit_in_caller(self) -> bool:
+        # While fsyncs run on the loop, a group commit in the produce lane's task blocks the
+        # loop as the worker's would, without the hand-off (storage/sync_worker.py).
+        return self._fsyncs.inline
 
     # The group commit fsyncs a group's files on several threads at once (sync_thread.py).
     fsync_each = staticmethod(run_concurrently)

@@ -29,9 +29,14 @@ that took turns, 8.5 requests per fsync; answered first, with the polls of step 
    api, acks=0, a gated topic — and a partial frame or the in-flight limit hand the
    connection back to its reader, with what the lane took; then every partition writes
    what the pass staged with one ``pwritev`` (``AppendPass.close``,
-   ``storage/staged_appends.py``), before anything is answered;
-3. answers, for the connections that took requests in the pass (nothing else can have
-   become ready without progress), every slot from the head that is ready
+   ``storage/staged_appends.py``), before anything is answered, and the group commit of
+   those writes runs in the lane's own task when no group is running and the fsyncs run on
+   the loop (``SyncWorker.write_then_commit``: the worker's task would block the loop just
+   the same, after a hand-off that cost ~2 us per request at sixteen one-record producers);
+   else the sync worker commits, as for any other append;
+3. answers, for every connection the lane answers when the pass's commit (or any other
+   progress) came, else for the connections that took requests in the pass (nothing else
+   can have become ready without progress), every slot from the head that is ready
    (``settle_ready``: the produce's ``Pending.ready``, so the group commit or the high
    watermark decides, never the lane; without progress a ``Pending.after_progress`` is not
    asked), encoded in order and written with one non-blocking ``send_now``; what the socket
@@ -51,15 +56,16 @@ otherwise the writer answers what the lane queued, in order, as it would the rea
 of the two writes at a time and answers stay in request order.
 
 Appends are staged in the lane, one request after another, and written per partition at the
-end of the pass's reads; the fsyncs are the sync worker's
-(``storage/sync_worker.py``): one group commit covers everything appended before it ran, and
-when fsyncs are slow it runs them off the loop for the whole group (``sync_thread.py``), never
-one request's. Limits hold as in the reader: the request budget and the request timeout apply
+end of the pass's reads; the group commit (``storage/sync_worker.py``) covers everything
+appended before it ran, run by the lane itself while fsyncs are fast and by the sync worker
+otherwise; when fsyncs are slow they run off the loop for the whole group
+(``sync_thread.py``), never one request's, and the lane reads on meanwhile. Limits hold as in the reader: the request budget and the request timeout apply
 to partial frames, which only the reader reads; the in-flight limit hands back.
 
 Test-only: ``answer_early`` (the simulator's ``[test] lane_answer_early``) makes the lane
 answer a produce as soon as it is appended, with ``Pending.provisional``: the deliberate bug
-that proves the checkers catch an answer before durability. Off in production.
+that proves the checkers catch an answer before durability. With it on, the lane leaves the
+group commit to the worker, so those answers go out before it. Off in production.
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ if TYPE_CHECKING:
     from rivven_broker.server.connection import Begun, ReadAt, _Connection
     from rivven_broker.server.env import Readiness
     from rivven_broker.server.metrics import BrokerMetrics
+    from rivven_broker.storage.sync_worker import SyncWorker
 
 __all__ = ["ProduceLane", "LaneStatistics", "frames_per_pass_default"]
 
@@ -101,11 +108,14 @@ class ProduceLane:
 
     def __init__(self, readiness: Readiness, metrics: BrokerMetrics,
                  staging: AppendPass | None = None, *,
+                 sync: SyncWorker | None = None,
                  frames_per_pass_max: int = frames_per_pass_default,
                  answer_early: bool = False) -> None:
         assert frames_per_pass_max > 0
         self._readiness = readiness
         self._staging = staging if staging is not None else AppendPass()
+        # With the deliberate bug on, the worker commits: the answers go out before it.
+        self._sync = sync if not answer_early else None
         self._metrics = metrics
         self._frames_per_pass_max = frames_per_pass_max
         self._answer_early = answer_early
@@ -170,18 +180,29 @@ class ProduceLane:
                     staging.open()
                     try:
                         self._read_pass(streams)
-                    finally:
-                        staging.close()  # every append staged is written before any answer
-                    # Without progress only the connections that took requests can have an
-                    # answer ready (a commit, a failure or a change of leader is progress).
-                    self._answer(self._took, False)
+                    except BaseException:
+                        staging.close()
+                        raise
+                    # Every append staged is written before any answer; then the group
+                    # commit, in this task when the worker would only be a hand-off (step 4).
+                    if self._sync is not None:
+                        await self._sync.write_then_commit(staging.close)
+                    else:
+                        staging.close()
+                    if self._progressed:  # (the commit it just ran): answer every one now
+                        self._progressed = False
+                        self._answer(self._answering, True)
+                    else:
+                        # Without progress only the connections that took requests can have
+                        # an answer ready (a commit, a failure or a change of leader is).
+                        self._answer(self._took, False)
                     self._took = {}
                 if streams or progressed:
                     self._passes += 1
                 deadline = self._expire_at  # no answer owed is due before it
                 if deadline <= trio.current_time():  # a busy lane still times answers out
                     deadline = self._expire()
-                if streams or self._progressed:  # (progress while reading: answer it first)
+                if streams or self._progressed:  # (progress meanwhile: answer it first)
                     await trio.lowlevel.checkpoint()
                     continue
                 with trio.CancelScope(deadline=deadline) as scope:

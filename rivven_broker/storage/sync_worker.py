@@ -26,7 +26,20 @@ high watermark follows its durable offset and its waits wake (the server waits o
 ``wait_durable`` serves the storage bench and tools).
 
 So N appenders that arrive while one fsync runs share the next fsync: the fsync count grows
-with the disk's latency, not with the number of appenders. ``interval_ms=N`` runs the same
+with the disk's latency, not with the number of appenders.
+
+The group in the caller's task (``write_then_commit``): the produce lane
+(``server/produce_lane.py``) writes a pass's appends and, when nothing else is committing
+and ``commit_in_caller()`` says so, runs that group itself instead of waking the worker:
+steps 2-4 above, in its own task (shielded: a group once begun always completes). The
+broker's ``commit_in_caller`` is true while the fsyncs run on the loop
+(``server/sync_thread.py``), where the worker's task would block the loop just the same and
+the hand-off to it (its wake-up, a scheduler round and the task steps) cost ~35 us of CPU
+per group, ~2 us per request at sixteen one-record producers; once fsyncs are slow they run
+on the thread, the worker commits again and the lane reads on meanwhile. The worker waits
+while a group runs in another task (``write_then_commit``'s, or ``detach``'s), so groups never
+overlap. The simulator's is always true (its fsync is a sleep of the committing task), so
+scenarios run both: the lane's own groups and the worker's for every other appender. ``interval_ms=N`` runs the same
 group step every N ms in the background and lets ``wait_durable`` return at once; ``none``
 never fsyncs (the logs still flush on close).
 
@@ -174,10 +187,15 @@ class SyncWorker:
 
     def __init__(self, policy: SyncPolicy, run_sync: RunSync,
                  fsync_each: FsyncEach | None = None, *,
-                 filesystem_sync_files_min: int = limits.sync_filesystem_files_min) -> None:
+                 filesystem_sync_files_min: int = limits.sync_filesystem_files_min,
+                 commit_in_caller: Callable[[], bool] | None = None) -> None:
         assert filesystem_sync_files_min >= 0  # 0: never
         self.policy = policy
         self._run_sync = run_sync
+        #: Whether ``write_then_commit`` may run the group in its caller's task now (module
+        #: docstring); None: never.
+        self._commit_in_caller = commit_in_caller
+        self._quiet = False  # ``write_then_commit`` is writing: marks wake nobody yet
         self._fsync_each = fsync_each
         self._filesystem_sync_files_min = filesystem_sync_files_min
         # Logs hash by identity (``SyncableLog`` asks for no equality of its own).
@@ -208,7 +226,8 @@ class SyncWorker:
         if self.policy.mode is SyncMode.NONE:
             return
         self._dirty[log] = None
-        self._wakeup.set()
+        if not self._quiet:
+            self._wakeup.set()
 
     def listen(self, log: SyncableLog, listener: Callable[[], None]) -> None:
         """Call ``listener()`` (on the trio thread, never blocking) after every group that
@@ -281,8 +300,43 @@ class SyncWorker:
             self._stopped.set()
             self._release_waiters()
 
+    async def write_then_commit(self, write: Callable[[], None]) -> None:
+        """``write()`` (appends, which mark their logs dirty), then the group commit of every
+        dirty log: in this task when no group is running and ``commit_in_caller()`` allows,
+        else by the worker, woken as ``mark_dirty`` wakes it (module docstring). Blocks on the
+        group's fsyncs when it runs them (on the loop, in production). Once begun, the group
+        is not cancelled.
+
+        Raises:
+            SyncFailedError: as ``mark_dirty``, or the group's fsync failed (the node must
+                stop).
+        """
+        self._quiet = True
+        here = False
+        try:
+            write()
+            commit_in_caller = self._commit_in_caller
+            here = self.policy.mode is SyncMode.ALWAYS and not self._in_flight \
+                and commit_in_caller is not None and commit_in_caller()
+        finally:
+            self._quiet = False
+            if self._dirty and not here:
+                self._wakeup.set()  # the worker commits (also when ``write`` raised)
+        if here and self._dirty:
+            try:
+                with trio.CancelScope(shield=True):  # a group begun must complete its tickets
+                    await self._sync_group()
+            except SyncFailedError:
+                # Cancelled meanwhile (a stop; a crash in the simulator revokes the disk
+                # first): the cancellation wins; the failure stays recorded for every waiter.
+                await trio.lowlevel.checkpoint_if_cancelled()
+                raise
+
     async def _run_always(self) -> None:
         while True:
+            if self._in_flight:  # a group in another task: the logs it took are after it
+                await self._group_done.wait()
+                continue
             if not self._dirty:
                 if self._closing:
                     return

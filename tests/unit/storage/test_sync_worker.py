@@ -326,3 +326,136 @@ async def test_waiter_on_truncated_offsets_fails_instead_of_hanging() -> None:
         worker.mark_dirty(log)
         await worker.wait_durable(log, again.last_offset)
         await worker.aclose()
+
+
+class TaskRecordingDisk(SlowDisk):
+    """``SlowDisk`` that also records which task ran each group's fsyncs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tasks: list[str] = []
+
+    async def __call__(self, function: Callable[[], Any]) -> Any:
+        self.tasks.append(trio.lowlevel.current_task().name)
+        return await super().__call__(function)
+
+
+async def test_write_then_commit_runs_the_group_in_the_callers_task(
+        autojump_clock: trio.testing.MockClock) -> None:
+    store = MemoryFileStore()
+    log = _open(store)
+    disk = TaskRecordingDisk()
+    worker = SyncWorker(SyncPolicy.parse("always"), disk, commit_in_caller=lambda: True)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+
+        def write() -> None:
+            log.append(BATCH, 0)
+            worker.mark_dirty(log)
+
+        await worker.write_then_commit(write)
+        assert log.durable_offset == log.log_end_offset  # durable on return
+        assert worker.statistics().groups == 1 and worker.statistics().dirty_logs == 0
+        assert disk.tasks == [trio.lowlevel.current_task().name]  # this task, not the worker
+        await worker.aclose()
+    assert disk.calls == 1  # the worker woke for nothing: no second group
+
+
+@pytest.mark.parametrize("why", ["the caller may not", "the write raised"])
+async def test_write_then_commit_leaves_the_group_to_the_worker(
+        why: str, autojump_clock: trio.testing.MockClock) -> None:
+    store = MemoryFileStore()
+    log = _open(store)
+    disk = TaskRecordingDisk()
+    worker = SyncWorker(SyncPolicy.parse("always"), disk,
+                        commit_in_caller=lambda: why != "the caller may not")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+
+        def write() -> None:
+            log.append(BATCH, 0)
+            worker.mark_dirty(log)
+            if why == "the write raised":
+                raise OSError(errno.EIO, "a later partition's write")
+
+        try:
+            await worker.write_then_commit(write)
+        except OSError:
+            assert why == "the write raised"
+        assert log.durable_offset < log.log_end_offset  # not committed by the caller
+        await worker.wait_durable(log, log.log_end_offset - 1)  # the worker woke and did
+        assert disk.tasks and trio.lowlevel.current_task().name not in disk.tasks
+        await worker.aclose()
+
+
+async def test_write_then_commit_never_overlaps_a_running_group() -> None:
+    store = MemoryFileStore()
+    first, second = _open(store, "t-0"), _open(store, "t-1")
+    gate = Gate()
+    running = [0]
+    overlapped = []
+
+    async def gated(function: Callable[[], Any]) -> Any:
+        running[0] += 1
+        overlapped.append(running[0] > 1)
+        try:
+            return await gate(function)
+        finally:
+            running[0] -= 1
+
+    worker = SyncWorker(SyncPolicy.parse("always"), gated, commit_in_caller=lambda: True)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        first.append(BATCH, 0)
+        worker.mark_dirty(first)
+        await trio.testing.wait_all_tasks_blocked()  # the worker's group waits at the gate
+
+        def write() -> None:
+            second.append(BATCH, 0)
+            worker.mark_dirty(second)
+
+        await worker.write_then_commit(write)  # a group runs: this one is the worker's
+        assert second.durable_offset < second.log_end_offset
+        gate.open.set()
+        await worker.wait_durable(second, second.log_end_offset - 1)
+        assert first.durable_offset == first.log_end_offset
+        await worker.aclose()
+    assert overlapped == [False, False]  # two groups, one after the other
+
+
+async def test_the_worker_waits_for_the_callers_group(
+        autojump_clock: trio.testing.MockClock) -> None:
+    store = MemoryFileStore()
+    first, second = _open(store, "t-0"), _open(store, "t-1")
+    running, overlapped = [0], []
+
+    async def slow(function: Callable[[], Any]) -> Any:
+        running[0] += 1
+        overlapped.append(running[0] > 1)
+        try:
+            await trio.sleep(0.001)
+            return function()
+        finally:
+            running[0] -= 1
+
+    worker = SyncWorker(SyncPolicy.parse("always"), slow, commit_in_caller=lambda: True)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+
+        def write() -> None:
+            first.append(BATCH, 0)
+            worker.mark_dirty(first)
+
+        async def append_meanwhile() -> None:  # during the caller's group: wakes the worker
+            await trio.sleep(0.0005)
+            second.append(BATCH, 0)
+            worker.mark_dirty(second)
+            await worker.wait_durable(second, second.log_end_offset - 1)
+
+        nursery.start_soon(append_meanwhile)
+        await worker.write_then_commit(write)
+        assert first.durable_offset == first.log_end_offset
+        await trio.sleep(0.01)
+        assert second.durable_offset == second.log_end_offset
+        await worker.aclose()
+    assert overlapped == [False, False]
