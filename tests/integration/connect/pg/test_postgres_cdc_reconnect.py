@@ -138,6 +138,10 @@ def test_walsender_terminated_and_postgres_restarted_every_change_once_in_order(
         assert writer.committed[-1] == CHANGES - 1 and outage == TERMINATIONS
         _wait(lambda: len(_records(bootstrap)) >= CHANGES, f"{CHANGES} records",
               runtime=runtime)
+        # The walsender shows as active when START_REPLICATION runs, before the runtime
+        # counts its reconnect; every record may be in already: wait for the count.
+        _wait(lambda: _metric(http_port, "rivven_connect_cdc_reconnects_total")
+              >= TERMINATIONS + 1, "every reconnect counted", runtime=runtime)
         assert _metric(http_port, "rivven_connect_cdc_reconnects_total") == TERMINATIONS + 1
         assert _metric(http_port, "rivven_connect_cdc_reconnect_failures_total") >= 1
         time.sleep(1)  # nothing more arrives
