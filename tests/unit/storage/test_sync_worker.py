@@ -340,6 +340,31 @@ class TaskRecordingDisk(SlowDisk):
         return await super().__call__(function)
 
 
+class Overlaps:
+    """A ``run_sync`` around another that records, per call, whether another was running."""
+
+    def __init__(self, inner: Callable[[Callable[[], Any]], Any]) -> None:
+        self.inner = inner
+        self.running = 0
+        self.overlapped: list[bool] = []
+
+    async def __call__(self, function: Callable[[], Any]) -> Any:
+        self.running += 1
+        self.overlapped.append(self.running > 1)
+        try:
+            return await self.inner(function)
+        finally:
+            self.running -= 1
+
+
+def _append_to(worker: SyncWorker, log: PartitionLog) -> Callable[[], None]:
+    """A ``write`` for ``write_then_commit``: one append to ``log``, marked dirty."""
+    def write() -> None:
+        log.append(BATCH, 0)
+        worker.mark_dirty(log)
+    return write
+
+
 async def test_write_then_commit_runs_the_group_in_the_callers_task(
         autojump_clock: trio.testing.MockClock) -> None:
     store = MemoryFileStore()
@@ -348,12 +373,7 @@ async def test_write_then_commit_runs_the_group_in_the_callers_task(
     worker = SyncWorker(SyncPolicy.parse("always"), disk, commit_in_caller=lambda: True)
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
-
-        def write() -> None:
-            log.append(BATCH, 0)
-            worker.mark_dirty(log)
-
-        await worker.write_then_commit(write)
+        await worker.write_then_commit(_append_to(worker, log))
         assert log.durable_offset == log.log_end_offset  # durable on return
         assert worker.statistics().groups == 1 and worker.statistics().dirty_logs == 0
         assert disk.tasks == [trio.lowlevel.current_task().name]  # this task, not the worker
@@ -392,59 +412,31 @@ async def test_write_then_commit_never_overlaps_a_running_group() -> None:
     store = MemoryFileStore()
     first, second = _open(store, "t-0"), _open(store, "t-1")
     gate = Gate()
-    running = [0]
-    overlapped = []
-
-    async def gated(function: Callable[[], Any]) -> Any:
-        running[0] += 1
-        overlapped.append(running[0] > 1)
-        try:
-            return await gate(function)
-        finally:
-            running[0] -= 1
-
-    worker = SyncWorker(SyncPolicy.parse("always"), gated, commit_in_caller=lambda: True)
+    disk = Overlaps(gate)
+    worker = SyncWorker(SyncPolicy.parse("always"), disk, commit_in_caller=lambda: True)
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
         first.append(BATCH, 0)
         worker.mark_dirty(first)
         await trio.testing.wait_all_tasks_blocked()  # the worker's group waits at the gate
-
-        def write() -> None:
-            second.append(BATCH, 0)
-            worker.mark_dirty(second)
-
-        await worker.write_then_commit(write)  # a group runs: this one is the worker's
+        # A group runs: this one is left to the worker.
+        await worker.write_then_commit(_append_to(worker, second))
         assert second.durable_offset < second.log_end_offset
         gate.open.set()
         await worker.wait_durable(second, second.log_end_offset - 1)
         assert first.durable_offset == first.log_end_offset
         await worker.aclose()
-    assert overlapped == [False, False]  # two groups, one after the other
+    assert disk.overlapped == [False, False]  # two groups, one after the other
 
 
 async def test_the_worker_waits_for_the_callers_group(
         autojump_clock: trio.testing.MockClock) -> None:
     store = MemoryFileStore()
     first, second = _open(store, "t-0"), _open(store, "t-1")
-    running, overlapped = [0], []
-
-    async def slow(function: Callable[[], Any]) -> Any:
-        running[0] += 1
-        overlapped.append(running[0] > 1)
-        try:
-            await trio.sleep(0.001)
-            return function()
-        finally:
-            running[0] -= 1
-
-    worker = SyncWorker(SyncPolicy.parse("always"), slow, commit_in_caller=lambda: True)
+    disk = Overlaps(SlowDisk())
+    worker = SyncWorker(SyncPolicy.parse("always"), disk, commit_in_caller=lambda: True)
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
-
-        def write() -> None:
-            first.append(BATCH, 0)
-            worker.mark_dirty(first)
 
         async def append_meanwhile() -> None:  # during the caller's group: wakes the worker
             await trio.sleep(0.0005)
@@ -453,9 +445,9 @@ async def test_the_worker_waits_for_the_callers_group(
             await worker.wait_durable(second, second.log_end_offset - 1)
 
         nursery.start_soon(append_meanwhile)
-        await worker.write_then_commit(write)
+        await worker.write_then_commit(_append_to(worker, first))
         assert first.durable_offset == first.log_end_offset
         await trio.sleep(0.01)
         assert second.durable_offset == second.log_end_offset
         await worker.aclose()
-    assert overlapped == [False, False]
+    assert disk.overlapped == [False, False]
