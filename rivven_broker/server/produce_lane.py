@@ -59,8 +59,9 @@ Appends are staged in the lane, one request after another, and written per parti
 end of the pass's reads; the group commit (``storage/sync_worker.py``) covers everything
 appended before it ran, run by the lane itself while fsyncs are fast and by the sync worker
 otherwise; when fsyncs are slow they run off the loop for the whole group
-(``sync_thread.py``), never one request's, and the lane reads on meanwhile. Limits hold as in the reader: the request budget and the request timeout apply
-to partial frames, which only the reader reads; the in-flight limit hands back.
+(``sync_thread.py``), never one request's, and the lane reads on meanwhile. Limits hold as
+in the reader: the request budget and the request timeout apply to partial frames, which
+only the reader reads; the in-flight limit hands back.
 
 Test-only: ``answer_early`` (the simulator's ``[test] lane_answer_early``) makes the lane
 answer a produce as soon as it is appended, with ``Pending.provisional``: the deliberate bug

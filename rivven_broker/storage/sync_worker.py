@@ -26,7 +26,9 @@ high watermark follows its durable offset and its waits wake (the server waits o
 ``wait_durable`` serves the storage bench and tools).
 
 So N appenders that arrive while one fsync runs share the next fsync: the fsync count grows
-with the disk's latency, not with the number of appenders.
+with the disk's latency, not with the number of appenders. ``interval_ms=N`` runs the same
+group step every N ms in the background and lets ``wait_durable`` return at once; ``none``
+never fsyncs (the logs still flush on close).
 
 The group in the caller's task (``write_then_commit``): the produce lane
 (``server/produce_lane.py``) writes a pass's appends and, when nothing else is committing
@@ -37,11 +39,10 @@ broker's ``commit_in_caller`` is true while the fsyncs run on the loop
 the hand-off to it (its wake-up, a scheduler round and the task steps) cost ~35 us of CPU
 per group, ~2 us per request at sixteen one-record producers; once fsyncs are slow they run
 on the thread, the worker commits again and the lane reads on meanwhile. The worker waits
-while a group runs in another task (``write_then_commit``'s, or ``detach``'s), so groups never
-overlap. The simulator's is always true (its fsync is a sleep of the committing task), so
-scenarios run both: the lane's own groups and the worker's for every other appender. ``interval_ms=N`` runs the same
-group step every N ms in the background and lets ``wait_durable`` return at once; ``none``
-never fsyncs (the logs still flush on close).
+while a group runs in another task (``write_then_commit``'s, or ``detach``'s), so groups
+never overlap. The simulator's is always true (its fsync is a sleep of the committing
+task), so scenarios run both: the lane's own groups and the worker's for every other
+appender.
 
 Failure: an fsync error (``OSError`` from ``run_sync``) is final. On Linux a failed fsync may
 drop the dirty pages and clear the error, so retrying could report data durable that is gone.
