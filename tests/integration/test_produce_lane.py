@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+import traceback
 
 import pytest
 import trio
@@ -419,3 +421,50 @@ async def test_after_a_commit_the_lane_answers_before_it_reads(
         assert base_offset((await second.receive()).response) == 5
     log = readiness.log[start:]
     assert log.index(("send", _port(first))) < log.index(("receive", _port(second)))
+
+
+@pytest.mark.parametrize("disk", ["fast", "slow"])
+async def test_the_lane_commits_its_groups_itself_only_while_fsyncs_run_on_the_loop(
+        start_broker, connect, monkeypatch, disk):
+    # Fast: every fsync counts as fast and runs on the loop; slow: every one moves them to
+    # the sync thread (``InlineWhileFast``), where the worker must commit again.
+    moves = "slow" == disk
+
+    def note(self, seconds: float) -> None:
+        if moves:
+            self.inline = False
+    monkeypatch.setattr(sync_thread.InlineWhileFast, "_note", note)
+    committers: list[tuple[bool, bool]] = []  # (on the loop's thread, in write_then_commit)
+    real_fsync = OsFileStore.fsync
+
+    def recording_fsync(self, *args, **kwargs):
+        frames = {frame.name for frame in traceback.extract_stack()}
+        committers.append((threading.current_thread() is threading.main_thread(),
+                           "write_then_commit" in frames))
+        return real_fsync(self, *args, **kwargs)
+
+    monkeypatch.setattr(OsFileStore, "fsync", recording_fsync)
+    running = await start_broker()
+    setup = await connect(running.port)
+    await setup.call(CreateTopic("t", 1))
+    clients = [await connect(running.port) for _ in range(3)]
+    with trio.fail_after(20):
+        for client in clients:  # the first request is the reader's; then it rests in the lane
+            await client.call(produce(b"warm"))
+        requests_before, _ = lane_counts(running)
+        committers.clear()
+        offsets: list[int] = []
+
+        async def produce_ten(client: RawClient) -> None:
+            for index in range(10):
+                offsets.append(base_offset(await client.call(produce(b"%d" % index))))
+
+        async with trio.open_nursery() as nursery:
+            for client in clients:
+                nursery.start_soon(produce_ten, client)
+    assert sorted(offsets) == list(range(3, 33))  # every one answered, each offset once
+    assert lane_counts(running)[0] - requests_before == 30  # all served by the lane
+    if disk == "fast":  # the lane's own task ran every group, on the loop
+        assert committers and all(on_loop and in_lane for on_loop, in_lane in committers)
+    else:  # the worker ran them, on the sync thread
+        assert committers and not any(on_loop or in_lane for on_loop, in_lane in committers)
