@@ -176,10 +176,7 @@ class DataPath:
     def begin_produce(self, request: Produce, call: RequestContext
                       ) -> ProduceResponse | Pending | None:
         """``produce`` as a handler (``Handlers``): the request's clocks from ``call``."""
-        answer = self._produce_one_partition(request, call.now_ms, call.received_at)
-        if answer is not _NOT_TAKEN:
-            return answer  # type: ignore[return-value]
-        return self._produce_general(request, call.now_ms, None, call.received_at)
+        return self.produce(request, call.now_ms, received_at=call.received_at)
 
     def _produce_general(self, request: Produce, now_ms: int,
                          txn_refused: dict[tuple[str, int], ErrorCode] | None,

@@ -172,10 +172,8 @@ class ProduceLane:
         task_status.started()
         try:
             while True:
-                progressed = self._progressed
-                if progressed:  # answers first: their next requests can join this group
-                    self._progressed = False
-                    self._answer(self._answering, True)
+                # Answers first: the next requests of the clients answered join this pass.
+                progressed = self._answer_progress()
                 streams = readiness.ready()
                 if streams:
                     staging.open()
@@ -185,15 +183,12 @@ class ProduceLane:
                         staging.close()
                         raise
                     # Every append staged is written before any answer; then the group
-                    # commit, in this task when the worker would only be a hand-off (step 4).
+                    # commit, in this task when the worker would only be a hand-off (step 2).
                     if self._sync is not None:
                         await self._sync.write_then_commit(staging.close)
                     else:
                         staging.close()
-                    if self._progressed:  # (the commit it just ran): answer every one now
-                        self._progressed = False
-                        self._answer(self._answering, True)
-                    else:
+                    if not self._answer_progress():  # (the commit it just ran, if it did)
                         # Without progress only the connections that took requests can have
                         # an answer ready (a commit, a failure or a change of leader is).
                         self._answer(self._took, False)
@@ -225,6 +220,15 @@ class ProduceLane:
         scope = self._wait_scope
         if scope is not None:
             scope.cancel()
+
+    def _answer_progress(self) -> bool:
+        """If a partition progressed since the last look, step 3 for every connection the
+        lane answers; whether one had."""
+        if not self._progressed:
+            return False
+        self._progressed = False
+        self._answer(self._answering, True)
+        return True
 
     def _read_pass(self, streams: list[trio.abc.Stream]) -> None:
         """Steps 1 and 2 of a pass (module docstring): read ``streams``, then poll again
@@ -276,8 +280,8 @@ class ProduceLane:
 
     def _take_requests(self, connection: _Connection, read_at: ReadAt) -> int:
         """Begin the connection's complete produce requests in order; hand it back at the
-        first thing the lane does not take. ``read_at``: when this pass read (the clocks,
-        read once per pass). Returns how many requests it took."""
+        first thing the lane does not take. ``read_at``: when this poll read (the clocks,
+        read once per poll). Returns how many requests it took."""
         core = connection.core
         in_flight_max = connection.settings.in_flight_requests_max
         taken = 0
