@@ -27,7 +27,7 @@ simulator all drive these same two classes, so the rules below hold everywhere:
 from __future__ import annotations
 
 from collections import deque
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import attrs
 
@@ -103,6 +103,7 @@ class _Pending(NamedTuple):
 #: ``RequestReceived(...)`` and ``_Pending(...)`` without their Python frames (one each per
 #: request).
 _new_tuple = tuple.__new__
+_PRODUCE_KEY = ProduceResponse.API_KEY
 
 
 class ServerConnection:
@@ -219,6 +220,28 @@ class ServerConnection:
         data = self._frame(correlation_id, response, None if is_error else pending.api_version)
         self._pending.popleft()
         return data
+
+    def send_payload(self, correlation_id: int,
+                     payload_of: Callable[[int], bytes | None]) -> bytes | None:
+        """The frame answering the oldest pending request, ``correlation_id``, with the
+        payload ``payload_of(version)`` gives at the request's version (a produce answer from
+        its template, ``fast_codec.produce_appended_payload``); None, and nothing answered,
+        when it gives None. Does not block.
+
+        Raises:
+            LocalProtocolError: out of order or unknown correlation id, or not a produce.
+        """
+        pending = self._pending[0] if self._pending else None
+        if pending is None or pending.correlation_id != correlation_id \
+                or pending.api_key != _PRODUCE_KEY:
+            raise LocalProtocolError(
+                f"a produce answer to correlation id {correlation_id} but the oldest pending "
+                f"is {pending}")
+        payload = payload_of(pending.api_version)
+        if payload is None:
+            return None
+        self._pending.popleft()
+        return encode_small_msgpack_frame(correlation_id, payload)
 
     def send_error(
         self, correlation_id: int, error_code: ErrorCode, message: str = ""

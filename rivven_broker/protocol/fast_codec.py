@@ -26,7 +26,9 @@ The commonest answer of all — one partition appended, no error — is encoded 
 *template* per (topic, partition, version) (``produce_answer_payload``): the msgpack bytes
 between its three variable integers (base offset, log append time, log start offset) are
 packed once, so an answer costs three small ``packb`` calls and a join, byte for byte what
-the generic path packs (a test compares them).
+the generic path packs (a test compares them). ``produce_appended_payload`` fills it from the
+numbers alone, for a broker that answers an append without building the ``ProduceResponse``
+(``server/produce_answers.py``).
 
 The broker's own answer to a successful append is built the same way
 (``produce_partition_appended``, ``produce_response_of``): its fields are a partition number
@@ -62,6 +64,7 @@ __all__ = [
     "field_kinds",
     "plain_name",
     "produce_answer_payload",
+    "produce_appended_payload",
     "produce_response_to_wire",
     "produce_partition_appended",
     "produce_response_of",
@@ -378,16 +381,24 @@ def produce_answer_payload(response: ProduceResponse, version: int) -> bytes | N
     answer = topic.partitions[0]
     if answer.error_code or answer.error_message is not None or answer.duplicate:
         return None
-    key = (topic.name, answer.partition, version)
+    return produce_appended_payload(topic.name, answer.partition, version, answer.base_offset,
+                                    answer.log_append_time_ms, answer.log_start_offset)
+
+
+def produce_appended_payload(name: str, partition: int, version: int, base_offset: int,
+                             log_append_time_ms: int, log_start_offset: int) -> bytes:
+    """The payload (envelope included) of the answer ``produce_partition_appended(partition,
+    base_offset, log_append_time_ms, log_start_offset)`` gives for topic ``name`` at
+    ``version``, from its template, without building the answer. Pure."""
+    key = (name, partition, version)
     template = _templates.get(key)
     if template is None:
         if len(_templates) >= _TEMPLATES_MAX:
             _templates.clear()
         template = _templates[key] = _template(*key)
     head, append_time, start_offset, tail = template
-    return b"".join((head, _pack(answer.base_offset), append_time,
-                     _pack(answer.log_append_time_ms), start_offset,
-                     _pack(answer.log_start_offset), tail))
+    return b"".join((head, _pack(base_offset), append_time, _pack(log_append_time_ms),
+                     start_offset, _pack(log_start_offset), tail))
 
 
 def produce_partition_appended(

@@ -108,6 +108,7 @@ from rivven_broker.protocol.messages import (
     ProduceResponse,
 )
 from rivven_broker.server.context import Pending, RequestContext
+from rivven_broker.server.produce_answers import OnePartitionWait
 from rivven_broker.server.request_budget import RequestBudget
 from rivven_broker.storage.errors import SyncFailedError
 
@@ -118,7 +119,7 @@ if TYPE_CHECKING:
     from rivven_broker.server.produce_lane import ProduceLane
 
 #: A request begun (its slot queued) and what ``Handlers.begin`` gave for it.
-Begun = tuple["_Slot", "Response | Pending"]
+Begun = tuple["_Slot", "Response | Pending | OnePartitionWait"]
 #: When requests were read: trio's clock, ``Clock.monotonic_ms()`` and ``Clock.wall_ms()``.
 ReadAt = tuple[float, int, int]
 
@@ -149,7 +150,7 @@ class _Slot:
     start_ms: int
     response: Response | None = None
     filled: bool = False  # ``response`` is final: the slot may be answered
-    pending: Pending | None = None  # a produce the writer settles (see write_loop)
+    pending: Pending | OnePartitionWait | None = None  # a produce the writer settles
 
 
 class _Connection:
@@ -415,11 +416,27 @@ class _Connection:
         self.slots.append(slot)
         return slot, outcome
 
+    def begin_produce(self, correlation_id: int, request: Produce, read_at: ReadAt) -> Begun:
+        """``begin`` of a produce that expects an answer (acks 1 or all), read by the lane at
+        ``read_at``: straight to ``DataPath.produce``, where ``Handlers.begin`` sends every
+        produce, without the ``RequestContext`` it takes there. Never blocks."""
+        received_at, start_ms, wall_ms = read_at
+        try:  # ``_guarded``, inline
+            outcome = self.handlers.data.produce(request, wall_ms, received_at=received_at)
+        except (SyncFailedError, AssertionError):
+            raise
+        except Exception:
+            outcome = _handler_failed("Produce")
+        assert outcome is not None, "a produce with acks 1 or all is always answered"
+        slot = _Slot(correlation_id, "Produce", start_ms)
+        self.slots.append(slot)
+        return slot, outcome
+
     def place(self, begun: Begun) -> bool:
         """Fill the slot, or leave its produce for whoever writes (the writer, or the lane
         when it answers). False: the outcome needs a task (``_dispose``). Never blocks."""
         slot, outcome = begun
-        if isinstance(outcome, Pending):
+        if type(outcome) is OnePartitionWait or isinstance(outcome, Pending):
             if outcome.serial or outcome.ready is None:
                 return False
             slot.pending = outcome  # settled in order by the writer or the lane
@@ -434,16 +451,16 @@ class _Connection:
         if self.place(begun):
             return
         slot, pending = begun
-        assert isinstance(pending, Pending)
+        assert type(pending) is OnePartitionWait or isinstance(pending, Pending)
         if pending.serial:
             await self._complete(slot, pending)
         else:
             nursery.start_soon(self._complete, slot, pending)
 
-    async def _complete(self, slot: _Slot, pending: Pending) -> None:
+    async def _complete(self, slot: _Slot, pending: Pending | OnePartitionWait) -> None:
         self.fill(slot, await self._wait(slot, pending))
 
-    async def _wait(self, slot: _Slot, pending: Pending) -> Response:
+    async def _wait(self, slot: _Slot, pending: Pending | OnePartitionWait) -> Response:
         try:
             return await pending.wait()
         except (SyncFailedError, AssertionError):
@@ -489,7 +506,6 @@ class _Connection:
                     return
                 await self._park_writer()
                 continue
-            self.settle_ready()
             await self._send(self.take_ready_frames())
             if not slots:
                 self.last_active = trio.current_time()
@@ -503,16 +519,45 @@ class _Connection:
         finally:
             self.writer_idle = False
 
-    def take_ready_frames(self, now_ms: int | None = None) -> FramePieces:
-        """Encode and dequeue every ready answer from the head, in order (the writer's and the
-        lane's one way to answer); ``now_ms``: the clock's ``monotonic_ms()`` (read here when
-        not given). Never blocks."""
+    def take_ready_frames(self, now_ms: int | None = None,
+                          progressed: bool = True) -> FramePieces:
+        """Settle, encode and dequeue every ready answer from the head, in order (the
+        writer's and the lane's one way to answer): filled slots, and produces durable now
+        (their ``ready``; a ``OnePartitionWait``'s frame straight from its template, with no
+        answer built). ``now_ms``: the clock's ``monotonic_ms()`` (read here when not given).
+        ``progressed=False``: no partition progressed since every pending here was made or
+        last asked (the lane knows), so one that is ``after_progress`` is not asked. Never
+        blocks."""
         slots = self.slots
         frames: FramePieces = []
         if now_ms is None:
             now_ms = self.clock.monotonic_ms()
-        while slots and slots[0].filled:
-            slot = slots.popleft()
+        while slots:
+            slot = slots[0]
+            if not slot.filled:
+                pending = slot.pending
+                if pending is None or pending.ready is None \
+                        or (not progressed and pending.after_progress):
+                    break
+                if type(pending) is OnePartitionWait:  # the commonest answer
+                    frame = self.core.send_payload(slot.correlation_id, pending.payload)
+                    if frame is not None:
+                        slots.popleft()
+                        frames.append(frame)
+                        self.metrics.request_done(slot.api, 0, now_ms - slot.start_ms)
+                        continue
+                try:  # ``_guarded``, inline: asked of every produce once or twice
+                    response = pending.ready()
+                except (SyncFailedError, AssertionError):
+                    raise
+                except Exception:
+                    response = _handler_failed(slot.api)
+                if response is None:
+                    break
+                slot.pending = None
+                slot.response = response
+                slot.filled = True
+            slots.popleft()
             response = slot.response
             assert response is not None
             try:  # (inline: every answer's path)
@@ -537,30 +582,6 @@ class _Connection:
             response = await self._wait(slot, pending)
         slot.response = response
         slot.filled = True
-
-    def settle_ready(self, progressed: bool = True) -> None:
-        """Answer, in order from the head, every produce that is durable now. Never blocks.
-        ``progressed=False``: no partition progressed since every pending here was made or
-        last asked (the lane knows), so one that is ``after_progress`` is not asked."""
-        for slot in self.slots:
-            if slot.filled:
-                continue
-            pending = slot.pending
-            if pending is None or pending.ready is None:
-                return
-            if not progressed and pending.after_progress:
-                return
-            try:  # ``_guarded``, inline: asked of every produce once or twice
-                response = pending.ready()
-            except (SyncFailedError, AssertionError):
-                raise
-            except Exception:
-                response = _handler_failed(slot.api)
-            if response is None:
-                return
-            slot.pending = None
-            slot.response = response
-            slot.filled = True
 
     def _unencodable(self, slot: _Slot, exc: LocalProtocolError) -> bytes | FramePieces:
         """The answer to ``slot`` could not be encoded (too large for a frame): say so."""

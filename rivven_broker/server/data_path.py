@@ -116,6 +116,13 @@ from rivven_broker.storage.errors import (
     UnknownTopicOrPartitionError,
 )
 from rivven_broker.server.context import Pending, RequestContext, ServerContext
+from rivven_broker.server.produce_answers import (
+    OnePartitionWait,
+    PartitionError,
+    error_of,
+    produce_error,
+    unacknowledged,
+)
 from rivven_broker.server.internal_topics import INTERNAL_TOPICS
 from rivven_broker.storage.partition import CommitRule, Partition
 from rivven_broker.storage.staged_appends import StagedWrite
@@ -129,25 +136,10 @@ __all__ = ["DataPath"]
 
 log = logging.getLogger(__name__)
 
-_PartitionError = tuple[ErrorCode, str]
 #: ``(topic name, now_ms) -> None`` when the topic now exists, else the error to answer.
-AutoCreate = Callable[[str, int], "_PartitionError | None"]
+AutoCreate = Callable[[str, int], "PartitionError | None"]
 _CORRUPTION_PLACES_MAX = 1024  # damaged places remembered for logging once
 _NOT_TAKEN = object()  # the fast path did nothing: the general path decides
-
-
-def error_of(exc: Exception) -> _PartitionError:
-    """The wire code and message of an operating error on one partition."""
-    if isinstance(exc, SyncFailedError):
-        raise exc  # never answered: the broker must stop
-    if isinstance(exc, BatchError):
-        return ErrorCode.CORRUPT_MESSAGE, str(exc)
-    if isinstance(exc, StorageError):
-        return exc.code, str(exc)
-    if isinstance(exc, OSError):
-        log.error("storage I/O failed: %s", exc)
-        return ErrorCode.KAFKA_STORAGE_ERROR, f"storage I/O failed: {exc.strerror or exc}"
-    raise exc
 
 
 class DataPath:
@@ -162,7 +154,8 @@ class DataPath:
 
     def produce(self, request: Produce, now_ms: int,
                 txn_refused: dict[tuple[str, int], ErrorCode] | None = None, *,
-                received_at: float | None = None) -> ProduceResponse | Pending | None:
+                received_at: float | None = None
+                ) -> ProduceResponse | Pending | OnePartitionWait | None:
         """Append every partition's batches (see the module docstring). Never blocks.
         ``txn_refused``: partitions answered with that code without appending (a remote
         coordinator's verification said no). ``received_at``: trio's clock when the request
@@ -174,7 +167,7 @@ class DataPath:
         return self._produce_general(request, now_ms, txn_refused, received_at)
 
     def begin_produce(self, request: Produce, call: RequestContext
-                      ) -> ProduceResponse | Pending | None:
+                      ) -> ProduceResponse | Pending | OnePartitionWait | None:
         """``produce`` as a handler (``Handlers``): the request's clocks from ``call``."""
         return self.produce(request, call.now_ms, received_at=call.received_at)
 
@@ -203,26 +196,26 @@ class DataPath:
             for part in topic.partitions:
                 key = (topic.name, part.partition)
                 if topic_error is not None:
-                    outcome[key] = _produce_error(part.partition, topic_error)
+                    outcome[key] = produce_error(part.partition, topic_error)
                     continue
                 if txn_refused and key in txn_refused:
                     code = txn_refused[key]
-                    outcome[key] = _produce_error(part.partition, (code, code.description))
+                    outcome[key] = produce_error(part.partition, (code, code.description))
                     continue
                 if replicas is not None:  # only the partition's leader appends
                     refused = replicas.produce_error(key, replicated)
                     if refused is not None:
-                        outcome[key] = _produce_error(part.partition, refused)
+                        outcome[key] = produce_error(part.partition, refused)
                         continue
                 elif cluster is not None:  # the replicas start with the controller
                     refused = cluster.leadership_error(topic.name, part.partition)
                     if refused is not None:
-                        outcome[key] = _produce_error(part.partition, refused)
+                        outcome[key] = produce_error(part.partition, refused)
                         continue
                 try:
                     plog = context.logs.get_log(topic.name, part.partition)
                     if not part.records:
-                        outcome[key] = _produce_error(
+                        outcome[key] = produce_error(
                             part.partition, (ErrorCode.CORRUPT_MESSAGE, "no record batch")
                         )
                         continue
@@ -230,7 +223,7 @@ class DataPath:
                     appended = state.append_as_leader(part.records, now_ms, functools.partial(
                         self._check_txn, request.transactional_id, topic.name, part.partition))
                 except (StorageError, BatchError, OSError) as exc:
-                    outcome[key] = _produce_error(part.partition, error_of(exc))
+                    outcome[key] = produce_error(part.partition, error_of(exc))
                     continue
                 if appended.staged is not None:
                     staged.append((key, appended.staged))
@@ -239,7 +232,7 @@ class DataPath:
                     original = appended.duplicate
                     if original is None:  # refused by the producer state: nothing written
                         error = (appended.error_code, appended.message)
-                        outcome[key] = _produce_error(part.partition, error)
+                        outcome[key] = produce_error(part.partition, error)
                         continue
                     outcome[key] = ProducePartitionResponse(
                         part.partition, ErrorCode.NONE, original.first_offset, -1,
@@ -283,7 +276,7 @@ class DataPath:
             staged.clear()
             if failed:
                 for key, exc in failed.items():
-                    outcome[key] = _produce_error(key[1], error_of(exc))
+                    outcome[key] = produce_error(key[1], error_of(exc))
                 waits = [entry for entry in waits if entry[0] not in failed]
 
         if not waits or (context.policy.mode is not SyncMode.ALWAYS and not replicated):
@@ -323,7 +316,7 @@ class DataPath:
                         await partition.wait_durable(last_offset)
             for key, partition, rule, last_offset in waits:
                 if not acknowledged(partition, rule, last_offset):
-                    outcome[key] = _produce_error(key[1], _unacknowledged(
+                    outcome[key] = produce_error(key[1], unacknowledged(
                         replicated and partition.rule is not rule))
             return _produce_response(request, outcome)
 
@@ -348,12 +341,12 @@ class DataPath:
                         lost.append(key)
                 context.sync_worker.check_healthy()
                 for key in lost:
-                    outcome[key] = _produce_error(key[1], _unacknowledged(False))
+                    outcome[key] = produce_error(key[1], unacknowledged(False))
                 return _produce_response(request, outcome)
             context.sync_worker.check_healthy()
             for key, partition, rule, last_offset in waits:
                 if not acknowledged(partition, rule, last_offset):
-                    outcome[key] = _produce_error(key[1], _unacknowledged(
+                    outcome[key] = produce_error(key[1], unacknowledged(
                         replicated and partition.rule is not rule))
             return _produce_response(request, outcome)
 
@@ -362,13 +355,14 @@ class DataPath:
                        after_progress=fresh_only)
 
     def _produce_one_partition(self, request: Produce, now_ms: int, received_at: float | None
-                               ) -> ProduceResponse | Pending | None | object:
+                               ) -> ProduceResponse | OnePartitionWait | object:
         """``_produce_general`` for the commonest request, with fewer calls: one topic, one
         partition, not transactional, acks 1 or all, on a single node under ``sync=always``,
         to a topic that exists. Anything else returns ``_NOT_TAKEN`` before doing anything
         (the general path then decides). Same answers, same log, same producer state and
-        same metrics as the general path (a differential test compares them); only the
-        ``Pending`` is built for its one wait. Never blocks."""
+        same metrics as the general path (a differential test compares them); its one wait
+        is a ``OnePartitionWait`` (``produce_answers.py``), not the general ``Pending``.
+        Never blocks."""
         context = self._context
         topics = request.topics
         if len(topics) != 1 or request.transactional_id is not None \
@@ -385,23 +379,21 @@ class DataPath:
         try:
             plog = context.logs.get_log(name, index)
             if not part.records:
-                return _one_answer(name, _produce_error(
+                return _one_answer(name, produce_error(
                     index, (ErrorCode.CORRUPT_MESSAGE, "no record batch")))
             state = context.partitions.get(name, index, plog)
             appended = state.append_as_leader(part.records, now_ms, self._check_no_txn_id)
         except (StorageError, BatchError, OSError) as exc:
-            return _one_answer(name, _produce_error(index, error_of(exc)))
+            return _one_answer(name, produce_error(index, error_of(exc)))
         staged = appended.staged
         info = appended.info
         if info is None:
             original = appended.duplicate
             if original is None:  # refused by the producer state: nothing written
-                return _one_answer(name, _produce_error(
+                return _one_answer(name, produce_error(
                     index, (appended.error_code, appended.message)))
-            answer = ProducePartitionResponse(index, ErrorCode.NONE, original.first_offset, -1,
-                                              plog.log_start_offset, duplicate=True)
-            last_offset = original.last_offset
-            fresh_only = False  # its original may be covered already
+            base_offset, append_time_ms, last_offset = original.first_offset, -1, \
+                original.last_offset
         else:
             count = info.last_offset - info.base_offset + 1
             if staged is None:
@@ -413,48 +405,14 @@ class DataPath:
                         _count_in, context.metrics, name, staged))
                 staged.records += count
                 staged.size += len(part.records)
-            answer = produce_partition_appended(index, info.base_offset,
-                                                info.log_append_time_ms, plog.log_start_offset)
-            last_offset = info.last_offset
-            fresh_only = True
+            base_offset, append_time_ms, last_offset = info.base_offset, \
+                info.log_append_time_ms, info.last_offset
         timeout_ms = min(request.timeout_ms, limits.produce_timeout_ms_max)
         deadline = (trio.current_time() if received_at is None else received_at) \
             + timeout_ms / 1000
-        waiting = True  # until a failed staged write drops the wait (as ``unwritten`` does)
-
-        def take_write() -> None:
-            nonlocal staged, answer, waiting
-            write, staged = staged, None
-            assert write is not None and write.done, "an answer before its write"
-            if write.error is not None:
-                answer = _produce_error(index, error_of(write.error))
-                waiting = False
-
-        def ready() -> ProduceResponse | None:
-            nonlocal answer
-            if staged is not None:
-                take_write()
-            if waiting and state.local_durable_end <= last_offset:
-                if not state.lost(last_offset):
-                    return None
-                answer = _produce_error(index, _unacknowledged(False))
-            context.sync_worker.check_healthy()
-            return _one_answer(name, answer)
-
-        async def wait() -> ProduceResponse:
-            nonlocal answer
-            if staged is not None:
-                take_write()
-            if waiting:
-                with trio.CancelScope(deadline=deadline):
-                    await state.wait_durable(last_offset)
-                if state.local_durable_end <= last_offset:
-                    answer = _produce_error(index, _unacknowledged(False))
-            return _one_answer(name, answer)
-
-        return Pending(wait, ready=ready, deadline=deadline,
-                       provisional=lambda: _one_answer(name, answer),
-                       after_progress=fresh_only)
+        return OnePartitionWait(state, context.sync_worker, name, index, base_offset,
+                                append_time_ms, plog.log_start_offset, info is None,
+                                last_offset, staged, deadline)
 
     def _verify_then_produce(self, request: Produce,
                              unverified: list[tuple[str, int, int, int]]) -> Pending:
@@ -493,7 +451,7 @@ class DataPath:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         return txn.check_produce(transactional_id, header, topic, partition)
 
-    def _produce_topic_error(self, name: str, now_ms: int) -> _PartitionError | None:
+    def _produce_topic_error(self, name: str, now_ms: int) -> PartitionError | None:
         if name in INTERNAL_TOPICS:  # written by the broker's coordinators only
             return ErrorCode.INVALID_TOPIC_NAME, f"{name!r} is an internal topic"
         if self._context.logs.has_topic(name):  # its name was checked when it was created
@@ -735,15 +693,6 @@ class DataPath:
         return DeleteRecordsPartitionResponse(partition, ErrorCode.NONE, low_watermark)
 
 
-def _unacknowledged(deposed: bool) -> _PartitionError:
-    """Appended here but not acknowledged: the outcome is unknown (the batch may survive on a
-    new leader), so never a code that says "not written"."""
-    if deposed:
-        return (ErrorCode.REQUEST_TIMED_OUT,
-                "leadership moved before the in-sync replicas had the data; outcome unknown")
-    return ErrorCode.REQUEST_TIMED_OUT, "not acknowledged within timeout_ms"
-
-
 def _record_at_time(plog: PartitionLog, timestamp_ms: int, below: int) -> tuple[int, int]:
     """``(offset, timestamp)`` of the first record below ``below`` (the high watermark) whose
     timestamp is ``>= timestamp_ms``, or ``(-1, -1)``: Kafka's lookup. The log finds the first
@@ -774,12 +723,6 @@ def _count_in(metrics: BrokerMetrics, topic: str, written: StagedWrite) -> None:
     (``StagedWrite.on_written``)."""
     metrics.records_in(written.records)
     metrics.topic_in(topic, written.records, written.size)
-
-
-def _produce_error(partition: int, error: _PartitionError) -> ProducePartitionResponse:
-    code, message = error
-    clipped = message.encode()[: limits.error_message_bytes_max].decode("utf-8", "ignore")
-    return ProducePartitionResponse(partition, code, error_message=clipped)
 
 
 #: The answer of a request of one topic and one partition.

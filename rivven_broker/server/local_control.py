@@ -43,7 +43,7 @@ from rivven_broker.protocol.messages import (
 )
 from rivven_broker.protocol.names import topic_name_error
 from rivven_broker.server.context import Pending, ServerContext
-from rivven_broker.server.data_path import error_of
+from rivven_broker.server.produce_answers import error_of
 from rivven_broker.server.internal_topics import is_internal_topic
 from rivven_broker.server.local_topics import LocalTopics
 from rivven_broker.storage.errors import StorageError, TopicExistsError

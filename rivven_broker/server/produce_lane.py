@@ -24,8 +24,8 @@ that took turns, 8.5 requests per fsync; answered first, with the polls of step 
    (the answered clients' next requests come in one by one as their load gets a core),
    at most ``_POLLS_PER_PASS_MAX`` polls (5) and ``frames_per_pass_max`` requests in all;
 2. takes the complete requests in order: a Produce that expects an answer is begun
-   (``_Connection.begin``: validated and staged, in request order, exactly as the reader
-   would append it) and its answer left in its slot (``place``); anything else — another
+   (``_Connection.begin_produce``: validated and staged by ``DataPath.produce``, in request
+   order, exactly as the reader would append it) and its answer left in its slot (``place``); anything else — another
    api, acks=0, a gated topic — and a partial frame or the in-flight limit hand the
    connection back to its reader, with what the lane took; then every partition writes
    what the pass staged with one ``pwritev`` (``AppendPass.close``,
@@ -37,10 +37,11 @@ that took turns, 8.5 requests per fsync; answered first, with the polls of step 
 3. answers, for every connection the lane answers when the pass's commit (or any other
    progress) came, else for the connections that took requests in the pass (nothing else
    can have become ready without progress), every slot from the head that is ready
-   (``settle_ready``: the produce's ``Pending.ready``, so the group commit or the high
+   (``take_ready_frames``: the produce's ``Pending.ready``, so the group commit or the high
    watermark decides, never the lane; without progress a ``Pending.after_progress`` is not
-   asked), encoded in order and written with one non-blocking ``send_now``; what the socket
-   does not take goes to the writer (``unsent``) with the connection's answering;
+   asked; the commonest produce's ``OnePartitionWait`` gives its frame from the template),
+   encoded in order and written with one non-blocking ``send_now``; what the socket does
+   not take goes to the writer (``unsent``) with the connection's answering;
 4. checkpoints once when it read anything or progress came meanwhile (the group commit's
    worker and every other task run), else sleeps in ``readiness.wait()`` until a stream is
    ready, a partition reports progress (``progressed``: a commit, a failure or a change of
@@ -304,9 +305,7 @@ class ProduceLane:
                     and not connection.slots and not connection.unsent:
                 connection.lane_answering = True
                 self._answering[connection] = None
-            begun = connection.begin(event.correlation_id, request, read_at)
-            if begun is None:
-                continue
+            begun = connection.begin_produce(event.correlation_id, request, read_at)
             if not connection.place(begun):
                 self._hand_back(connection, begun=begun)
                 break
@@ -326,19 +325,19 @@ class ProduceLane:
         """Step 3 of a pass (module docstring), for ``connections``; ``progressed``: a
         partition progressed since the last pass (every connection answering is asked then,
         so without it a pending that waits for progress has nothing new to say)."""
+        if not connections:
+            return
         readiness = self._readiness
-        now, now_ms = 0.0, None  # read once per pass, when the first answer goes
+        now, now_ms = trio.current_time(), None  # (every connection has its broker's clock)
         for connection in list(connections):
             if not connection.lane_answering:
                 continue
-            connection.settle_ready(progressed)
-            slots = connection.slots
-            if not (slots and slots[0].filled):
-                continue
             if now_ms is None:
-                now = trio.current_time()
                 now_ms = connection.clock.monotonic_ms()
-            frames = connection.take_ready_frames(now_ms)
+            frames = connection.take_ready_frames(now_ms, progressed)
+            if not frames:
+                continue
+            slots = connection.slots
             data = frames[0] if len(frames) == 1 else b"".join(frames)  # type: ignore[arg-type]
             assert type(data) is bytes  # produce answers never carry file regions
             try:

@@ -23,10 +23,13 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rivven_broker.protocol import codec
+from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.messages import (
     CreateTopic,
     Produce,
     ProducePartition,
+    ProduceResponse,
     ProduceTopic,
 )
 from rivven_broker.records import BatchBuilder
@@ -34,6 +37,7 @@ from rivven_broker.server.broker import Broker
 from rivven_broker.server.config import BrokerConfig, HostPort
 from rivven_broker.server.context import Pending, RequestContext
 from rivven_broker.server.env import RealEnv
+from rivven_broker.server.produce_answers import OnePartitionWait
 from rivven_broker.storage.file_store import OsFileStore
 
 _PRODUCER_ID = 7
@@ -122,7 +126,22 @@ def _broker(directory: pathlib.Path) -> Broker:
     return Broker(RealEnv(str(directory)), config)
 
 
-async def _run(passes: list) -> None:
+def _payload_kind(wait: OnePartitionWait, answer: ProduceResponse) -> str:
+    """Check ``wait.payload`` against the generic encoding of ``answer`` (``ready``'s) at
+    every version: equal bytes for a plain success, None for anything else; which it was."""
+    partition = answer.topics[0].partitions[0]
+    plain = partition.error_code == ErrorCode.NONE and not partition.duplicate
+    low, high = Produce.VERSIONS
+    for version in range(low, high + 1):
+        payload = wait.payload(version)
+        if plain:
+            assert payload == codec.encode_response(answer, version)
+        else:
+            assert payload is None
+    return "template" if plain else "ready"
+
+
+async def _run(passes: list, kinds: set[str]) -> None:
     with tempfile.TemporaryDirectory() as directory:
         brokers = [_broker(pathlib.Path(directory) / name) for name in ("fast", "general")]
         async with trio.open_nursery() as nursery:
@@ -144,8 +163,9 @@ async def _run(passes: list) -> None:
                 outcomes = []
                 for request in requests:
                     now_ms += 1
-                    one = fast.produce(request, now_ms, received_at=trio.current_time())
-                    other = general._produce_general(request, now_ms, None, trio.current_time())
+                    received_at = trio.current_time()
+                    one = fast.produce(request, now_ms, received_at=received_at)
+                    other = general._produce_general(request, now_ms, None, received_at)
                     outcomes.append((one, other))
                 if staged:
                     _FailingWrites.failing = failing  # the pass's one write per partition
@@ -155,10 +175,11 @@ async def _run(passes: list) -> None:
                     finally:
                         _FailingWrites.failing = False
                 for one, other in outcomes:
-                    assert type(one) is type(other)
-                    if isinstance(one, Pending):
+                    if isinstance(one, (Pending, OnePartitionWait)):
                         assert isinstance(other, Pending)
+                        assert one.serial == other.serial
                         assert one.after_progress == other.after_progress
+                        assert one.deadline == other.deadline
                         assert one.provisional is not None and other.provisional is not None
                         assert one.provisional() == other.provisional()
                         with trio.fail_after(20):
@@ -166,8 +187,10 @@ async def _run(passes: list) -> None:
                             assert answer == await other.wait()
                         assert one.ready is not None and other.ready is not None
                         assert one.ready() == other.ready() == answer
+                        if type(one) is OnePartitionWait:  # its answer from the template
+                            kinds.add(_payload_kind(one, answer))
                     else:
-                        assert one == other
+                        assert type(one) is type(other) and one == other
             for topic in ("t", "u"):
                 for index in (0, 1):
                     logs = [data._context.logs.get_log(topic, index) for data in (fast, general)]
@@ -189,7 +212,19 @@ async def _run(passes: list) -> None:
 @given(passes=_passes)
 def test_the_fast_path_answers_writes_and_counts_as_the_general_path(passes: list) -> None:
     with _FailingWrites():
-        trio.run(_run, passes)
+        trio.run(_run, passes, set())
+
+
+def test_the_fast_path_answers_from_the_template_and_otherwise_by_ready() -> None:
+    """The differential test's comparison of ``payload`` bites both ways: a plain append is
+    answered from the template, and a failed write and an idempotent retry are not."""
+    plain, retried = ("t", 0, "idempotent", 0, 0, 1, -1, False), \
+        ("t", 0, "idempotent", 0, 0, 1, -1, False)
+    kinds: set[str] = set()
+    with _FailingWrites():
+        trio.run(_run, [(True, False, [plain, retried]), (True, True, [("u", 1, "plain", 0, 0,
+                                                                        2, 1, False)])], kinds)
+    assert kinds == {"template", "ready"}
 
 
 def test_the_fast_path_takes_the_plain_produce() -> None:
@@ -215,7 +250,7 @@ def test_the_fast_path_takes_the_plain_produce() -> None:
                 data._produce_general = spy  # type: ignore[method-assign]
                 plain = _produce(("t", 0, "plain", 0, 0, 1, -1, False))
                 pending = data.produce(plain, 1)
-                assert isinstance(pending, Pending) and calls == []
+                assert isinstance(pending, OnePartitionWait) and calls == []
                 with trio.fail_after(20):
                     answer = await pending.wait()
                 assert answer.topics[0].partitions[0].base_offset == 0
