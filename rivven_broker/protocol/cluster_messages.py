@@ -33,7 +33,10 @@ from rivven_broker.protocol.message_base import (
     text,
 )
 
-__all__ = ["DescribeCluster", "DescribeClusterResponse", "ClusterMember", "MEMBER_STATES"]
+__all__ = [
+    "DescribeCluster", "DescribeClusterResponse", "ClusterMember", "RaftVoter", "MEMBER_STATES",
+    "RAFT_ROLES",
+]
 
 _NAME = limits.wire_name_bytes_max
 _HOST = limits.host_bytes_max

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import pathlib
 
+import attrs
 import pytest
 
 import rivven_broker.protocol as protocol
@@ -51,12 +52,36 @@ OffsetCommitPartitionResponse OffsetFetch OffsetFetchTopic OffsetFetchResponse
 OffsetFetchTopicResponse OffsetFetchPartitionResponse ListGroups ListGroupsResponse
 GroupListing DescribeGroup DescribeGroupResponse GroupMemberDescription DeleteGroup
 DeleteGroupResponse FindCoordinator FindCoordinatorResponse
+OffsetsForLeaderEpoch OffsetsForLeaderEpochTopic OffsetsForLeaderEpochPartition
+OffsetsForLeaderEpochResponse OffsetsForLeaderEpochTopicResponse EpochEndOffset
+DescribeLogDirs DescribeLogDirsResponse DescribeLogDirsTopic DescribeLogDirsTopicResponse
+LogDirPartition DescribeCluster DescribeClusterResponse ClusterMember RaftVoter MEMBER_STATES
+RAFT_ROLES
 """.split()
 
 
 def test_all_is_pinned():
     assert sorted(protocol.__all__) == sorted(EXPECTED)
     assert len(protocol.__all__) == len(set(protocol.__all__))
+
+
+def test_every_message_of_the_registry_is_exported():
+    """A message class its module forgot to list would be missing from the package (as a
+    whole api's classes once were): every request and response the codec knows, and every
+    struct a message's fields hold, is exported under its own name."""
+    from rivven_broker.protocol import message_base, messages
+
+    classes = {cls for pair in messages.API_PAIRS for cls in pair} | {protocol.ErrorResponse}
+    seen = set()
+    while classes:
+        cls = classes.pop()
+        seen.add(cls)
+        assert getattr(protocol, cls.__name__, None) is cls, cls.__name__
+        for attribute in attrs.fields(cls):
+            kind = message_base.field_kind(attribute)
+            if kind.cls is not None and kind.cls not in seen:
+                classes.add(kind.cls)
+    assert len(seen) > 2 * len(messages.API_PAIRS)  # (structs were walked too)
 
 
 def test_every_exported_name_resolves():
