@@ -57,8 +57,8 @@ With a ``ProduceLane`` (``produce_lane.py``), a reader with nothing buffered who
 request was a produce (``produces``; a consumer's connection stays out: its fetches would only
 be handed back, each costing a wake-up and an epoll registration) does not wait for bytes
 itself: it hands its stream to the lane (``adopt``) and parks. The lane reads every
-ready connection in one task, takes the Produce requests it can (``begin`` and ``place``,
-the same calls the reader makes), and, when the writer is parked with nothing owed
+ready connection in one task, takes the Produce requests it can (``begin_produce``, the
+reader's ``begin`` for a produce, and ``place``, as the reader does), and, when the writer is parked with nothing owed
 (``writer_idle``), answers them itself (``lane_answering``): the reader and writer tasks of a
 connection that only produces never wake. Anything else — another api, acks=0, a gated
 topic, a partial frame, the in-flight limit, the end of the stream — and the lane hands the
