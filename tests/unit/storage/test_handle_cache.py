@@ -4,8 +4,9 @@ Method: over ``MemoryFileStore`` (which counts its open handles), open many file
 in orders that force evictions, and check that the data is always the file's; that never more
 than the bound stays open, even when every file is being written; that written-but-unsynced
 files are the last closed, and stay pinned when a write races the fsync; that nothing is
-pinned when nothing will be fsynced; that an fsync reaches its file whatever the cache does
-meanwhile (evicting everything in the middle of it, from the store's fault hook); that renames
+pinned when nothing will be fsynced; that an fsync from another thread reaches its file
+whatever the cache does meanwhile (evicting everything in the middle of it, from the store's
+fault hook), and one on the cache's own thread syncs the cache's descriptor; that renames
 of files and directories are followed and a removed file is never created again; and, over
 real files, that a ``FileRegion`` outlives the eviction of the descriptor it was made from.
 """
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import os
 import random
+import threading
+from typing import Callable
 
 import pytest
 
@@ -87,7 +90,24 @@ def test_the_bound_holds_even_when_every_file_is_being_written():
         assert store.pread(store.open(f"d/w{i}", create=False), 3, 0).rstrip(b"\0") == b"w%d" % i
 
 
-def test_fsync_never_uses_a_descriptor_the_cache_may_close():
+def _on_another_thread(call: Callable[[], None]) -> None:
+    """``call()`` on a thread of its own, as the group commit's fsyncs run when slow."""
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # (re-raised on the caller's thread)
+            failures.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if failures:
+        raise failures[0]
+
+
+def test_fsync_on_another_thread_never_uses_a_descriptor_the_cache_may_close():
     """The group commit fsyncs on its own thread while the loop opens files and evicts: here
     the loop evicts everything, the pinned file too, in the middle of the fsync (from the
     store's fault hook). The fsync runs on a descriptor of its own, so it is unaffected; on
@@ -103,9 +123,40 @@ def test_fsync_never_uses_a_descriptor_the_cache_may_close():
                 files.pwrite(files.open(f"d/x{i}"), b"x", 0)
 
     store.fault_hook = evict_everything
-    files.fsync(handle)
+    _on_another_thread(lambda: files.fsync(handle))
     assert files.statistics().evicted_unsynced >= 1  # "d/active" was closed under the fsync
     assert files.pread(handle, 4, 0) == b"data"
+
+
+def test_fsync_on_the_loops_thread_syncs_the_caches_descriptor():
+    """On the thread that made the cache (the loop's, where the group commit runs its fsyncs
+    while they are fast) nothing can close a descriptor during the fsync: it syncs the LRU's
+    and opens nothing, unless the LRU had closed it. From another thread it opens its own.
+    Either way the file is unpinned at the next open."""
+    store, files = _store()
+    handle = files.open("d/active")
+    files.pwrite(handle, b"data", 0)
+    ops: list[str] = []
+    store.fault_hook = lambda op, path: ops.append(op)
+    files.fsync(handle)
+    assert ops == ["fsync"]
+    assert files.statistics().opened == 1
+    ops.clear()
+    _on_another_thread(lambda: files.fsync(handle))
+    assert ops == ["open", "fsync"]
+    store.fault_hook = None
+    for i in range(8):  # the fsyncs unpinned it: the LRU may close it now
+        files.open(f"d/other{i}")
+    assert files.statistics().pinned_now == 0
+    files.pwrite(handle, b"more", 4)  # evicted (unpinned): the write reopens and pins it
+    ops.clear()
+    store.fault_hook = lambda op, path: ops.append(op)
+    for i in range(8):
+        files.open(f"d/third{i}")  # "d/active" is pinned again: the LRU keeps it
+    ops.clear()
+    files.fsync(handle)
+    assert ops == ["fsync"]
+    assert files.pread(handle, 8, 0) == b"datamore"
 
 
 def test_a_write_racing_an_fsync_keeps_the_file_pinned():
@@ -122,7 +173,7 @@ def test_a_write_racing_an_fsync_keeps_the_file_pinned():
             files.pwrite(handle, b"second", 5)
 
     store.fault_hook = write_during_the_fsync
-    files.fsync(handle)
+    _on_another_thread(lambda: files.fsync(handle))
     for i in range(8):
         files.open(f"d/other{i}")  # unpins only what the fsync covered, then evicts
     assert files.statistics().pinned_now == 1
