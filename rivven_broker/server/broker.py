@@ -83,6 +83,7 @@ from rivven_broker.storage.staged_appends import AppendPass
 from rivven_broker.storage.partition import PartitionEvents, Partitions
 from rivven_broker.server.request_budget import RequestBudget
 from rivven_broker.server.scrubber import Scrubber
+from rivven_broker.server.sync_thread import on_this_thread
 from rivven_broker.server.txn_driver import TxnDriver
 from rivven_broker.storage.errors import StorageError, SyncFailedError, stop_on_io_error
 from rivven_broker.storage.handle_cache import BoundedHandles
@@ -325,7 +326,8 @@ class Broker:
         # Files written and not yet fsynced are the last the cache closes; under `none`
         # nothing is fsynced before close, so none is kept for that (handle_cache.py).
         pin = SyncPolicy.parse(self.config.sync_policy).mode is not SyncMode.NONE
-        self.files = BoundedHandles(env.disk, self.open_files_max, pin_unsynced=pin)
+        self.files = BoundedHandles(env.disk, self.open_files_max, pin_unsynced=pin,
+                                    on_loop_thread=on_this_thread())
         self.metrics.track_files(self.files.statistics)
         opener = functools.partial(
             LogManager.open,

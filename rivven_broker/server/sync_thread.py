@@ -56,7 +56,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import outcome
 import trio
 
-__all__ = ["SyncThread", "InlineWhileFast", "run_concurrently"]
+__all__ = ["SyncThread", "InlineWhileFast", "run_concurrently", "on_this_thread"]
 
 T = TypeVar("T")
 _Job = tuple[Callable[..., Any], tuple[Any, ...], trio.lowlevel.TrioToken, trio.lowlevel.Task]
@@ -212,3 +212,12 @@ def run_concurrently(function: Callable[[Any], None], items: Sequence[Any]) -> N
             errors.append(error)
     if errors:
         raise errors[0]
+
+
+def on_this_thread() -> Callable[[], bool]:
+    """Whether a later call runs on the thread that called this (the loop's): what the handle
+    cache asks before an fsync through a descriptor only the loop may close
+    (``storage/handle_cache.py``). The group commit's fsyncs run there while they are fast,
+    on the ``SyncThread`` or ``run_concurrently``'s pool otherwise."""
+    ident = threading.get_ident()
+    return lambda: threading.get_ident() == ident

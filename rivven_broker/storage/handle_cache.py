@@ -21,14 +21,16 @@ alone pass the bound (then the oldest of them are closed too, and counted). Unde
 ``sync_policy=none`` nothing is fsynced before close, so nothing is pinned
 (``pin_unsynced=False``): every file ever written would otherwise be preferred.
 
-Threads: everything runs on the caller's (the event loop's) thread, the one that made the
-cache, except ``fsync`` and ``sync_filesystem``, which the group commit and the cleaner may
+Threads: everything runs on the caller's (the event loop's) thread except ``fsync`` and ``sync_filesystem``, which the group commit and the cleaner may
 call from theirs. On another thread ``fsync`` never touches the LRU's descriptors (the loop
 may close one at any time): it opens one of its own by path, syncs, closes it, and appends
 ``(handle, mark)`` to ``_synced``, the only state it changes (a list append is atomic). On
 the loop's own thread (the group commit runs its fsyncs there while they are fast) nothing
 can close a descriptor under it, so it syncs the LRU's, reopening it only if it was evicted:
-no path lookup, no open and close per group commit (~15 us of a one-request pass here). The loop unpins at its next open, and only if no change came after the mark
+no path lookup, no open and close per group commit (~12 us of a one-request pass here). The
+storage layer knows no threads: which thread is the loop's, the broker says
+(``on_loop_thread``, ``server/sync_thread.py`` ``on_this_thread``); without it every fsync
+opens its own. The loop unpins at its next open, and only if no change came after the mark
 the sync saw: a write racing the fsync keeps the pin. ``rename`` keeps a virtual handle's path
 right (compaction swaps files in place); a handle whose file was removed fails on its next use
 as a closed one would (an ``fsync`` of it does nothing: the data is gone by design).
@@ -40,10 +42,9 @@ say how often it had to.
 from __future__ import annotations
 
 import itertools
-import threading
 import posixpath
 from collections import OrderedDict
-from typing import Sequence
+from typing import Callable, Sequence
 
 import attrs
 
@@ -71,10 +72,12 @@ class BoundedHandles:
     storage layer already is."""
 
     def __init__(
-        self, store: FileStore, open_files_max: int, *, pin_unsynced: bool = True
+        self, store: FileStore, open_files_max: int, *, pin_unsynced: bool = True,
+        on_loop_thread: Callable[[], bool] | None = None,
     ) -> None:
         assert open_files_max >= 4
         self._store = store
+        self._on_loop_thread = on_loop_thread
         self.open_files_max = open_files_max
         self._pin = pin_unsynced
         self._paths: dict[int, str] = {}  # virtual handle -> path
@@ -84,7 +87,6 @@ class BoundedHandles:
         self._marks = itertools.count(1)
         self._synced: list[tuple[int, int]] = []  # (handle, mark) fsynced; the loop unpins
         self._next = 1
-        self._owner = threading.get_ident()  # the loop's thread: the one that may use the LRU
         self.stats = HandleStatistics()
 
     def __getattr__(self, name: str) -> object:  # whatever else the store offers (root ...)
@@ -192,7 +194,8 @@ class BoundedHandles:
         # the loop's own thread it syncs the LRU's. The mark is read before the sync, so a
         # change racing it leaves the handle pinned.
         mark = self._dirty.get(handle)
-        if threading.get_ident() == self._owner:  # the loop's own: nothing closes it meanwhile
+        on_loop_thread = self._on_loop_thread
+        if on_loop_thread is not None and on_loop_thread():  # nothing closes it meanwhile
             try:
                 real = self._fd(handle)
             except FileNotFoundError:

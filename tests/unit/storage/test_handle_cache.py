@@ -22,6 +22,7 @@ import pytest
 
 from rivven_broker.file_region import FileRegion
 from rivven_broker.storage.file_store import OsFileStore
+from rivven_broker.server.sync_thread import on_this_thread
 from rivven_broker.storage.handle_cache import BoundedHandles
 from rivven_broker.storage.memory_store import MemoryFileStore
 
@@ -129,11 +130,14 @@ def test_fsync_on_another_thread_never_uses_a_descriptor_the_cache_may_close():
 
 
 def test_fsync_on_the_loops_thread_syncs_the_caches_descriptor():
-    """On the thread that made the cache (the loop's, where the group commit runs its fsyncs
-    while they are fast) nothing can close a descriptor during the fsync: it syncs the LRU's
-    and opens nothing, unless the LRU had closed it. From another thread it opens its own.
-    Either way the file is unpinned at the next open."""
-    store, files = _store()
+    """On the loop's thread (``on_loop_thread``, as the broker gives it; the group commit runs
+    its fsyncs there while they are fast) nothing can close a descriptor during the fsync: it
+    syncs the LRU's and opens nothing, unless the LRU had closed it. From another thread it
+    opens its own. Either way the file is unpinned at the next open. Without
+    ``on_loop_thread`` every fsync opens its own."""
+    store = MemoryFileStore()
+    store.makedirs("d")
+    files = BoundedHandles(store, 4, on_loop_thread=on_this_thread())
     handle = files.open("d/active")
     files.pwrite(handle, b"data", 0)
     ops: list[str] = []
@@ -157,6 +161,13 @@ def test_fsync_on_the_loops_thread_syncs_the_caches_descriptor():
     files.fsync(handle)
     assert ops == ["fsync"]
     assert files.pread(handle, 8, 0) == b"datamore"
+    plain_store, unaware = _store()
+    other = unaware.open("d/x")
+    unaware.pwrite(other, b"x", 0)
+    plain_store.fault_hook = lambda op, path: ops.append(op)
+    ops.clear()
+    unaware.fsync(other)
+    assert ops == ["open", "fsync"]
 
 
 def test_a_write_racing_an_fsync_keeps_the_file_pinned():
