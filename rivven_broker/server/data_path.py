@@ -112,7 +112,6 @@ from rivven_broker.records.reader import iter_records
 from rivven_broker.storage.errors import (
     CorruptRecordsError,
     StorageError,
-    SyncFailedError,
     UnknownTopicOrPartitionError,
 )
 from rivven_broker.server.context import Pending, RequestContext, ServerContext
