@@ -3,15 +3,14 @@
 Theory of operation
 -------------------
 The classes live in ``admin_messages`` (handshake, ping, metadata, topic administration, the
-error answer), ``data_messages`` (produce, fetch, offsets, record deletion),
-``group_messages`` (consumer groups), ``txn_messages`` (producer ids and transactions) and
-``cluster_messages`` (the cluster's members);
-their building blocks in ``message_base``. This module re-exports every name each of them
-lists in its ``__all__`` (so a new message is exported by adding it there, once) and builds the
-registries the codec decodes with: ``REQUEST_TYPES`` and ``RESPONSE_TYPES`` (api key -> class). A request and its
-response share an api key and a version range; ``ErrorResponse`` has its own key (19) and is a
-valid answer to every request. ``supported_api_versions()`` is what a broker advertises in its
-``HandshakeResponse``.
+error answer), ``data_messages`` (produce, fetch, offsets, record deletion), ``group_messages``
+(consumer groups), ``txn_messages`` (producer ids and transactions) and ``cluster_messages``
+(the cluster's members); their building blocks in ``message_base``. This module re-exports
+every name each of them lists in its ``__all__`` (so a new message is exported by adding it
+there, once) and builds the registries the codec decodes with: ``REQUEST_TYPES`` and
+``RESPONSE_TYPES`` (api key -> class). A request and its response share an api key and a
+version range; ``ErrorResponse`` has its own key (19) and is a valid answer to every request.
+``supported_api_versions()`` is what a broker advertises in its ``HandshakeResponse``.
 """
 
 from __future__ import annotations

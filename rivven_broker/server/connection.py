@@ -58,8 +58,8 @@ request was a produce (``produces``; a consumer's connection stays out: its fetc
 be handed back, each costing a wake-up and an epoll registration) does not wait for bytes
 itself: it hands its stream to the lane (``adopt``) and parks. The lane reads every
 ready connection in one task, takes the Produce requests it can (``begin_produce``, the
-reader's ``begin`` for a produce, and ``place``, as the reader does), and, when the writer is parked with nothing owed
-(``writer_idle``), answers them itself (``lane_answering``): the reader and writer tasks of a
+reader's ``begin`` for a produce, and ``place``, as the reader does), and, when the writer
+is parked with nothing owed (``writer_idle``), answers them itself (``lane_answering``): the reader and writer tasks of a
 connection that only produces never wake. Anything else — another api, acks=0, a gated
 topic, a partial frame, the in-flight limit, the end of the stream — and the lane hands the
 connection back (``lane_event``/``lane_begun``/``lane_end`` say what it took) and sets
@@ -120,6 +120,9 @@ if TYPE_CHECKING:
 
 #: A request begun (its slot queued) and what ``Handlers.begin`` gave for it.
 Begun = tuple["_Slot", "Response | Pending | OnePartitionWait"]
+#: What a first half returns when the answer must wait: the general ``Pending``, or the
+#: commonest produce's ``OnePartitionWait`` (the same fields).
+_WAITS = (Pending, OnePartitionWait)
 #: When requests were read: trio's clock, ``Clock.monotonic_ms()`` and ``Clock.wall_ms()``.
 ReadAt = tuple[float, int, int]
 
@@ -436,7 +439,7 @@ class _Connection:
         """Fill the slot, or leave its produce for whoever writes (the writer, or the lane
         when it answers). False: the outcome needs a task (``_dispose``). Never blocks."""
         slot, outcome = begun
-        if type(outcome) is OnePartitionWait or isinstance(outcome, Pending):
+        if isinstance(outcome, _WAITS):
             if outcome.serial or outcome.ready is None:
                 return False
             slot.pending = outcome  # settled in order by the writer or the lane
@@ -451,7 +454,7 @@ class _Connection:
         if self.place(begun):
             return
         slot, pending = begun
-        assert type(pending) is OnePartitionWait or isinstance(pending, Pending)
+        assert isinstance(pending, _WAITS)
         if pending.serial:
             await self._complete(slot, pending)
         else:

@@ -25,8 +25,8 @@ that took turns, 8.5 requests per fsync; answered first, with the polls of step 
    at most ``_POLLS_PER_PASS_MAX`` polls (5) and ``frames_per_pass_max`` requests in all;
 2. takes the complete requests in order: a Produce that expects an answer is begun
    (``_Connection.begin_produce``: validated and staged by ``DataPath.produce``, in request
-   order, exactly as the reader would append it) and its answer left in its slot (``place``); anything else — another
-   api, acks=0, a gated topic — and a partial frame or the in-flight limit hand the
+   order, exactly as the reader would append it) and its answer left in its slot
+   (``place``); anything else — another api, acks=0, a gated topic — and a partial frame or the in-flight limit hand the
    connection back to its reader, with what the lane took; then every partition writes
    what the pass staged with one ``pwritev`` (``AppendPass.close``,
    ``storage/staged_appends.py``), before anything is answered, and the group commit of

@@ -11,9 +11,9 @@ again by path (never creating it) on the next use. The hot paths (the active seg
 append, reads of the tail) stay in the cache and pay one dict lookup and an LRU move.
 
 The bound is strict: after every call at most ``open_files_max`` descriptors are open (plus,
-for the length of an ``fsync`` called from another thread, the one it opens). Within it, files with changes not
-yet fsynced (writes, preallocation, a truncation that changed the size) are *pinned*: the LRU
-closes every clean file before one of them. Closing loses no data (fsync syncs the file,
+for the length of an ``fsync`` called from another thread, the one it opens). Within it,
+files with changes not yet fsynced (writes, preallocation, a truncation that changed the
+size) are *pinned*: the LRU closes every clean file before one of them. Closing loses no data (fsync syncs the file,
 whichever descriptor wrote it), but Linux reports an asynchronous write-back error to a later
 fsync only while the kernel keeps the file's inode, which an open descriptor guarantees; so a
 file written stays open until the group commit has synced it, unless the files being written
@@ -21,19 +21,20 @@ alone pass the bound (then the oldest of them are closed too, and counted). Unde
 ``sync_policy=none`` nothing is fsynced before close, so nothing is pinned
 (``pin_unsynced=False``): every file ever written would otherwise be preferred.
 
-Threads: everything runs on the caller's (the event loop's) thread except ``fsync`` and ``sync_filesystem``, which the group commit and the cleaner may
-call from theirs. On another thread ``fsync`` never touches the LRU's descriptors (the loop
-may close one at any time): it opens one of its own by path, syncs, closes it, and appends
-``(handle, mark)`` to ``_synced``, the only state it changes (a list append is atomic). On
-the loop's own thread (the group commit runs its fsyncs there while they are fast) nothing
-can close a descriptor under it, so it syncs the LRU's, reopening it only if it was evicted:
-no path lookup, no open and close per group commit (~12 us of a one-request pass here). The
-storage layer knows no threads: which thread is the loop's, the broker says
-(``on_loop_thread``, ``server/sync_thread.py`` ``on_this_thread``); without it every fsync
-opens its own. The loop unpins at its next open, and only if no change came after the mark
-the sync saw: a write racing the fsync keeps the pin. ``rename`` keeps a virtual handle's path
-right (compaction swaps files in place); a handle whose file was removed fails on its next use
-as a closed one would (an ``fsync`` of it does nothing: the data is gone by design).
+Threads: everything runs on the caller's (the event loop's) thread except ``fsync`` and
+``sync_filesystem``, which the group commit and the cleaner may call from theirs. On another
+thread ``fsync`` never touches the LRU's descriptors (the loop may close one at any time): it
+opens one of its own by path, syncs, closes it, and appends ``(handle, mark)`` to ``_synced``,
+the only state it changes (a list append is atomic). On the loop's own thread (the group commit
+runs its fsyncs there while they are fast) nothing can close a descriptor under it, so it syncs
+the LRU's, reopening it only if it was evicted: no path lookup, no open and close per group
+commit (~12 us of a one-request pass here). The storage layer knows no threads: which thread is
+the loop's, the broker says (``on_loop_thread``, ``server/sync_thread.py`` ``on_this_thread``);
+without it every fsync opens its own. The loop unpins at its next open, and only if no change
+came after the mark the sync saw: a write racing the fsync keeps the pin. ``rename`` keeps a
+virtual handle's path right (compaction swaps files in place); a handle whose file was removed
+fails on its next use as a closed one would (an ``fsync`` of it does nothing: the data is gone
+by design).
 
 The wrapper holds no data: reopening is always correct; only its counts (``statistics``)
 say how often it had to.
