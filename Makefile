@@ -1,5 +1,11 @@
 # The two commands a newcomer needs: `make run` (a single-node broker) and `make test`.
-PYTHON ?= python3
+# The interpreter the venv is made from: the distribution's /usr/bin/python3 when it is 3.11 or
+# newer and can make a venv (Debian's is one static binary built with profile-guided
+# optimization), else python3 from PATH. The broker is interpreter-bound: pyenv's default build
+# (a shared library, no --enable-optimizations) costs it ~20 % more CPU per request
+# (docs/operations.md "The interpreter"). `make PYTHON=...` overrides; an existing .venv is kept.
+SYSTEM_PYTHON := $(shell /usr/bin/python3 -c 'import sys, ensurepip, venv; assert sys.version_info >= (3, 11)' >/dev/null 2>&1 && echo /usr/bin/python3)
+PYTHON ?= $(or $(SYSTEM_PYTHON),python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
