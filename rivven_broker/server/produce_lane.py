@@ -250,6 +250,7 @@ class ProduceLane:
         readiness, members = self._readiness, self._members
         now = trio.current_time()
         read_at: ReadAt | None = None  # the clocks, read once per poll
+        received = 0  # (counted once per poll)
         for stream in streams:
             connection = members.get(stream)
             if connection is None:
@@ -265,7 +266,7 @@ class ProduceLane:
                 self._hand_back(connection, end="eof")
                 continue
             connection.last_active = now
-            self._metrics.bytes_in(len(data))
+            received += len(data)
             connection.core.receive_data(data)
             if read_at is None:  # (every connection has its broker's clock)
                 clock = connection.clock
@@ -277,6 +278,8 @@ class ProduceLane:
             budget -= taken
             if budget <= 0:
                 break  # the rest stay ready (level-triggered) for the next pass
+        if received:
+            self._metrics.bytes_in(received)
         return budget
 
     def _take_requests(self, connection: _Connection, read_at: ReadAt) -> int:
@@ -319,6 +322,8 @@ class ProduceLane:
                 slot.pending = None
                 slot.response = pending.provisional()
                 slot.filled = True
+            if not core.buffered_bytes and len(connection.slots) < in_flight_max:
+                break  # (the next round would only find that out)
         return taken
 
     def _answer(self, connections: dict[_Connection, None], progressed: bool) -> None:
@@ -329,6 +334,7 @@ class ProduceLane:
             return
         readiness = self._readiness
         now, now_ms = trio.current_time(), None  # (every connection has its broker's clock)
+        sent_total = 0  # (counted once per call)
         for connection in list(connections):
             if not connection.lane_answering:
                 continue
@@ -345,8 +351,7 @@ class ProduceLane:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._hand_back(connection, end="broken")
                 continue
-            if sent:
-                self._metrics.bytes_out(sent)
+            sent_total += sent
             if sent < len(data):  # a slow reader: its writer sends the rest, and answers on
                 connection.unsent = data[sent:]
                 self._stop_answering(connection)
@@ -354,6 +359,8 @@ class ProduceLane:
             if not slots:
                 connection.last_active = now
                 self._stop_answering(connection)
+        if sent_total:
+            self._metrics.bytes_out(sent_total)
 
     def _expire(self) -> float:
         """Give every connection whose oldest answer owed reached its deadline back to its

@@ -106,6 +106,42 @@ async def test_one_record_producers_are_served_by_the_lane(broker, connect):
     assert metrics.records_in_total == 200 and metrics.topic_records_in["t"] == 200
 
 
+async def test_the_lane_counts_every_byte_read_and_written(broker, connect):
+    """The lane counts socket bytes once per poll and once per answering round, not per
+    connection: the totals still equal what the clients sent and received."""
+    setup = await connect(broker.port)
+    await setup.call(CreateTopic("t", 1))
+    clients = [await connect(broker.port) for _ in range(4)]
+    metrics = broker.broker.metrics
+    in_before, out_before = metrics.bytes_in_total, metrics.bytes_out_total
+    sent = received = 0
+
+    async def one_at_a_time(client: RawClient, name: bytes) -> None:
+        nonlocal sent, received
+        for index in range(30):
+            correlation_id, data = client.core.send_request(produce(b"%s-%d" % (name, index)))
+            await client.stream.send_all(data)
+            sent += len(data)
+            while True:
+                event = client.core.next_event()
+                if event is not None:
+                    break
+                data = await client.stream.receive_some(1 << 20)
+                assert data
+                received += len(data)
+                client.core.receive_data(data)
+            assert event.correlation_id == correlation_id
+            base_offset(event.response)
+
+    async with trio.open_nursery() as nursery:
+        for number, client in enumerate(clients):
+            nursery.start_soon(one_at_a_time, client, b"c%d" % number)
+    requests, _ = lane_counts(broker)
+    assert requests >= 110  # (the lane served them)
+    assert metrics.bytes_in_total - in_before == sent
+    assert metrics.bytes_out_total - out_before == received
+
+
 async def test_produce_and_other_apis_pipelined_on_one_connection_are_answered_in_order(
         broker, connect):
     client = await connect(broker.port)
