@@ -53,21 +53,21 @@ answers already owed are still written, then the connection closes.
 
 The produce lane
 ----------------
-With a ``ProduceLane`` (``produce_lane.py``), a reader with nothing buffered whose last
-request was a produce (``produces``; a consumer's connection stays out: its fetches would only
-be handed back, each costing a wake-up and an epoll registration) does not wait for bytes
-itself: it hands its stream to the lane (``adopt``) and parks. The lane reads every
-ready connection in one task, takes the Produce requests it can (``begin_produce``, the
-reader's ``begin`` for a produce, and ``place``, as the reader does), and, when the writer
-is parked with nothing owed (``writer_idle``), answers them itself (``lane_answering``): the reader and writer tasks of a
-connection that only produces never wake. Anything else — another api, acks=0, a gated
-topic, a partial frame, the in-flight limit, the end of the stream — and the lane hands the
-connection back (``lane_event``/``lane_begun``/``lane_end`` say what it took) and sets
-``lane_returned``: the reader goes on from there, the writer takes over owed answers (and
-``unsent``, the rest of an answer the socket did not take at once). Answers stay in request
-order: there is one queue of slots, and one of the two (lane or writer) writes at a time.
-The parked reader counts as receiving for the idle timeout and for ``stop_reading``; leaving
-the lane in any way (cancelled included) releases the stream from it first.
+With a ``ProduceLane`` (``produce_lane.py``), a reader with nothing buffered whose last request
+was a produce (``produces``; a consumer's connection stays out: its fetches would only be
+handed back, each costing a wake-up and an epoll registration) does not wait for bytes itself:
+it hands its stream to the lane (``adopt``) and parks. The lane reads every ready connection in
+one task, takes the Produce requests it can (``begin_produce``, the reader's ``begin`` for a
+produce, and ``place``, as the reader does), and, when the writer is parked with nothing owed
+(``writer_idle``), answers them itself (``lane_answering``): the reader and writer tasks of a
+connection that only produces never wake. Anything else — another api, acks=0, a gated topic, a
+partial frame, the in-flight limit, the end of the stream — and the lane hands the connection
+back (``lane_event``/``lane_begun``/``lane_end`` say what it took) and sets ``lane_returned``:
+the reader goes on from there, the writer takes over owed answers (and ``unsent``, the rest of
+an answer the socket did not take at once). Answers stay in request order: there is one queue
+of slots, and one of the two (lane or writer) writes at a time. The parked reader counts as
+receiving for the idle timeout and for ``stop_reading``; leaving the lane in any way (cancelled
+included) releases the stream from it first.
 """
 
 from __future__ import annotations

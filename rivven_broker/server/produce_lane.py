@@ -25,15 +25,15 @@ that took turns, 8.5 requests per fsync; answered first, with the polls of step 
    at most ``_POLLS_PER_PASS_MAX`` polls (5) and ``frames_per_pass_max`` requests in all;
 2. takes the complete requests in order: a Produce that expects an answer is begun
    (``_Connection.begin_produce``: validated and staged by ``DataPath.produce``, in request
-   order, exactly as the reader would append it) and its answer left in its slot
-   (``place``); anything else — another api, acks=0, a gated topic — and a partial frame or the in-flight limit hand the
-   connection back to its reader, with what the lane took; then every partition writes
-   what the pass staged with one ``pwritev`` (``AppendPass.close``,
-   ``storage/staged_appends.py``), before anything is answered, and the group commit of
-   those writes runs in the lane's own task when no group is running and the fsyncs run on
-   the loop (``SyncWorker.write_then_commit``: the worker's task would block the loop just
-   the same, after a hand-off that cost ~2 us per request at sixteen one-record producers);
-   else the sync worker commits, as for any other append;
+   order, exactly as the reader would append it) and its answer left in its slot (``place``);
+   anything else — another api, acks=0, a gated topic — and a partial frame or the in-flight
+   limit hand the connection back to its reader, with what the lane took; then every partition
+   writes what the pass staged with one ``pwritev`` (``AppendPass.close``,
+   ``storage/staged_appends.py``), before anything is answered, and the group commit of those
+   writes runs in the lane's own task when no group is running and the fsyncs run on the loop
+   (``SyncWorker.write_then_commit``: the worker's task would block the loop just the same,
+   after a hand-off that cost ~2 us per request at sixteen one-record producers); else the sync
+   worker commits, as for any other append;
 3. answers, for every connection the lane answers when the pass's commit (or any other
    progress) came, else for the connections that took requests in the pass (nothing else
    can have become ready without progress), every slot from the head that is ready

@@ -11,13 +11,13 @@ again by path (never creating it) on the next use. The hot paths (the active seg
 append, reads of the tail) stay in the cache and pay one dict lookup and an LRU move.
 
 The bound is strict: after every call at most ``open_files_max`` descriptors are open (plus,
-for the length of an ``fsync`` called from another thread, the one it opens). Within it,
-files with changes not yet fsynced (writes, preallocation, a truncation that changed the
-size) are *pinned*: the LRU closes every clean file before one of them. Closing loses no data (fsync syncs the file,
-whichever descriptor wrote it), but Linux reports an asynchronous write-back error to a later
-fsync only while the kernel keeps the file's inode, which an open descriptor guarantees; so a
-file written stays open until the group commit has synced it, unless the files being written
-alone pass the bound (then the oldest of them are closed too, and counted). Under
+for the length of an ``fsync`` called from another thread, the one it opens). Within it, files
+with changes not yet fsynced (writes, preallocation, a truncation that changed the size) are
+*pinned*: the LRU closes every clean file before one of them. Closing loses no data (fsync
+syncs the file, whichever descriptor wrote it), but Linux reports an asynchronous write-back
+error to a later fsync only while the kernel keeps the file's inode, which an open descriptor
+guarantees; so a file written stays open until the group commit has synced it, unless the files
+being written alone pass the bound (then the oldest of them are closed too, and counted). Under
 ``sync_policy=none`` nothing is fsynced before close, so nothing is pinned
 (``pin_unsynced=False``): every file ever written would otherwise be preferred.
 
