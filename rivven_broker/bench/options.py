@@ -108,6 +108,7 @@ class BenchOptions:
     data_dir: str | None = None  # parent of temporary server directories
     broker_flags: tuple[str, ...] = ()
     broker_env: tuple[str, ...] = ()  # KEY=VALUE added to the broker's environment
+    topic_config: tuple[str, ...] = ()  # KEY=VALUE topic configs the Rivven lines create with
     topic: str = "bench"
     verify: bool = True
     #: Also run the Rivven line against this many clustered brokers (replication factor =
@@ -160,6 +161,10 @@ class BenchOptions:
         need(len(self.topic.encode()) <= limits.topic_name_bytes_max, "--topic is too long")
         need(all("=" in item and not item.startswith("=") for item in self.broker_env),
              "--broker-env must be KEY=VALUE")
+        need(all("=" in item and not item.startswith("=") for item in self.topic_config),
+             "--topic-config must be KEY=VALUE")
+        need(not self.topic_config or self.bootstrap is None,
+             "--topic-config configures the topics it creates: drop --bootstrap")
         need(self.mode != "e2e" or self.peer is None, "--peer compares produce and consume only")
         need(self.cluster == 0 or (2 <= self.cluster <= 5 and self.mode == "produce"
                                    and self.partitions == 1 and self.bootstrap is None),
@@ -194,6 +199,7 @@ class BenchOptions:
         data = attrs.asdict(self)
         data["broker_flags"] = list(self.broker_flags)
         data["broker_env"] = list(self.broker_env)
+        data["topic_config"] = list(self.topic_config)
         return data
 
 
@@ -229,6 +235,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--broker-flag", action="append", default=[], help="extra rivven-broker flag (repeat)")
     add("--broker-env", action="append", default=[], help="KEY=VALUE for the broker's environment")
     add("--topic", default="bench", help="topic name (default bench)")
+    add("--topic-config", action="append", default=[],
+        help="KEY=VALUE config of the topics the Rivven lines create, e.g. segment.bytes=1048576 "
+             "(repeat)")
     add("--no-verify", action="store_true", help="skip the final loss/duplicate read")
     add("--cluster", type=int, default=0,
         help="also produce to N clustered brokers (replication factor N, min.insync 2)")
@@ -263,6 +272,7 @@ def options_from_args(mode: str, args: argparse.Namespace) -> BenchOptions:
         data_dir=args.dir,
         broker_flags=tuple(args.broker_flag),
         broker_env=tuple(args.broker_env),
+        topic_config=tuple(args.topic_config),
         topic=args.topic,
         verify=not args.no_verify,
         cluster=args.cluster,

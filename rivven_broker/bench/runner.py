@@ -234,10 +234,11 @@ def _topic(options: BenchOptions, target: str, round_index: int) -> str:
     return f"{options.topic}-{options.mode}-{target}-{round_index}-{os.getpid()}"
 
 
-def _admin_create(bootstrap: str, topic: str, partitions: int) -> None:
+def _admin_create(bootstrap: str, topic: str, partitions: int,
+                  config: dict[str, str] | None = None) -> None:
     admin = Admin(bootstrap)
     try:
-        admin.create_topic(topic, partitions=partitions, replication_factor=1)
+        admin.create_topic(topic, partitions=partitions, replication_factor=1, config=config)
     finally:
         admin.close()
 
@@ -275,12 +276,13 @@ def _start_cluster(options: BenchOptions) -> tuple[LocalCluster, str]:
     return cluster, cluster.address(1)
 
 
-def _replicated_topic(bootstrap: str, topic: str, brokers: int) -> tuple[str, int]:
+def _replicated_topic(bootstrap: str, topic: str, brokers: int,
+                      config: dict[str, str]) -> tuple[str, int]:
     """Create ``topic`` (one partition, every broker a replica); its leader's address once
     the ISR is full."""
     with Admin(bootstrap) as admin:
         admin.create_topic(topic, partitions=1, replication_factor=brokers,
-                           config={"min.insync.replicas": str(min(2, brokers))})
+                           config={"min.insync.replicas": str(min(2, brokers)), **config})
 
         def led() -> Any:
             info = admin.describe_topic(topic).partition_info[0]
@@ -311,10 +313,11 @@ def _rivven_line(options: BenchOptions, round_index: int, cpus: tuple[int | None
     ledger = Ledger()
     try:
         topic = _topic(options, target, round_index)
+        topic_config = dict(item.split("=", 1) for item in options.topic_config)
         if cluster is not None:
-            address = _replicated_topic(bootstrap, topic, options.cluster)
+            address = _replicated_topic(bootstrap, topic, options.cluster, topic_config)
         else:
-            _admin_create(f"{address[0]}:{address[1]}", topic, options.partitions)
+            _admin_create(f"{address[0]}:{address[1]}", topic, options.partitions, topic_config)
         mark_at = None if client and options.mode == "produce" else rivven_load.batch_template(
             options.record_bytes, options.batch).mark_at
         specs: list[WorkerSpec] = []

@@ -12,6 +12,9 @@ the production thread runner), exactly as the broker drives them.
   group commits, so fsyncs/s shows how many appends each fsync covered.
 - Read cases: a log is filled (not timed) and then read front to back in 1 MiB fetches, again and
   again, from the page cache.
+- ``--sealed-segments N``: every append case starts on a log that already holds N sealed
+  segments (made first, not timed, each one small batch in a segment of its own), as a
+  long-lived partition does: what the group commit costs should not grow with them.
 
 Page cache: on a virtual machine whose balloon driver reports free pages to the host, a write
 that needs NEW page-cache memory costs far more than the copy (the host backs each page again
@@ -46,6 +49,7 @@ from typing import Any, Sequence
 import attrs
 import trio
 
+from rivven_broker.protocol import limits
 from rivven_broker.records.builder import BatchBuilder
 from rivven_broker.storage.file_store import OsFileStore
 from rivven_broker.storage.log_config import LogConfig
@@ -84,6 +88,7 @@ class StorageCase:
     sync: str = "none"  # "none" | "always" (append only)
     appenders: int = 1
     preallocate_bytes: int = 0
+    sealed_segments: int = 0  # (append only) made before the timing starts
 
     @property
     def name(self) -> str:
@@ -93,6 +98,8 @@ class StorageCase:
         name = f"append {size} sync={self.sync} x{self.appenders}"
         if self.preallocate_bytes:
             name += f" prealloc={self.preallocate_bytes // _MIB}MiB"
+        if self.sealed_segments:
+            name += f" sealed={self.sealed_segments}"
         return name
 
 
@@ -136,10 +143,12 @@ class StorageResult:
         }
 
 
-def default_storage_cases(preallocate: Sequence[int] = (0,)) -> list[StorageCase]:
-    """The brief's matrix: every append case once per preallocation, then the read cases."""
+def default_storage_cases(preallocate: Sequence[int] = (0,),
+                          sealed_segments: int = 0) -> list[StorageCase]:
+    """The brief's matrix: every append case once per preallocation (on a log holding
+    ``sealed_segments`` sealed segments), then the read cases."""
     cases = [
-        StorageCase("append", record, batch, sync, appenders, prealloc)
+        StorageCase("append", record, batch, sync, appenders, prealloc, sealed_segments)
         for prealloc in preallocate
         for sync in ("none", "always")
         for batch in (64 * _KIB, _MIB)
@@ -180,10 +189,28 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _seal_segments(log: PartitionLog, count: int) -> None:
+    """Roll ``log`` until it holds ``count`` sealed segments, each one small batch, synced
+    (not timed; ``flush`` fsyncs what the rolls left)."""
+    config = log.config
+    log.config = attrs.evolve(config, segment_bytes=limits.segment_bytes_min)
+    builder = BatchBuilder(batch_bytes_max=limits.segment_bytes_min)
+    builder.append(1_700_000_000_000, None, bytes(limits.segment_bytes_min // 2))
+    batch = builder.build()
+    try:
+        while len(log.sealed_segment_bases()) < count:
+            log.append(batch, _now_ms())
+    finally:
+        log.config = config
+    log.flush()
+
+
 async def _append_case(case: StorageCase, root: str, seconds: float) -> StorageResult:
     pool = build_pool(case.record_bytes, case.batch_bytes)
     records_per_batch = _records_in(pool[0])
     _, log = _open_log(root, case.preallocate_bytes)
+    if case.sealed_segments:
+        _seal_segments(log, case.sealed_segments)
     fsyncs = InlineWhileFast(SyncThread(), time.perf_counter)  # as the broker runs them
     worker = SyncWorker(SyncPolicy.parse(case.sync), fsyncs.run_sync)
     counts = [0, 0]  # batches, bytes
@@ -356,6 +383,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated preallocate_bytes values to run every append case with",
     )
     parser.add_argument("--only", default="", help="run only cases whose name contains this")
+    parser.add_argument("--sealed-segments", type=int, default=0,
+                        help="sealed segments each append case's log holds before it starts "
+                             "(default 0)")
     parser.add_argument("--cpu", type=int, default=0, help="CPU to pin to (-1: do not pin)")
     parser.add_argument(
         "--no-malloc-tuning",
@@ -370,7 +400,7 @@ def main(args: argparse.Namespace) -> int:
         os.sched_setaffinity(0, {args.cpu})
     malloc_tuned = False if args.no_malloc_tuning else tune_malloc()
     preallocate = [int(value) for value in args.preallocate.split(",") if value.strip()]
-    cases = default_storage_cases(preallocate)
+    cases = default_storage_cases(preallocate, args.sealed_segments)
     cases = [case for case in cases if args.only in case.name]
     directory = args.dir or tempfile.gettempdir()
     results = run_storage_bench(cases, args.seconds, directory)

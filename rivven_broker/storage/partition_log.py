@@ -205,7 +205,7 @@ class PartitionLog:
         return self._failed is None and (
             self._durable_offset < self.log_end_offset
             or self._ledger.directory_dirty
-            or any(not s.synced for s in self._segments.sealed())
+            or bool(self._segments.unsynced_sealed())
         )
 
     # --- appending -------------------------------------------------------------------------------
@@ -415,8 +415,8 @@ class PartitionLog:
             # and index entries are what a later roll writes anyway); retry when space returns.
             raise StorageError(f"roll of {self._directory} failed: {exc}") from exc
         with self._mutation():
+            old.synced = False  # (its tail and indexes changed; sealed unsynced now)
             self._segments.append(new)
-            old.synced = False
             self._rolls += 1
             start = self._log_start_offset
             while len(self._segments) > 1 and self._segments[0].next_offset <= start:
@@ -770,7 +770,7 @@ class PartitionLog:
 
     def _after_truncation(self, cut: int) -> None:
         self.epochs.truncate_from_end(cut)
-        if all(segment.synced for segment in self._segments.sealed()):
+        if not self._segments.unsynced_sealed():
             self._durable_offset = cut  # the active segment was just fsynced
         else:
             self._durable_offset = min(self._durable_offset, cut)
@@ -829,10 +829,9 @@ class PartitionLog:
             # data already written is made durable all the same.
         handles: list[int] = []
         versions = []
-        for segment in self._segments.sealed():
-            if not segment.synced:
-                handles.extend(segment.handles)
-                versions.append((segment.base_offset, segment.version))
+        for segment in self._segments.unsynced_sealed():
+            handles.extend(segment.handles)
+            versions.append((segment.base_offset, segment.version))
         active = self._segments.active
         bases = [base for base, _ in versions]
         if self._durable_offset < self.log_end_offset and active.size:
@@ -888,10 +887,11 @@ class PartitionLog:
         if self._failed is None:
             self._durable_offset = max(
                 self._durable_offset, min(end, self.log_end_offset, self._ledger.durable_floor()))
-            versions = dict(ticket.segment_versions)
-            for segment in self._segments.sealed():
-                if versions.get(segment.base_offset) == segment.version:
-                    segment.synced = True
+            if ticket.segment_versions:
+                versions = dict(ticket.segment_versions)
+                for segment in self._segments.unsynced_sealed():
+                    if versions.get(segment.base_offset) == segment.version:
+                        segment.synced = True
         if staged is not None:
             self._install_recovery_point(staged)
         self._syncs += 1

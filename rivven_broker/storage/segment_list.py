@@ -11,6 +11,14 @@ replaces a sealed one, a full truncation starts over with one) is one method of 
 reads the active base after every append) are plain attributes, so the append path pays one
 attribute access for either. The type does no I/O: opening, closing and removing segment
 files stays with the log.
+
+Every group commit asks which sealed segments are not synced yet (``unsynced_sealed``), so
+that answer costs what is unsynced, not what the log holds: a log of thousands of segments
+(a terabyte in 1 GiB segments, or small ``segment.bytes``) used to walk them all two or three
+times per commit. A segment can only become sealed unsynced by a roll (the log marks the
+active segment unsynced, then appends the new one); a sealed segment never goes back to
+unsynced (its bytes never change; the cleaner's replacements arrive synced). So the list
+keeps every segment a roll sealed, oldest first, and drops those found synced when asked.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ __all__ = ["SegmentList"]
 class SegmentList:
     """The segments of one log, oldest first; the last is ``active``. Never empty."""
 
-    __slots__ = ("_segments", "bases", "active")
+    __slots__ = ("_segments", "bases", "active", "_unsynced")
 
     def __init__(self, segments: list[Segment]) -> None:
         assert segments, "a log always has an active segment"
@@ -36,6 +44,8 @@ class SegmentList:
         self.bases: tuple[int, ...] = tuple(segment.base_offset for segment in segments)
         #: The last segment, the one appends go to.
         self.active: Segment = segments[-1]
+        #: Every sealed segment not synced (and some synced since), oldest first.
+        self._unsynced = [segment for segment in segments[:-1] if not segment.synced]
 
     def __len__(self) -> int:
         return len(self._segments)
@@ -49,6 +59,15 @@ class SegmentList:
     def sealed(self) -> list[Segment]:
         """The segments below the active one, oldest first (a copy)."""
         return self._segments[:-1]
+
+    def unsynced_sealed(self) -> list[Segment]:
+        """The sealed segments not synced, oldest first: usually none, one after a roll.
+        The list itself (read it; the type changes it). Costs what is unsynced, not what the
+        log holds (module docstring). Never blocks."""
+        unsynced = self._unsynced
+        if unsynced and any(segment.synced for segment in unsynced):
+            unsynced = self._unsynced = [s for s in unsynced if not s.synced]
+        return unsynced
 
     def index_of(self, offset: int) -> int:
         """The index of the segment whose range would hold ``offset``: the last one based at
@@ -66,8 +85,10 @@ class SegmentList:
         return self._segments[index:]
 
     def append(self, segment: Segment) -> None:
-        """Add ``segment`` as the new active one (a roll)."""
+        """Add ``segment`` as the new active one (a roll); the active one before it is sealed
+        now, and counted unsynced until it is found synced."""
         assert segment.base_offset > self.bases[-1], "bases strictly increase"
+        self._unsynced.append(self.active)
         self._segments.append(segment)
         self.bases = (*self.bases, segment.base_offset)
         self.active = segment
@@ -76,7 +97,11 @@ class SegmentList:
         """Take out the oldest segment, which must not be the active one."""
         assert len(self._segments) > 1, "the active segment is never popped"
         self.bases = self.bases[1:]
-        return self._segments.pop(0)
+        first = self._segments.pop(0)
+        unsynced = self._unsynced
+        if unsynced and unsynced[0] is first:  # (oldest first: if there, it is the first)
+            del unsynced[0]
+        return first
 
     def cut_after(self, index: int) -> list[Segment]:
         """Take out every segment after ``index``; the one at ``index`` becomes active.
@@ -85,7 +110,8 @@ class SegmentList:
         later = self._segments[index + 1 :]
         del self._segments[index + 1 :]
         self.bases = self.bases[: index + 1]
-        self.active = self._segments[-1]
+        self.active = active = self._segments[-1]
+        self._unsynced = [s for s in self._unsynced if s.base_offset < active.base_offset]
         return later
 
     def replace_sealed(self, old: Segment, new: Segment) -> bool:
@@ -95,6 +121,8 @@ class SegmentList:
             if self._segments[index] is old:
                 assert new.base_offset == old.base_offset
                 self._segments[index] = new
+                # (rare: the list of sealed segments is walked, not the unsynced ones)
+                self._unsynced = [s for s in self._segments[:-1] if not s.synced]
                 return True
         return False
 
@@ -104,6 +132,7 @@ class SegmentList:
         self._segments = [segment]
         self.bases = (segment.base_offset,)
         self.active = segment
+        self._unsynced = []
         return old
 
     def check_invariants(self) -> None:
@@ -113,3 +142,11 @@ class SegmentList:
         assert segments and self.active is segments[-1]
         assert self.bases == tuple(segment.base_offset for segment in segments)
         assert all(a < b for a, b in zip(self.bases, self.bases[1:])), "bases increase"
+        tracked = {id(segment) for segment in self._unsynced}
+        sealed = segments[:-1]
+        assert all(segment.synced or id(segment) in tracked for segment in sealed), \
+            "every unsynced sealed segment is tracked"
+        positions = {id(segment): index for index, segment in enumerate(sealed)}
+        at = [positions.get(id(segment), -1) for segment in self._unsynced]
+        assert all(index >= 0 for index in at), "only sealed segments are tracked"
+        assert at == sorted(set(at)), "tracked oldest first, once each"

@@ -54,6 +54,19 @@ def test_produce_bench_with_a_peer_if_installed():
         assert summary["ratio"] > 0 and len(summary["ratios"]) == 1
 
 
+def test_topic_configs_reach_the_topics_the_bench_creates():
+    """``--topic-config``: a bad value is the broker's refusal, not ignored."""
+    command = [sys.executable, "-m", "rivven_broker.cli.rivven_main", "bench", "produce",
+               "--duration", "0.5", "--warmup", "0", "--topic-config", "segment.bytes=1"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode != 0
+    assert "segment.bytes" in done.stderr + done.stdout, done.stderr[-3000:]
+    summary = _bench("consume", "--duration", "0.5", "--warmup", "0", "--fill-records", "20000",
+                     "--topic-config", "segment.bytes=65536")
+    assert summary["options"]["topic_config"] == ["segment.bytes=65536"]
+    _check_line(summary["rivven"])
+
+
 def test_consume_bench_with_the_client_line():
     summary = _bench("consume", "--duration", "1", "--warmup", "0.2", "--fill-records", "20000",
                      "--client")

@@ -41,6 +41,7 @@ def test_every_flag_lands_in_its_field():
         "--window", "16", "--rate", "5000", "--fetch-bytes", "65536", "--fill-records", "1000",
         "--peer", "redis", "--peer-sync", "everysec", "--client", "--no-pin", "--dir", "/tmp",
         "--broker-flag=--preallocate-bytes=1048576", "--topic", "t", "--no-verify",
+        "--topic-config=segment.bytes=1048576", "--topic-config", "retention.ms=60000",
     )
     assert options.mode == "consume" and options.record_bytes == 1024 and options.batch == 64
     assert options.linger_ms == 3 and options.partitions == 4 and options.producers == 2
@@ -52,6 +53,7 @@ def test_every_flag_lands_in_its_field():
     assert options.peer == "redis" and options.peer_sync == "everysec" and options.client_line
     assert not options.pin and options.data_dir == "/tmp" and not options.verify
     assert options.broker_flags == ("--preallocate-bytes=1048576",) and options.topic == "t"
+    assert options.topic_config == ("segment.bytes=1048576", "retention.ms=60000")
     assert "consume 1024 B x 64/batch" in options.describe()
 
 
@@ -76,6 +78,10 @@ def test_every_flag_lands_in_its_field():
         ({"peer": "nats", "bootstrap": "127.0.0.1:9092"}, "--bootstrap"),
         ({"acks": 0, "rate": 10}, "--acks 0"),
         ({"acks": 2}, "--acks"),
+        ({"topic_config": ("segment.bytes",)}, "--topic-config must be KEY=VALUE"),
+        ({"topic_config": ("=1",)}, "--topic-config must be KEY=VALUE"),
+        ({"topic_config": ("segment.bytes=1048576",), "bootstrap": "127.0.0.1:9092"},
+         "--topic-config configures"),
     ],
 )
 def test_bad_options_are_refused(fields, message):
