@@ -17,6 +17,10 @@ simulator all drive these same two classes, so the rules below hold everywhere:
   ``ErrorResponse`` in that correlation id. A frame whose length prefix is too large (or too
   small) destroys framing: a fatal ``BadRequest`` in correlation id 0, which the server sends
   as an ``ErrorResponse`` before closing the connection.
+- ``next_plain_produce`` takes a produce whose payload has the shape of one this connection
+  sent before (``produce_shape.py``: same topic, partition, acks, time-out and version; only
+  the records differ) without decoding it: the produce lane's commonest request. Anything
+  else is left for ``next_event``, which learns the shape from the produces it decodes.
 - ``ClientConnection`` numbers requests (u32, wrapping, never 0: correlation id 0 is the
   server's connection-level error channel), remembers the in-flight order and pairs each
   response with its request. A response out of order, of the wrong api, undecodable, or in a
@@ -42,7 +46,8 @@ from rivven_broker.protocol.framing import (
     encode_small_msgpack_frame,
 )
 from rivven_broker.protocol.message_base import Request, Response
-from rivven_broker.protocol.messages import ErrorResponse, ProduceResponse
+from rivven_broker.protocol.messages import ErrorResponse, Produce, ProduceResponse
+from rivven_broker.protocol.produce_shape import Learner, ProduceShape
 
 __all__ = [
     "RequestReceived",
@@ -116,7 +121,7 @@ class ServerConnection:
     ``FileRegion``.
     """
 
-    __slots__ = ("_decoder", "_pending", "_failed", "_reference_bytes_min")
+    __slots__ = ("_decoder", "_pending", "_failed", "_reference_bytes_min", "_shapes")
 
     def __init__(
         self, *, frame_bytes_max: int = limits.frame_bytes_max,
@@ -126,6 +131,7 @@ class ServerConnection:
         self._decoder = FrameDecoder(frame_bytes_max)
         self._pending: deque[_Pending] = deque()
         self._failed = False
+        self._shapes = Learner()  # the shape of this client's produces (``produce_shape.py``)
 
     @property
     def pending_responses(self) -> int:
@@ -178,7 +184,28 @@ class ServerConnection:
             return BadRequest(correlation_id, exc.code, _clip(str(exc)), False)
         if request.expects_response():
             self._pending.append(_new_tuple(_Pending, (correlation_id, request.API_KEY, version)))
+        if type(request) is Produce:
+            self._shapes.missed(frame.payload, request, version)
         return _new_tuple(RequestReceived, (correlation_id, request, version))
+
+    def next_plain_produce(self) -> tuple[int, ProduceShape, bytes] | None:
+        """The next request, if it is a produce of the shape this connection's produces had
+        (``produce_shape.py``): its correlation id, the shape (what it decodes to but for the
+        records) and its records, awaiting an answer as ``next_event`` would leave it. None,
+        taking nothing, for anything else: ``next_event`` then decodes it. Never raises."""
+        shape = self._shapes.shape
+        if shape is None or self._failed:
+            return None
+        frame = self._decoder.peek_frame()
+        if frame is None or frame.format != FORMAT_MSGPACK:
+            return None
+        records = shape.match(frame.payload)
+        if records is None:
+            return None
+        self._decoder.next_frame()
+        correlation_id = frame.correlation_id
+        self._pending.append(_new_tuple(_Pending, (correlation_id, _PRODUCE_KEY, shape.version)))
+        return correlation_id, shape, records
 
     def send_response(self, correlation_id: int, response: Response) -> bytes | FramePieces:
         """The frame answering the oldest pending request, which must be ``correlation_id``:

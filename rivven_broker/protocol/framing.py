@@ -307,6 +307,12 @@ class FrameDecoder:
         if self._body_missing == 0:
             self._finish_body()
 
+    def peek_frame(self) -> Frame | None:
+        """The next complete frame without taking it (``next_frame`` takes it), or None
+        when none is complete or after a framing error. Never blocks or raises."""
+        ready = self._ready
+        return ready[0] if ready else None
+
     def next_frame(self) -> Frame | None:
         """Return the next complete frame, or None when more data is needed. Never blocks.
 

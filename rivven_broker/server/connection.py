@@ -113,6 +113,7 @@ from rivven_broker.server.request_budget import RequestBudget
 from rivven_broker.storage.errors import SyncFailedError
 
 if TYPE_CHECKING:
+    from rivven_broker.protocol.produce_shape import ProduceShape
     from rivven_broker.server.env import Clock
     from rivven_broker.server.handlers import Handlers
     from rivven_broker.server.metrics import BrokerMetrics
@@ -419,13 +420,23 @@ class _Connection:
         self.slots.append(slot)
         return slot, outcome
 
-    def begin_produce(self, correlation_id: int, request: Produce, read_at: ReadAt) -> Begun:
+    def begin_produce(self, correlation_id: int, request: Produce | ProduceShape,
+                      read_at: ReadAt, records: bytes | None = None) -> Begun:
         """``begin`` of a produce that expects an answer (acks 1 or all), read by the lane at
         ``read_at``: straight to ``DataPath.produce``, where ``Handlers.begin`` sends every
-        produce, without the ``RequestContext`` it takes there. Never blocks."""
+        produce, without the ``RequestContext`` it takes there. With ``records``,
+        ``request`` is the shape of a produce the lane took undecoded
+        (``ServerConnection.next_plain_produce``), carrying them: ``DataPath.produce_plain``.
+        Never blocks."""
         received_at, start_ms, wall_ms = read_at
+        data = self.handlers.data
         try:  # ``_guarded``, inline
-            outcome = self.handlers.data.produce(request, wall_ms, received_at=received_at)
+            if records is None:
+                outcome = data.produce(
+                    request, wall_ms, received_at=received_at)  # type: ignore[arg-type]
+            else:
+                outcome = data.produce_plain(
+                    request, records, wall_ms, received_at)  # type: ignore[arg-type]
         except (SyncFailedError, AssertionError):
             raise
         except Exception:

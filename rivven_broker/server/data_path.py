@@ -128,6 +128,7 @@ from rivven_broker.storage.staged_appends import StagedWrite
 from rivven_broker.storage.sync_worker import SyncMode
 
 if TYPE_CHECKING:
+    from rivven_broker.protocol.produce_shape import ProduceShape
     from rivven_broker.server.metrics import BrokerMetrics
     from rivven_broker.storage.partition_log import PartitionLog
 
@@ -353,35 +354,55 @@ class DataPath:
                        provisional=lambda: _produce_response(request, outcome),
                        after_progress=fresh_only)
 
+    def produce_plain(self, shape: ProduceShape, records: bytes, now_ms: int,
+                      received_at: float | None
+                      ) -> ProduceResponse | Pending | OnePartitionWait | None:
+        """``produce`` of the request ``shape`` carrying ``records`` decodes to: the produce
+        lane's commonest request, which it never decoded (``protocol/produce_shape.py``).
+        Never blocks."""
+        answer = self._produce_one(shape.topic, shape.partition, records, shape.acks,
+                                   shape.timeout_ms, now_ms, received_at)
+        if answer is _NOT_TAKEN:
+            return self._produce_general(shape.request(records), now_ms, None, received_at)
+        return answer  # type: ignore[return-value]
+
     def _produce_one_partition(self, request: Produce, now_ms: int, received_at: float | None
                                ) -> ProduceResponse | OnePartitionWait | object:
         """``_produce_general`` for the commonest request, with fewer calls: one topic, one
-        partition, not transactional, acks 1 or all, on a single node under ``sync=always``,
-        to a topic that exists. Anything else returns ``_NOT_TAKEN`` before doing anything
-        (the general path then decides). Same answers, same log, same producer state and
-        same metrics as the general path (a differential test compares them); its one wait
-        is a ``OnePartitionWait`` (``produce_answers.py``), not the general ``Pending``.
-        Never blocks."""
-        context = self._context
+        partition, not transactional (then ``_produce_one``); anything else returns
+        ``_NOT_TAKEN`` before doing anything (the general path then decides). Never blocks."""
         topics = request.topics
-        if len(topics) != 1 or request.transactional_id is not None \
-                or request.acks == ACKS_NONE or context.replicas is not None \
-                or context.cluster is not None:
+        if len(topics) != 1 or request.transactional_id is not None:
             return _NOT_TAKEN
         topic = topics[0]
-        name = topic.name
-        if len(topic.partitions) != 1 or name in INTERNAL_TOPICS \
-                or not context.logs.has_topic(name) or context.policy.mode is not SyncMode.ALWAYS:
+        if len(topic.partitions) != 1:
             return _NOT_TAKEN
         part = topic.partitions[0]
-        index = part.partition
+        return self._produce_one(topic.name, part.partition, part.records, request.acks,
+                                 request.timeout_ms, now_ms, received_at)
+
+    def _produce_one(self, name: str, index: int, records: bytes, acks: int, timeout_ms: int,
+                     now_ms: int, received_at: float | None
+                     ) -> ProduceResponse | OnePartitionWait | object:
+        """``_produce_general`` of a request of one partition's ``records``, not
+        transactional, acks 1 or all, on a single node under ``sync=always``, to a topic that
+        exists. Anything else returns ``_NOT_TAKEN`` before doing anything (the general path
+        then decides). Same answers, same log, same producer state and same metrics as the
+        general path (a differential test compares them); its one wait is a
+        ``OnePartitionWait`` (``produce_answers.py``), not the general ``Pending``. Never
+        blocks."""
+        context = self._context
+        if acks == ACKS_NONE or context.replicas is not None or context.cluster is not None \
+                or name in INTERNAL_TOPICS or not context.logs.has_topic(name) \
+                or context.policy.mode is not SyncMode.ALWAYS:
+            return _NOT_TAKEN
         try:
             plog = context.logs.get_log(name, index)
-            if not part.records:
+            if not records:
                 return _one_answer(name, produce_error(
                     index, (ErrorCode.CORRUPT_MESSAGE, "no record batch")))
             state = context.partitions.get(name, index, plog)
-            appended = state.append_as_leader(part.records, now_ms, self._check_no_txn_id)
+            appended = state.append_as_leader(records, now_ms, self._check_no_txn_id)
         except (StorageError, BatchError, OSError) as exc:
             return _one_answer(name, produce_error(index, error_of(exc)))
         staged = appended.staged
@@ -396,17 +417,17 @@ class DataPath:
         else:
             count = info.last_offset - info.base_offset + 1
             if staged is None:
-                context.metrics.topic_in(name, count, len(part.records))
+                context.metrics.topic_in(name, count, len(records))
                 context.metrics.records_in(count)
             else:  # counted once written, as in the general path
                 if not staged.records:
                     staged.on_written.append(functools.partial(
                         _count_in, context.metrics, name, staged))
                 staged.records += count
-                staged.size += len(part.records)
+                staged.size += len(records)
             base_offset, append_time_ms, last_offset = info.base_offset, \
                 info.log_append_time_ms, info.last_offset
-        timeout_ms = min(request.timeout_ms, limits.produce_timeout_ms_max)
+        timeout_ms = min(timeout_ms, limits.produce_timeout_ms_max)
         deadline = (trio.current_time() if received_at is None else received_at) \
             + timeout_ms / 1000
         return OnePartitionWait(state, context.sync_worker, name, index, base_offset,

@@ -122,6 +122,11 @@ class Handlers:
         assert control is not None, "the broker sets its control before it serves"
         return control
 
+    @property
+    def gates_closed(self) -> bool:
+        """Some topic is gated now (``gate`` may then say wait)."""
+        return self._context.gates.any_closed
+
     def gate(self, request: Request) -> trio.Event | None:
         """The event to await before ``begin`` when ``request`` touches a gated topic."""
         gates = self._context.gates

@@ -11,6 +11,12 @@ must be equal, also when a pass's write fails. The requests include what the fas
 partitions, acks=0, internal, unknown or missing topics and partitions) and what it must
 answer as the general path does (bad CRCs, empty records, idempotent retries, gaps and
 fenced epochs, control and transactional bits).
+
+The fast broker also takes some requests as the produce lane takes a client's repeated
+produce, undecoded: by the shape learned from its payload (``protocol/produce_shape.py``)
+and its records, through ``DataPath.produce_plain``; the general broker decodes nothing
+differently, so the same comparison covers that path too (also where it must fall back:
+missing, internal and badly named topics).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from hypothesis import strategies as st
 
 from rivven_broker.protocol import codec
 from rivven_broker.protocol.errors import ErrorCode
+from rivven_broker.protocol.produce_shape import ProduceShape
 from rivven_broker.protocol.messages import (
     CreateTopic,
     Produce,
@@ -71,8 +78,8 @@ _KINDS = ["plain", "plain", "plain", "idempotent", "idempotent", "idempotent",
           "transactional", "control", "bad-crc", "two-batches", "empty", "truncated"]
 
 _request = st.builds(
-    lambda topic, partition, kind, sequence, epoch, records, acks, second: (
-        topic, partition, kind, sequence, epoch, records, acks, second),
+    lambda topic, partition, kind, sequence, epoch, records, acks, second, by_shape=False: (
+        topic, partition, kind, sequence, epoch, records, acks, second, by_shape),
     topic=st.sampled_from(["t", "t", "t", "u", "missing", "__consumer_offsets", "bad name"]),
     partition=st.sampled_from([0, 0, 0, 1, 5]),
     kind=st.sampled_from(_KINDS),
@@ -81,6 +88,7 @@ _request = st.builds(
     records=st.integers(1, 3),
     acks=st.sampled_from([-1, -1, 1, 0]),
     second=st.booleans(),  # a second partition in the same request: the general path's
+    by_shape=st.booleans(),  # taken by its shape where it has one (``produce_plain``)
 )
 #: (staged as the lane stages, the pass's write fails, the requests)
 _passes = st.lists(st.tuples(st.booleans(), st.sampled_from([False, False, False, True]),
@@ -113,7 +121,7 @@ class _FailingWrites:
 
 
 def _produce(spec: tuple) -> Produce:
-    topic, partition, kind, sequence, epoch, records, acks, second = spec
+    topic, partition, kind, sequence, epoch, records, acks, second = spec[:8]
     parts = [ProducePartition(partition, _batch(kind, sequence, epoch, records))]
     if second and partition != 1:
         parts.append(ProducePartition(1, _batch("plain", -1, -1, 1)))
@@ -141,7 +149,16 @@ def _payload_kind(wait: OnePartitionWait, answer: ProduceResponse) -> str:
     return "template" if plain else "ready"
 
 
-async def _run(passes: list, kinds: set[str]) -> None:
+def _shape(request: Produce) -> ProduceShape | None:
+    """The shape the lane would learn from ``request`` sent as it is, if it has one."""
+    payload = codec.encode_request(request)
+    decoded, version = codec.decode_request_and_version(payload)
+    assert decoded == request
+    return ProduceShape.learn(payload, request, version)
+
+
+async def _run(passes: list, kinds: set[str], shapes: list[str] | None = None) -> None:
+    shapes = [] if shapes is None else shapes
     with tempfile.TemporaryDirectory() as directory:
         brokers = [_broker(pathlib.Path(directory) / name) for name in ("fast", "general")]
         async with trio.open_nursery() as nursery:
@@ -156,15 +173,21 @@ async def _run(passes: list, kinds: set[str]) -> None:
             stagings = [broker.lane._staging for broker in brokers]  # type: ignore[union-attr]
             now_ms = 1_700_000_000_000
             for staged, failing, specs in passes:
-                requests = [_produce(spec) for spec in specs]
+                requests = [(_produce(spec), len(spec) > 8 and spec[8]) for spec in specs]
                 if staged:  # as the lane does: stage the pass, write it, then answer
                     for staging in stagings:
                         staging.open()
                 outcomes = []
-                for request in requests:
+                for request, by_shape in requests:
                     now_ms += 1
                     received_at = trio.current_time()
-                    one = fast.produce(request, now_ms, received_at=received_at)
+                    shape = _shape(request) if by_shape else None
+                    if shape is not None:
+                        records = request.topics[0].partitions[0].records
+                        one = fast.produce_plain(shape, records, now_ms, received_at)
+                        shapes.append(shape.topic)
+                    else:
+                        one = fast.produce(request, now_ms, received_at=received_at)
                     other = general._produce_general(request, now_ms, None, received_at)
                     outcomes.append((one, other))
                 if staged:
@@ -225,6 +248,19 @@ def test_the_fast_path_answers_from_the_template_and_otherwise_by_ready() -> Non
         trio.run(_run, [(True, False, [plain, retried]), (True, True, [("u", 1, "plain", 0, 0,
                                                                         2, 1, False)])], kinds)
     assert kinds == {"template", "ready"}
+
+
+def test_requests_are_taken_by_their_shape() -> None:
+    """The comparison covers ``produce_plain``: requests go that way, to existing topics and
+    to ones the general path must answer (a missing topic, an internal one)."""
+    shapes: list[str] = []
+    specs = [("t", 0, "plain", 0, 0, 1, -1, False, True), ("missing", 0, "plain", 0, 0, 1, 1,
+                                                            False, True),
+             ("__consumer_offsets", 0, "plain", 0, 0, 1, -1, False, True),
+             ("t", 1, "bad-crc", 0, 0, 1, -1, False, True)]
+    with _FailingWrites():
+        trio.run(_run, [(True, False, specs), (False, False, specs)], set(), shapes)
+    assert shapes == ["t", "missing", "__consumer_offsets", "t"] * 2
 
 
 def test_the_fast_path_takes_the_plain_produce() -> None:

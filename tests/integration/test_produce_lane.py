@@ -18,6 +18,7 @@ import traceback
 import pytest
 import trio
 
+from rivven_broker.protocol import codec
 from rivven_broker.protocol.errors import ErrorCode
 from rivven_broker.protocol.messages import (
     CreateTopic,
@@ -504,3 +505,40 @@ async def test_the_lane_commits_its_groups_itself_only_while_fsyncs_run_on_the_l
         assert committers and all(on_loop and in_lane for on_loop, in_lane in committers)
     else:  # the worker ran them, on the sync thread
         assert committers and not any(on_loop or in_lane for on_loop, in_lane in committers)
+
+
+async def test_a_clients_repeated_produce_is_taken_by_its_shape(broker, connect, monkeypatch):
+    """After the first, a client's produces of one shape (``protocol/produce_shape.py``) are
+    not decoded again; produces of another topic or partition in between are, and every
+    answer still comes in order with the right offsets."""
+    client = await connect(broker.port)
+    await client.call(CreateTopic("t", 1))
+    await client.call(CreateTopic("u", 1))
+    decodes = []
+    decode = codec.decode_request_and_version
+
+    def counting(payload: bytes) -> object:
+        decodes.append(payload)
+        return decode(payload)
+
+    monkeypatch.setattr(codec, "decode_request_and_version", counting)
+    for index in range(40):
+        assert base_offset(await client.call(produce(b"one-%d" % index))) == index
+    assert len(decodes) <= 3  # the first (and the shape's proof); none of the others
+    data = bytearray()
+    expected = []
+    for index in range(40):  # pipelined, topics alternating in runs
+        topic = "t" if (index // 5) % 2 == 0 else "u"
+        correlation_id, frame = client.core.send_request(produce(b"two-%d" % index, topic=topic))
+        data += frame
+        expected.append((correlation_id, topic))
+    await client.send_raw(bytes(data))
+    offsets = {"t": 40, "u": 0}
+    for correlation_id, topic in expected:
+        event = await client.receive()
+        assert event.correlation_id == correlation_id
+        assert base_offset(event.response) == offsets[topic]
+        offsets[topic] += 1
+    assert offsets == {"t": 60, "u": 20}
+    values = await everything_in(client, 40)
+    assert values == [b"two-%d" % i for i in range(40) if (i // 5) % 2 == 0]
