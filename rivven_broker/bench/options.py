@@ -167,8 +167,11 @@ class BenchOptions:
              "--topic-config configures the topics it creates: drop --bootstrap")
         need(self.mode != "e2e" or self.peer is None, "--peer compares produce and consume only")
         need(self.cluster == 0 or (2 <= self.cluster <= 5 and self.mode == "produce"
-                                   and self.partitions == 1 and self.bootstrap is None),
-             "--cluster N: 2..5 brokers, produce with --partitions 1, no --bootstrap")
+                                   and self.bootstrap is None),
+             "--cluster N: 2..5 brokers, produce, no --bootstrap")
+        need(self.cluster == 0 or self.producer_connections % self.partitions == 0,
+             "--cluster with --partitions P: producers x connections a multiple of P (each "
+             "connection sends to one partition, at its leader)")
 
     @property
     def batch_bytes(self) -> int:

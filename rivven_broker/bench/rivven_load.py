@@ -224,12 +224,13 @@ class RivvenProduceChannel(Channel):
     """One raw producer connection: marked template batches in ``Produce`` requests."""
 
     def __init__(
-        self, sock: socket.socket, producer: int, spec: WorkerSpec, template: BatchTemplate
+        self, sock: socket.socket, producer: int, spec: WorkerSpec, template: BatchTemplate,
+        partitions: tuple[int, ...] | None = None,
     ) -> None:
         super().__init__(sock, producer)
         self.answers = ProduceAnswers()
         self.requests = [request_template(template, spec.topic, partition, spec.options.acks)
-                         for partition in spec.partitions]
+                         for partition in (spec.partitions if partitions is None else partitions)]
         self.records = template.records
         self.fire_and_forget = spec.options.acks == 0
         self.first_error: str | None = None
@@ -265,10 +266,16 @@ def prepare_produce(spec: WorkerSpec) -> Callable[[Window, WorkerResult], None]:
     """Connect ``connections`` raw producers; return the run function."""
     options = spec.options
     template = batch_template(options.record_bytes, options.batch)
-    channels = [
-        RivvenProduceChannel(connect(spec.address), spec.producer_base + number, spec, template)
-        for number in range(options.connections)
-    ]
+    channels = []
+    for number in range(options.connections):
+        producer = spec.producer_base + number
+        if spec.leaders:  # one partition per connection, at its leader
+            partition = spec.partitions[producer % len(spec.partitions)]
+            channels.append(RivvenProduceChannel(connect(spec.leaders[partition]), producer,
+                                                 spec, template, (partition,)))
+        else:
+            channels.append(RivvenProduceChannel(connect(spec.address), producer, spec,
+                                                 template))
 
     def run(window: Window, result: WorkerResult) -> None:
         try:
@@ -496,41 +503,51 @@ def verify_log(
     ledger: Ledger,
     *,
     mark_at: int | None,
+    leaders: tuple[tuple[str, int], ...] = (),
 ) -> int:
     """Read every partition from 0 to its end; ``observe`` each unit. Returns records read.
 
     ``mark_at``: the mark's position in each batch (raw producers), or None to decode every
-    record (the client line). Blocks. Raises ``ConnectionError`` on a broker error.
+    record (the client line). ``leaders``: each partition's broker, by partition (else all
+    at ``address``). Blocks. Raises ``ConnectionError`` on a broker error.
     """
+    total = 0
+    for partition in range(partitions):
+        total += _verify_partition(leaders[partition] if leaders else address, topic,
+                                   partition, ledger, mark_at)
+    return total
+
+
+def _verify_partition(address: tuple[str, int], topic: str, partition: int, ledger: Ledger,
+                      mark_at: int | None) -> int:
     sock = connect(address)
     core = ClientConnection()
-    total = 0
+    total = offset = 0
     try:
-        for partition in range(partitions):
-            offset = 0
-            while True:
-                request = Fetch(
-                    max_wait_ms=0,
-                    min_bytes=0,
-                    max_bytes=limits.fetch_partition_bytes_max,
-                    topics=(FetchTopic(topic, (FetchPartition(partition, offset, limits.fetch_partition_bytes_max),)),),
-                )
-                part = fetch_once(sock, core, request).topics[0].partitions[0]
-                if part.error_code != ErrorCode.NONE:
-                    raise ConnectionError(f"verify partition {partition}: {part.error_code.name}")
-                records = part.records
-                start = offset
-                for pos, header in iter_batches(records):
-                    if mark_at is not None:
-                        ledger.observe_value(records, pos + mark_at)
-                        total += header.record_count
-                    offset = header.base_offset + header.last_offset_delta + 1
-                if mark_at is None:
-                    for record in decode_records(records, min_offset=start):
-                        ledger.observe_value(record.value)
-                        total += 1
-                if offset >= part.high_watermark or not records:
-                    break
+        while True:
+            request = Fetch(
+                max_wait_ms=0,
+                min_bytes=0,
+                max_bytes=limits.fetch_partition_bytes_max,
+                topics=(FetchTopic(topic, (FetchPartition(
+                    partition, offset, limits.fetch_partition_bytes_max),)),),
+            )
+            part = fetch_once(sock, core, request).topics[0].partitions[0]
+            if part.error_code != ErrorCode.NONE:
+                raise ConnectionError(f"verify partition {partition}: {part.error_code.name}")
+            records = part.records
+            start = offset
+            for pos, header in iter_batches(records):
+                if mark_at is not None:
+                    ledger.observe_value(records, pos + mark_at)
+                    total += header.record_count
+                offset = header.base_offset + header.last_offset_delta + 1
+            if mark_at is None:
+                for record in decode_records(records, min_offset=start):
+                    ledger.observe_value(record.value)
+                    total += 1
+            if offset >= part.high_watermark or not records:
+                break
     finally:
         sock.close()
     return total

@@ -205,13 +205,15 @@ def _judge(line: LineResult, ledger: Ledger, read: int) -> None:
 
 
 def _producer_specs(kind: str, options: BenchOptions, address: tuple[str, int], topic: str,
-                    load_cpu: int | None) -> list[WorkerSpec]:
+                    load_cpu: int | None, leaders: tuple[tuple[str, int], ...] = ()
+                    ) -> list[WorkerSpec]:
     requests_per_s = options.rate / options.batch if options.rate else 0.0
     per_channel = requests_per_s / options.producer_connections if requests_per_s else 0.0
     return [
         WorkerSpec(kind, index, options, address, topic, load_cpu,
                    producer_base=index * options.connections,
-                   partitions=tuple(range(options.partitions)), rate_per_channel=per_channel)
+                   partitions=tuple(range(options.partitions)), rate_per_channel=per_channel,
+                   leaders=leaders)
         for index in range(options.producers)
     ]
 
@@ -276,20 +278,22 @@ def _start_cluster(options: BenchOptions) -> tuple[LocalCluster, str]:
     return cluster, cluster.address(1)
 
 
-def _replicated_topic(bootstrap: str, topic: str, brokers: int,
-                      config: dict[str, str]) -> tuple[str, int]:
-    """Create ``topic`` (one partition, every broker a replica); its leader's address once
-    the ISR is full."""
+def _replicated_topic(bootstrap: str, topic: str, brokers: int, partitions: int,
+                      config: dict[str, str]) -> tuple[tuple[str, int], ...]:
+    """Create ``topic`` (every broker a replica of every partition); each partition's
+    leader's address, by partition, once every ISR is full."""
     with Admin(bootstrap) as admin:
-        admin.create_topic(topic, partitions=1, replication_factor=brokers,
+        admin.create_topic(topic, partitions=partitions, replication_factor=brokers,
                            config={"min.insync.replicas": str(min(2, brokers)), **config})
 
         def led() -> Any:
-            info = admin.describe_topic(topic).partition_info[0]
-            return info if info.leader is not None and len(info.isr) == brokers else None
-        leader = wait_for(led, "a full ISR").leader
-        broker = next(b for b in admin.cluster_status().brokers if b.node_id == leader)
-    return broker.host, broker.port
+            infos = admin.describe_topic(topic).partition_info
+            full = len(infos) == partitions and all(
+                info.leader is not None and len(info.isr) == brokers for info in infos)
+            return sorted(infos, key=lambda info: info.partition) if full else None
+        leaders = [info.leader for info in wait_for(led, "a full ISR")]
+        brokers_by_id = {b.node_id: (b.host, b.port) for b in admin.cluster_status().brokers}
+    return tuple(brokers_by_id[leader] for leader in leaders)
 
 
 def _rivven_line(options: BenchOptions, round_index: int, cpus: tuple[int | None, int | None],
@@ -314,16 +318,27 @@ def _rivven_line(options: BenchOptions, round_index: int, cpus: tuple[int | None
     try:
         topic = _topic(options, target, round_index)
         topic_config = dict(item.split("=", 1) for item in options.topic_config)
+        # A --cluster run of several partitions sends each connection to one partition, at its
+        # leader: the single broker's line too (all leaders are the one broker), so the two
+        # lines carry the same load.
+        leaders: tuple[tuple[str, int], ...] = ()
         if cluster is not None:
-            address = _replicated_topic(bootstrap, topic, options.cluster, topic_config)
+            leaders = _replicated_topic(bootstrap, topic, options.cluster, options.partitions,
+                                        topic_config)
+            address = leaders[0]
         else:
             _admin_create(f"{address[0]}:{address[1]}", topic, options.partitions, topic_config)
+            if options.cluster and options.partitions > 1:
+                leaders = (address,) * options.partitions
+        if leaders:
+            line.extra["leaders"] = [f"{host}:{port}" for host, port in leaders]
         mark_at = None if client and options.mode == "produce" else rivven_load.batch_template(
             options.record_bytes, options.batch).mark_at
         specs: list[WorkerSpec] = []
         if options.mode in ("produce", "e2e"):
             kind = "client-produce" if client else "rivven-produce"
-            specs += _producer_specs(kind, options, address, topic, load_cpu)
+            specs += _producer_specs(kind, options, address, topic, load_cpu,
+                                     leaders if options.partitions > 1 else ())
         if options.mode == "consume":
             filled = _fill_rivven(address, topic, options, ledger)
             kind = "client-consume" if client else "rivven-consume"
@@ -346,7 +361,8 @@ def _rivven_line(options: BenchOptions, round_index: int, cpus: tuple[int | None
         else:
             _merge(line, results, ledger)
         if options.verify and options.acks != 0:
-            read = rivven_load.verify_log(address, topic, options.partitions, ledger, mark_at=mark_at)
+            read = rivven_load.verify_log(address, topic, options.partitions, ledger,
+                                          mark_at=mark_at, leaders=leaders)
             _judge(line, ledger, read)
     finally:
         if server is not None:

@@ -88,6 +88,10 @@ class WorkerSpec:
     partitions: tuple[int, ...] = (0,)
     rate_per_channel: float = 0.0  # requests/s per connection; 0 = closed loop
     expected_units: int = 0  # consumers: records in the log to read
+    #: Raw producers: each partition's leader, by partition; with them each connection
+    #: sends to one partition only, over a connection to its leader (``--cluster`` runs of
+    #: several partitions). Empty: every connection to ``address``, partitions in turn.
+    leaders: tuple[tuple[str, int], ...] = ()
 
 
 @attrs.define

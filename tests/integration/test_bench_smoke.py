@@ -105,3 +105,15 @@ def test_produce_bench_cluster_line():
     _check_line(summary["cluster"])
     assert summary["cluster_vs_single"] > 0
     assert summary["cluster"]["broker_cpu_s_per_million"] > 0  # the three brokers' CPU
+
+
+def test_produce_bench_cluster_line_of_several_partitions():
+    """Each connection sends to one partition at its leader (the single broker's line too),
+    and the read-back reads each partition from its leader."""
+    summary = _bench("produce", "--duration", "1", "--warmup", "0.5", "--cluster", "3",
+                     "--partitions", "3", "--connections", "3", "--window", "2")
+    _check_line(summary["cluster"])
+    _check_line(summary["rivven"])
+    assert len(summary["cluster"]["extra"]["leaders"]) == 3
+    assert len(set(summary["rivven"]["extra"]["leaders"])) == 1
+    assert summary["cluster"]["extra"]["verified_records"] > 0

@@ -78,6 +78,8 @@ def test_every_flag_lands_in_its_field():
         ({"peer": "nats", "bootstrap": "127.0.0.1:9092"}, "--bootstrap"),
         ({"acks": 0, "rate": 10}, "--acks 0"),
         ({"acks": 2}, "--acks"),
+        ({"cluster": 3, "partitions": 2, "connections": 3}, "a multiple of P"),
+        ({"cluster": 3, "bootstrap": "127.0.0.1:9092"}, "--cluster N"),
         ({"topic_config": ("segment.bytes",)}, "--topic-config must be KEY=VALUE"),
         ({"topic_config": ("=1",)}, "--topic-config must be KEY=VALUE"),
         ({"topic_config": ("segment.bytes=1048576",), "bootstrap": "127.0.0.1:9092"},
