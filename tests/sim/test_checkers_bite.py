@@ -97,3 +97,24 @@ def test_the_checkers_bite(tmp_path: pathlib.Path, switch: str, invariant: str) 
     assert again.returncode == 1, again.stdout + again.stderr
     assert f"VIOLATED {invariant}" in again.stdout
     assert "replay reproduced the original run exactly" in again.stdout
+
+
+def test_the_simulated_brokers_take_repeated_produces_by_their_shape(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lane's undecoded way for a client's repeated produce (``protocol/produce_shape.py``)
+    runs in the simulator too, not only in production: the scenario above takes some of its
+    produces that way, and passes."""
+    from rivven_broker.protocol.connection import ServerConnection
+
+    taken = [0]
+    next_plain_produce = ServerConnection.next_plain_produce
+
+    def counting(core: ServerConnection) -> object:
+        plain = next_plain_produce(core)
+        taken[0] += plain is not None
+        return plain
+
+    monkeypatch.setattr(ServerConnection, "next_plain_produce", counting)
+    result = run_scenario(load(str(_scenario(tmp_path, ""))), 1)
+    assert result.ok, [v.message for v in result.violations]
+    assert taken[0] > 0
