@@ -4,7 +4,9 @@
 key file, starts broker ``n`` with ``--peers`` naming the others (``--sync-policy none`` and
 ``--http off`` unless told otherwise) and waits for its ready line; ``kill`` is SIGKILL,
 ``start`` again reuses the node's data directory (a new process: a new boot id). Everything
-lives in one temporary directory, removed by ``close``.
+lives in one temporary directory, removed by ``close``. ``cpus``: the CPUs every broker may
+run on (default: those of the process that starts them, which a benchmark may have pinned to
+its load's CPU).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def wait_for(predicate: Callable[[], Any], what: str, bound_s: float = 30.0) -> 
 
 class LocalCluster:
     def __init__(self, count: int, prefix: str, *, http: bool = False,
-                 sync_policy: str = "none") -> None:
+                 sync_policy: str = "none", cpus: frozenset[int] | None = None) -> None:
         self.root = tempfile.mkdtemp(prefix=prefix)
         self.count = count
         self.cluster_ports = free_ports(count, both=True)
@@ -72,6 +74,7 @@ class LocalCluster:
         os.chmod(self.key, 0o600)
         self.processes: dict[int, subprocess.Popen] = {}
         self.sync_policy = sync_policy
+        self.cpus = cpus
 
     def address(self, node: int) -> str:
         return f"127.0.0.1:{self.client_ports[node - 1]}"
@@ -89,7 +92,9 @@ class LocalCluster:
             "--log-level", "WARNING",
         ]
         log = open(os.path.join(self.root, f"n{node}.log"), "ab")
-        popen = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log)
+        cpus = self.cpus
+        popen = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, preexec_fn=(
+            None if cpus is None else lambda: os.sched_setaffinity(0, cpus)))
         log.close()
         assert popen.stdout is not None
         line = popen.stdout.readline()

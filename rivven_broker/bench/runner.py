@@ -263,9 +263,13 @@ def _fill_rivven(address: tuple[str, int], topic: str, options: BenchOptions, le
     return requests * options.batch
 
 
-def _start_cluster(options: BenchOptions) -> tuple[LocalCluster, str]:
-    """``options.cluster`` brokers on loopback; returns them and a bootstrap address."""
-    cluster = LocalCluster(options.cluster, "rivven-bench-cluster-", sync_policy=options.sync)
+def _start_cluster(options: BenchOptions, cpus: frozenset[int] | None
+                   ) -> tuple[LocalCluster, str]:
+    """``options.cluster`` brokers on loopback, free to run on ``cpus`` (the machine's:
+    three brokers share its cores, while ``run_line`` pins this process, and what it starts,
+    to the load's CPU); returns them and a bootstrap address."""
+    cluster = LocalCluster(options.cluster, "rivven-bench-cluster-", sync_policy=options.sync,
+                           cpus=cpus)
     try:
         for node in range(1, options.cluster + 1):
             cluster.start(node)
@@ -297,12 +301,13 @@ def _replicated_topic(bootstrap: str, topic: str, brokers: int, partitions: int,
 
 
 def _rivven_line(options: BenchOptions, round_index: int, cpus: tuple[int | None, int | None],
-                 client: bool, clustered: bool = False) -> LineResult:
+                 client: bool, clustered: bool = False,
+                 machine_cpus: frozenset[int] | None = None) -> LineResult:
     server_cpu, load_cpu = cpus
     server = None
     cluster = None
     if clustered:
-        cluster, bootstrap = _start_cluster(options)
+        cluster, bootstrap = _start_cluster(options, machine_cpus)
         address = ("", 0)  # the topic's leader, below
     elif options.bootstrap is None:
         env = dict(item.split("=", 1) for item in options.broker_env)
@@ -438,7 +443,8 @@ def run_line(target: str, options: BenchOptions, round_index: int = 0) -> LineRe
     try:
         if target in ("rivven", "client", "cluster"):
             return _rivven_line(options, round_index, cpus, client=target == "client",
-                                clustered=target == "cluster")
+                                clustered=target == "cluster",
+                                machine_cpus=None if original is None else frozenset(original))
         return _peer_line(attrs.evolve(options, peer=target), round_index, cpus)
     finally:
         if original is not None:
