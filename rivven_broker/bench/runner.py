@@ -323,9 +323,9 @@ def _rivven_line(options: BenchOptions, round_index: int, cpus: tuple[int | None
     try:
         topic = _topic(options, target, round_index)
         topic_config = dict(item.split("=", 1) for item in options.topic_config)
-        # A --cluster run of several partitions sends each connection to one partition, at its
-        # leader: the single broker's line too (all leaders are the one broker), so the two
-        # lines carry the same load.
+        # A --cluster line sends each connection to one partition, at its leader; with several
+        # partitions the single broker's line does too (all leaders are the one broker), so
+        # the two lines carry the same load.
         leaders: tuple[tuple[str, int], ...] = ()
         if cluster is not None:
             leaders = _replicated_topic(bootstrap, topic, options.cluster, options.partitions,
@@ -342,8 +342,7 @@ def _rivven_line(options: BenchOptions, round_index: int, cpus: tuple[int | None
         specs: list[WorkerSpec] = []
         if options.mode in ("produce", "e2e"):
             kind = "client-produce" if client else "rivven-produce"
-            specs += _producer_specs(kind, options, address, topic, load_cpu,
-                                     leaders if options.partitions > 1 else ())
+            specs += _producer_specs(kind, options, address, topic, load_cpu, leaders)
         if options.mode == "consume":
             filled = _fill_rivven(address, topic, options, ledger)
             kind = "client-consume" if client else "rivven-consume"

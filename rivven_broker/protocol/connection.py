@@ -20,7 +20,8 @@ simulator all drive these same two classes, so the rules below hold everywhere:
 - ``next_plain_produce`` takes a produce whose payload has the shape of one this connection
   sent before (``produce_shape.py``: same topic, partition, acks, time-out and version; only
   the records differ) without decoding it: the produce lane's commonest request. Anything
-  else is left for ``next_event``, which learns the shape from the produces it decodes.
+  else is left for ``next_event``, which learns the shape from a produce it decodes after a
+  match was asked for and failed (a connection never asked pays nothing for it).
 - ``ClientConnection`` numbers requests (u32, wrapping, never 0: correlation id 0 is the
   server's connection-level error channel), remembers the in-flight order and pairs each
   response with its request. A response out of order, of the wrong api, undecodable, or in a
@@ -184,7 +185,7 @@ class ServerConnection:
             return BadRequest(correlation_id, exc.code, _clip(str(exc)), False)
         if request.expects_response():
             self._pending.append(_new_tuple(_Pending, (correlation_id, request.API_KEY, version)))
-        if type(request) is Produce:
+        if type(request) is Produce and self._shapes.wanted:
             self._shapes.missed(frame.payload, request, version)
         return _new_tuple(RequestReceived, (correlation_id, request, version))
 
@@ -193,14 +194,15 @@ class ServerConnection:
         (``produce_shape.py``): its correlation id, the shape (what it decodes to but for the
         records) and its records, awaiting an answer as ``next_event`` would leave it. None,
         taking nothing, for anything else: ``next_event`` then decodes it. Never raises."""
-        shape = self._shapes.shape
-        if shape is None or self._failed:
-            return None
+        shapes = self._shapes
+        shape = shapes.shape
         frame = self._decoder.peek_frame()
-        if frame is None or frame.format != FORMAT_MSGPACK:
+        if frame is None or self._failed:
             return None
-        records = shape.match(frame.payload)
+        records = None if shape is None or frame.format != FORMAT_MSGPACK \
+            else shape.match(frame.payload)
         if records is None:
+            shapes.wanted = True  # (``next_event`` learns from it, if it is a produce)
             return None
         self._decoder.next_frame()
         correlation_id = frame.correlation_id

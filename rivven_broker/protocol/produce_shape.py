@@ -83,16 +83,15 @@ class ProduceShape:
         at = payload.rfind(header + records)
         if at < 0:
             return None
-        head, tail = payload[:at], payload[at + len(header) + len(records):]
+        shape = cls(payload[:at], payload[at + len(header) + len(records):], version, request)
         filler = bytes((len(records) + 1) % 251 for _ in range(len(records) + 1))
         try:
             decoded, decoded_version = codec.decode_request_and_version(
-                head + _bin_header(len(filler)) + filler + tail)
+                shape.head + _bin_header(len(filler)) + filler + shape.tail)
         except RemoteProtocolError:
             return None
-        if decoded_version != version or decoded != _with_records(request, filler):
+        if decoded_version != version or decoded != shape.request(filler):
             return None
-        shape = cls(head, tail, version, request)
         assert shape.match(payload) == records
         return shape
 
@@ -103,7 +102,7 @@ class ProduceShape:
         if type(payload) is not bytes or not payload.startswith(head):
             return None
         at = len(head)
-        if len(payload) < at + 5:
+        if len(payload) < at + 5:  # (room for any bin header: the indexing below never raises)
             return None
         kind = payload[at]
         if kind == _BIN8:
@@ -130,26 +129,24 @@ class ProduceShape:
             transactional_id=None)
 
 
-def _with_records(request: Produce, records: bytes) -> Produce:
-    [topic] = request.topics
-    [partition] = topic.partitions
-    return Produce(acks=request.acks, timeout_ms=request.timeout_ms, topics=(
-        ProduceTopic(topic.name, (ProducePartition(partition.partition, records),)),),
-        transactional_id=request.transactional_id)
-
-
 class Learner:
-    """When a connection learns its shape: from its first plain produce, and then once per
-    ``LEARN_EVERY_MISSES`` produces that did not match (module docstring)."""
+    """When a connection learns its shape: only on behalf of a caller that asked for a match
+    and found none (``wanted``: the produce lane; a connection its own task reads never pays
+    for learning), from the first such produce, and then once per ``LEARN_EVERY_MISSES``
+    (module docstring)."""
 
-    __slots__ = ("shape", "_misses")
+    __slots__ = ("shape", "wanted", "_misses")
 
     def __init__(self) -> None:
         self.shape: ProduceShape | None = None
+        #: A match was asked for and failed since the last produce decoded.
+        self.wanted = False
         self._misses = LEARN_EVERY_MISSES - 1  # (the first produce learns)
 
     def missed(self, payload: bytes, request: Produce, version: int) -> None:
-        """A produce decoded the long way (it did not match): learn from it now and then."""
+        """A produce decoded the long way after a failed match: learn from it now and
+        then."""
+        self.wanted = False
         self._misses += 1
         if self._misses >= LEARN_EVERY_MISSES:
             self._misses = 0

@@ -170,6 +170,7 @@ def test_a_learned_produce_is_taken_undecoded_and_answered_in_order() -> None:
 def test_a_client_whose_produces_change_shape_learns_again() -> None:
     core = ServerConnection()
     core.receive_data(_frame(1, _produce("t", b"a" * 80)))
+    assert core.next_plain_produce() is None  # (asked, as the lane asks: the first learns)
     core.next_event()
     correlation_id = 2
     for _ in range(LEARN_EVERY_MISSES):  # another partition: decoded, until learned again
@@ -182,9 +183,23 @@ def test_a_client_whose_produces_change_shape_learns_again() -> None:
     assert taken is not None and taken[1].partition == 1 and taken[2] == b"c" * 80
 
 
+def test_a_connection_never_asked_for_a_match_learns_nothing() -> None:
+    """A connection its own task reads (never the lane's) pays no learning decode."""
+    core = ServerConnection()
+    for correlation_id in range(1, 3 * LEARN_EVERY_MISSES):
+        core.receive_data(_frame(correlation_id, _produce("t", b"a" * 80)))
+        assert type(core.next_event()) is RequestReceived
+    core.receive_data(_frame(99, _produce("t", b"b" * 80)))
+    assert core.next_plain_produce() is None  # nothing learned; this one is now
+    assert type(core.next_event()) is RequestReceived
+    core.receive_data(_frame(100, _produce("t", b"c" * 80)))
+    assert core.next_plain_produce()[0] == 100  # type: ignore[index]
+
+
 def test_another_format_or_a_failed_connection_is_never_taken() -> None:
     core = ServerConnection()
     core.receive_data(_frame(1, _produce("t", b"a" * 80)))
+    assert core.next_plain_produce() is None
     core.next_event()
     core.receive_data(encode_frame(FORMAT_POSTCARD, 2,
                                    codec.encode_request(_produce("t", b"a" * 80))))
