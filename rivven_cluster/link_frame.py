@@ -9,9 +9,10 @@ voters it knows, MACed under the ring's signing key. After both hellos every fra
 
     u32 length | key id (4) | u64 sequence | payload | tag (16)
 
-with ``tag = Poly1305(frame key, payload)`` under a one-time ``frame key = HMAC-SHA256(key,
-session | key id | sequence)``, where the session is the sender's nonce followed by the
-receiver's. So a frame is valid on one connection, in
+with ``tag = ChaCha20-Poly1305(session key, nonce = key id | sequence, plaintext = nothing,
+associated data = payload)``, under ``session key = HMAC-SHA256(key, label | key id |
+session)``, where the session is the sender's nonce followed by the receiver's. So a frame is
+valid on one connection, in
 one direction, at one position: a frame replayed onto another connection (the receiver's nonce
 differs), reflected back to its sender (the nonce order differs), repeated, dropped or
 reordered (the sequence is not the next one) fails, and the connection is closed. That is the
@@ -20,13 +21,15 @@ is unpickled before its tag verifies, so nobody without a key reaches PySyncObj'
 
 Why Poly1305 and not HMAC over the payload (docs/adr/0004-link-frame-tags.md): a replica
 link carries every replicated byte, and HMAC-SHA256 costs 0.5 ms per MB on each side here
-(with SHA-NI), in the chain of every follower round; Poly1305 costs 0.07. Its key must
-never authenticate two messages, and it does not: each frame's key comes from the ring key,
-the session (two fresh nonces) and the frame's sequence, which are never the same twice.
-The hellos, which have no session yet, keep HMAC-SHA256 (``_hello_tag``).
+(with SHA-NI), in the chain of every follower round; Poly1305 costs 0.07. Its one-time key
+must never authenticate two messages, and it does not: the AEAD derives it from the session
+key and the nonce, and a session key never sees a nonce twice (the sequence counts the
+frames of one direction of one connection). The AEAD is made once per link and key id,
+so a frame costs no key derivation of its own. The hellos, which have no session yet, keep
+HMAC-SHA256 (``_hello_tag``).
 
-Big payloads are not copied more than they must be: ``LinkSealer.seal_parts`` MACs a
-payload given in pieces and joins them into the frame once, and a ``LinkReader`` made with
+Big payloads are not copied more than they must be: ``LinkSealer.seal_parts`` joins a
+payload given in pieces into the frame once and tags it there, and a ``LinkReader`` made with
 ``views=True`` (the replica links) hands a frame of at least ``VIEW_BYTES_MIN`` out as a
 ``memoryview`` of the buffer it arrived in (the reader goes on in a new buffer), so a megabyte
 of replicated batches is copied once on each side, not four times.
@@ -45,7 +48,7 @@ import struct
 from typing import Callable, Sequence
 
 import attrs
-from cryptography.hazmat.primitives.poly1305 import Poly1305
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from rivven_cluster.membership.key_ring import KEY_ID_BYTES, KeyRing
 
@@ -67,7 +70,8 @@ LINK_FRAME_BYTES_MAX = 16 * 1024 * 1024
 NONCE_BYTES = 16
 TAG_BYTES = 16
 _MAGIC = b"RVNL"
-_VERSION = 4  # 3: replica fetch answers carry their records after the document; 4: Poly1305
+_VERSION = 5  # 3: replica fetch answers carry their records after the document; 4: Poly1305
+#               under per-frame keys; 5: ChaCha20-Poly1305 under a session key
 #: A frame at least this big is handed out as a view by a ``views`` reader.
 VIEW_BYTES_MIN = 64 * 1024
 _HEAD = struct.Struct(">I")
@@ -80,6 +84,8 @@ CHANNEL_RAFT = 0
 CHANNEL_REPLICA = 1
 CHANNEL_CALL = 2
 _HELLO_LABEL = b"rivven link hello"
+_SESSION_LABEL = b"rivven link session"
+_NO_TAG = bytes(TAG_BYTES)
 
 
 class LinkFault(enum.Enum):
@@ -116,14 +122,21 @@ def _hello_tag(key: bytes, *parts: bytes) -> bytes:
     return mac.digest()[:TAG_BYTES]
 
 
-def _frame_tag(key: bytes, session: bytes, head: bytes | memoryview,
-               parts: Sequence[bytes | bytearray | memoryview]) -> bytes:
-    """The tag of a frame after the hellos: Poly1305 of its payload under the frame's own key
-    (module docstring)."""
-    mac = Poly1305(hmac.digest(key, session + bytes(head), "sha256"))
-    for part in parts:
-        mac.update(part)
-    return mac.finalize()
+class _FrameTags:
+    """The tags of one direction of one connection: a ChaCha20-Poly1305 AEAD per key id,
+    under that key's session key, made on first use."""
+
+    def __init__(self, session: bytes) -> None:
+        self._session = session
+        self._aeads: dict[bytes, ChaCha20Poly1305] = {}
+
+    def tag(self, key_id: bytes, key: bytes, nonce: bytes | memoryview,
+            payload: bytes | memoryview) -> bytes:
+        aead = self._aeads.get(key_id)
+        if aead is None:
+            aead = self._aeads[key_id] = ChaCha20Poly1305(
+                hmac.digest(key, _SESSION_LABEL + key_id + self._session, "sha256"))
+        return aead.encrypt(bytes(nonce), b"", payload)
 
 
 def seal_hello(ring: KeyRing, hello: Hello) -> bytes:
@@ -141,21 +154,26 @@ class LinkSealer:
 
     def __init__(self, ring: Callable[[], KeyRing], own_nonce: bytes, peer_nonce: bytes) -> None:
         self._ring = ring
-        self._session = own_nonce + peer_nonce
+        self._tags = _FrameTags(own_nonce + peer_nonce)
         self._sequence = 0
 
-    def seal(self, payload: bytes) -> bytes:
+    def seal(self, payload: bytes) -> bytearray:
         return self.seal_parts((payload,))
 
-    def seal_parts(self, parts: Sequence[bytes | bytearray | memoryview]) -> bytes:
-        """One frame whose payload is ``parts`` joined (MACed piece by piece, copied once)."""
+    def seal_parts(self, parts: Sequence[bytes | bytearray | memoryview]) -> bytearray:
+        """One frame whose payload is ``parts`` joined (copied once, then tagged in place)."""
         size = sum(len(part) for part in parts)
         assert size + 32 <= LINK_FRAME_BYTES_MAX, "a link frame is too large"
         self._sequence += 1
         ring = self._ring()
-        head = ring.signing_key_id + _SEQ.pack(self._sequence)
-        tag = _frame_tag(ring.signing_key, self._session, head, parts)
-        return b"".join((_HEAD.pack(len(head) + size + TAG_BYTES), head, *parts, tag))
+        key_id = ring.signing_key_id
+        head = key_id + _SEQ.pack(self._sequence)
+        frame = bytearray().join((_HEAD.pack(len(head) + size + TAG_BYTES), head, *parts,
+                                  _NO_TAG))
+        payload_start = _HEAD.size + len(head)
+        frame[-TAG_BYTES:] = self._tags.tag(key_id, ring.signing_key, head,
+                                            memoryview(frame)[payload_start:-TAG_BYTES])
+        return frame
 
 
 class LinkReader:
@@ -167,7 +185,7 @@ class LinkReader:
         self._own_nonce = own_nonce
         self._views = views
         self._buffer = bytearray()
-        self._session: bytes | None = None
+        self._tags: _FrameTags | None = None
         self._sequence = 0
         self.hello: Hello | None = None
 
@@ -213,14 +231,14 @@ class LinkReader:
             raise LinkError(LinkFault.UNKNOWN_KEY, f"key id {key_id.hex()}")
         if sequence != self._sequence:
             raise LinkError(LinkFault.SEQUENCE, f"frame {sequence} where {self._sequence} was due")
-        if self._session is None:
+        if self._tags is None:
             expected = _hello_tag(key, _HELLO_LABEL, key_id, body)
         else:
-            expected = _frame_tag(key, self._session, frame[:KEY_ID_BYTES + _SEQ.size], (body,))
+            expected = self._tags.tag(key_id, key, frame[:KEY_ID_BYTES + _SEQ.size], body)
         if not hmac.compare_digest(expected, frame[-TAG_BYTES:]):
             raise LinkError(LinkFault.BAD_MAC, f"frame {sequence}")
         self._sequence += 1
-        if self._session is not None:
+        if self._tags is not None:
             return body
         if len(body) < _HELLO.size:
             raise LinkError(LinkFault.MALFORMED, "a hello of the wrong size")
@@ -234,5 +252,5 @@ class LinkReader:
         if nonce == self._own_nonce:
             raise LinkError(LinkFault.MALFORMED, "our own hello reflected back")
         self.hello = Hello(node_id, boot_id, nonce, voters, channel)
-        self._session = nonce + self._own_nonce
+        self._tags = _FrameTags(nonce + self._own_nonce)
         return None

@@ -6,7 +6,7 @@ import hmac
 import struct
 
 import pytest
-from cryptography.hazmat.primitives.poly1305 import Poly1305
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from rivven_cluster.link_frame import (
     LINK_FRAME_BYTES_MAX,
@@ -159,18 +159,21 @@ def test_a_hello_carries_the_voters():
     assert reader.hello == Hello(4, 9, A_NONCE, (1, 2, 3))
 
 
-def test_a_frame_s_tag_is_poly1305_under_its_own_key_as_documented():
-    # docs/protocol.md and docs/adr/0004: the frame key is HMAC-SHA256(ring key, sender
-    # nonce + receiver nonce + key id + sequence); the tag Poly1305 of the payload under it.
+def test_a_frame_s_tag_is_chacha20_poly1305_under_the_session_key_as_documented():
+    # docs/protocol.md and docs/adr/0004: the session key is HMAC-SHA256(ring key, label +
+    # key id + sender nonce + receiver nonce); the tag is ChaCha20-Poly1305's with the key id
+    # and sequence as the nonce, nothing encrypted and the payload as associated data.
     sealer, reader = _connection()
     payload = b"x" * 1000
     frames = [sealer.seal(payload) for _ in range(2)]
+    key_id = RING.signing_key_id
+    session_key = hmac.digest(RING.signing_key, b"rivven link session" + key_id + A_NONCE
+                              + B_NONCE, "sha256")
     for sequence, frame in enumerate(frames, start=1):
-        head = RING.signing_key_id + struct.pack(">Q", sequence)
-        frame_key = hmac.digest(RING.signing_key, A_NONCE + B_NONCE + head, "sha256")
+        head = key_id + struct.pack(">Q", sequence)
         assert frame[4:-16] == head + payload
-        assert frame[-16:] == Poly1305.generate_tag(frame_key, payload)
-    assert frames[0][-16:] != frames[1][-16:]  # one key per frame, never reused
+        assert frame[-16:] == ChaCha20Poly1305(session_key).encrypt(head, b"", payload)
+    assert frames[0][-16:] != frames[1][-16:]  # a nonce per frame, never reused
     assert reader.feed(b"".join(frames)) == [payload, payload]
 
 
