@@ -69,6 +69,17 @@ class FileRegion:
             raise OSError(errno.EIO, f"the file ends inside {self!r}")
         return data
 
+    def read_into(self, buffer: memoryview) -> None:
+        """The bytes into ``buffer`` (``size`` long), as ``read`` does without a new object.
+        Blocks.
+
+        Raises:
+            OSError: the read failed, or the file no longer holds the whole region.
+        """
+        assert len(buffer) == self.size
+        if os.preadv(self.fd, [buffer], self.position) != self.size:
+            raise OSError(errno.EIO, f"the file ends inside {self!r}")
+
     def close(self) -> None:
         """Release the descriptor. Idempotent."""
         self._release()

@@ -163,17 +163,28 @@ class LinkSealer:
     def seal_parts(self, parts: Sequence[bytes | bytearray | memoryview]) -> bytearray:
         """One frame whose payload is ``parts`` joined (copied once, then tagged in place)."""
         size = sum(len(part) for part in parts)
+        key_id, key, head = self._next_head(size)
+        frame = bytearray().join((_HEAD.pack(len(head) + size + TAG_BYTES), head, *parts,
+                                  _NO_TAG))
+        payload_start = _HEAD.size + len(head)
+        frame[-TAG_BYTES:] = self._tags.tag(key_id, key, head,
+                                            memoryview(frame)[payload_start:-TAG_BYTES])
+        return frame
+
+    def seal_around(self, payload: bytes | bytearray | memoryview) -> tuple[bytes, bytes]:
+        """One frame of ``payload`` in three pieces, for a caller that sends the payload
+        itself (partly from a file): what goes before it, and the tag that follows it."""
+        key_id, key, head = self._next_head(len(payload))
+        return (_HEAD.pack(len(head) + len(payload) + TAG_BYTES) + head,
+                self._tags.tag(key_id, key, head, payload))
+
+    def _next_head(self, size: int) -> tuple[bytes, bytes, bytes]:
+        """The signing key id, its key and the head (key id, sequence) of the next frame."""
         assert size + 32 <= LINK_FRAME_BYTES_MAX, "a link frame is too large"
         self._sequence += 1
         ring = self._ring()
         key_id = ring.signing_key_id
-        head = key_id + _SEQ.pack(self._sequence)
-        frame = bytearray().join((_HEAD.pack(len(head) + size + TAG_BYTES), head, *parts,
-                                  _NO_TAG))
-        payload_start = _HEAD.size + len(head)
-        frame[-TAG_BYTES:] = self._tags.tag(key_id, ring.signing_key, head,
-                                            memoryview(frame)[payload_start:-TAG_BYTES])
-        return frame
+        return key_id, ring.signing_key, key_id + _SEQ.pack(self._sequence)
 
 
 class LinkReader:

@@ -66,8 +66,9 @@ class FetchedPartition:
     log_start_offset: int = -1
     diverging_epoch: int = NO_DIVERGENCE
     diverging_end_offset: int = -1
-    #: Whole batches; a ``memoryview`` of the received payload in a decoded answer.
-    records: bytes | memoryview = b""
+    #: Whole batches; a ``memoryview`` of the received payload in a decoded answer. On a
+    #: leader it may be any sized buffer the link can send (a file region of the log).
+    records: Any = b""
 
 
 @attrs.frozen
@@ -91,7 +92,7 @@ def encode(message: ReplicaFetch | ReplicaFetchAnswer) -> bytes:
     return b"".join(answer_parts(message))
 
 
-def answer_parts(answer: ReplicaFetchAnswer) -> list[bytes | memoryview]:
+def answer_parts(answer: ReplicaFetchAnswer) -> list[Any]:
     """The answer's bytes in pieces, records as given (not copied): what the link seals."""
     rows = [(*_fields(p)[:-1], len(p.records)) for p in answer.partitions]
     document = msgpack.packb({"answers": rows})

@@ -13,7 +13,13 @@ answer before sending the next: requests and answers are strictly alternating.
 
 ``send`` takes a payload in parts (a fetch answer's document and the records as read from
 the log) and the follower's reader hands big payloads out as views of its receive buffer
-(``LinkReader(views=True)``), so replicated batches are copied once on each side.
+(``LinkReader(views=True)``), so replicated batches are copied once on each side. Records
+given as a ``FileRegion`` (large batches in a segment file: ``file_region.py``) are read once
+into memory for the tag, and then, on a stream that can (``EagerStream.send_file``), sent
+by the kernel from the page cache: no copy into the frame, none into the socket. The tag
+covers what was read; if the file changed before the kernel sent it (a deposed leader
+truncating), the follower's check fails and the link closes, so nothing unverified is
+appended.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from typing import Callable
 
 import trio
 
+from rivven_broker.file_region import FileRegion
+from rivven_broker.server.eager_stream import EagerStream
 from rivven_broker.server.env import Env
 from rivven_cluster.link_frame import (
     CHANNEL_REPLICA,
@@ -54,12 +62,51 @@ class ReplicaLink:
         self._sealer = sealer
         self._ready = list(early)
 
-    async def send(self, *parts: bytes | memoryview) -> None:
-        """One frame whose payload is ``parts`` joined."""
+    async def send(self, *parts: bytes | memoryview | FileRegion) -> None:
+        """One frame whose payload is ``parts`` joined. Closes every ``FileRegion`` part,
+        sent or not."""
         try:
-            await self.stream.send_all(self._sealer.seal_parts(parts))
+            if not any(type(part) is FileRegion for part in parts):
+                await self.stream.send_all(self._sealer.seal_parts(parts))  # type: ignore[arg-type]
+            elif isinstance(self.stream, EagerStream):
+                await self._send_with_files(self.stream, parts)
+            else:  # a stream that cannot send a file: the region's bytes
+                await self.stream.send_all(self._sealer.seal_parts(
+                    [part.read() if type(part) is FileRegion else part for part in parts]))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise LinkClosed(f"send failed: {exc}") from exc
+        finally:
+            for part in parts:
+                if type(part) is FileRegion:
+                    part.close()
+
+    async def _send_with_files(self, stream: EagerStream,
+                               parts: tuple[bytes | memoryview | FileRegion, ...]) -> None:
+        """The frame of ``parts``: its regions read once for the tag, then sent with
+        ``sendfile`` between the rest (module docstring)."""
+        payload = memoryview(bytearray(sum(map(len, parts))))
+        position = 0
+        for part in parts:
+            size = len(part)
+            if type(part) is FileRegion:
+                part.read_into(payload[position:position + size])
+            else:
+                payload[position:position + size] = part  # type: ignore[assignment]
+            position += size
+        head, tag = self._sealer.seal_around(payload)
+        pending: list[bytes | memoryview] = [head]  # sent before the next region
+        position = 0
+        for part in parts:
+            size = len(part)
+            if type(part) is FileRegion:
+                await stream.send_all(b"".join(pending))
+                pending = []
+                await stream.send_file(part)
+            else:
+                pending.append(payload[position:position + size])
+            position += size
+        pending.append(tag)
+        await stream.send_all(b"".join(pending))
 
     async def receive(self) -> bytes | memoryview:
         """The next payload (empty keep-alive frames are skipped): a ``memoryview`` for a

@@ -531,13 +531,16 @@ class ReplicaManager:
         records = b""
         if budget > 0 and part.fetch_offset < end:
             try:
-                read = plog.read(part.fetch_offset, min(budget, self.config.partition_bytes_max))
+                read = plog.read(part.fetch_offset, min(budget, self.config.partition_bytes_max),
+                                 zero_copy=True)
             except OffsetOutOfRangeError:
                 return refuse(ErrorCode.OFFSET_OUT_OF_RANGE)
             except (StorageError, OSError) as exc:
                 log.error("%s-%d: read for follower %d failed: %s", *key, follower, exc)
                 return refuse(ErrorCode.KAFKA_STORAGE_ERROR)
-            records = read.records  # (a view of the read's buffer: the link copies it once)
+            # A view of the read's buffer (the link copies it once), or for large batches a
+            # region of the segment file (the link reads it for the tag; the kernel sends it).
+            records = read.records
         return FetchedPartition(part.topic, part.partition, 0, state.high_watermark,
                                 plog.log_start_offset, NO_DIVERGENCE, -1, records)
 
