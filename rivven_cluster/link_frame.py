@@ -29,7 +29,9 @@ so a frame costs no key derivation of its own. The hellos, which have no session
 HMAC-SHA256 (``_hello_tag``).
 
 Big payloads are not copied more than they must be: ``LinkSealer.seal_parts`` joins a
-payload given in pieces into the frame once and tags it there, and a ``LinkReader`` made with
+payload given in pieces into the frame once and tags it there (``seal_around`` gives the
+head and tag of a frame whose payload the caller sends itself, partly from a file:
+``replica_link.py``), and a ``LinkReader`` made with
 ``views=True`` (the replica links) hands a frame of at least ``VIEW_BYTES_MIN`` out as a
 ``memoryview`` of the buffer it arrived in (the reader goes on in a new buffer), so a megabyte
 of replicated batches is copied once on each side, not four times.
