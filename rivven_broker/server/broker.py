@@ -227,15 +227,13 @@ class Broker:
             env, config, logs, sync_worker, self.metrics, _advertised_host(config.listen.host), 0,
             waker=committed, appends=appended, partitions=states,
         )
-        txn = TxnDriver(
-            self.context, states, marker_delay_ms=config.transaction_marker_delay_ms,
-            clustered=bool(config.peers),
-        )
-        self.context.txn = txn
         groups = self.context.groups = GroupDriver(
             self.context, GroupDriverSettings.from_broker_config(config)
         )
-        txn.offsets_sink = groups.commit_txn_offsets
+        txn = self.context.txn = TxnDriver(
+            self.context, states, marker_delay_ms=config.transaction_marker_delay_ms,
+            clustered=bool(config.peers), offsets_sink=groups.commit_txn_offsets,
+        )
         self.log_cleaner = LogCleaner(self.context, config.log_cleaner_backoff_ms)
         self.metrics.registry.register(GroupLagCollector(groups.lag_rows))
         local_topics = LocalTopics(self.context)

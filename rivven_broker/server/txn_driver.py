@@ -204,7 +204,7 @@ class TxnDriver:
 
     def __init__(
         self, context: ServerContext, states: Partitions, *, marker_delay_ms: int = 0,
-        clustered: bool = False,
+        clustered: bool = False, offsets_sink: OffsetsSink | None = None,
     ) -> None:
         assert marker_delay_ms >= 0
         self._context = context
@@ -219,8 +219,9 @@ class TxnDriver:
                 producer_ids_from_controller=True))
         else:
             self._desk = self._shards[0] = _Shard(0, -1, TransactionCoordinator())
-        #: Set by the group side once it runs; None: offsets are dropped with a warning.
-        self.offsets_sink: OffsetsSink | None = None
+        #: The group side's commit of transactional offsets (``GroupDriver.commit_txn_offsets``);
+        #: None: offsets are dropped with a warning.
+        self.offsets_sink = offsets_sink
         self._slots: dict[int, _Slot] = {}
         self._tokens = itertools.count(1)
         self._events: deque[tuple[_Shard, TxnEvent]] = deque()
