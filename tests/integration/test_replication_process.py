@@ -441,7 +441,9 @@ def test_a_follower_killed_catches_up_through_megabyte_answers_then_leads(
         broker_process, tmp_path) -> None:
     """A follower SIGKILLed while ~3 MB is written, restarted, catches up: its fetch answers
     are up to a megabyte, so they take the replica link's copy-once path (records beside the
-    answer's document, the frame handed out as a view of the receive buffer; link_frame.py).
+    answer's document, the frame handed out as a view of the receive buffer; link_frame.py),
+    and the leader's batches of 64 KiB and more go out as file regions (read once for the
+    tag, sent with sendfile: replica_link.py).
     Then the leader is SIGKILLed and that follower, first in replica order, leads: it serves
     every acknowledged record, byte for byte."""
     processes, start = _cluster(broker_process, tmp_path)
